@@ -1,0 +1,1 @@
+//! fish-core: the engine (filled in by the engine work).

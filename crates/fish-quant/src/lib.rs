@@ -1,0 +1,1 @@
+//! fish-quant: CPU block formats (filled in by the quantisation work).

@@ -1,0 +1,1 @@
+//! fish-vk: the Vulkan device layer (filled in by the fish-vk work).

@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# Installs what the test suite needs on a fresh Debian 12 machine, fetches the
+# test models, and runs every test of the workspace. Safe to run repeatedly.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+sudo_() { if [ "$(id -u)" = 0 ]; then "$@"; else sudo "$@"; fi; }
+
+need_pkgs=()
+for p in mesa-vulkan-drivers libvulkan1 vulkan-validationlayers; do
+    dpkg -s "$p" >/dev/null 2>&1 || need_pkgs+=("$p")
+done
+if [ ${#need_pkgs[@]} -gt 0 ]; then
+    sudo_ apt-get update -qq
+    sudo_ env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need_pkgs[@]}"
+fi
+
+scripts/fetch-model.sh >/dev/null
+for m in ${FISH_TEST_MODELS:-}; do scripts/fetch-model.sh "$m" >/dev/null; done
+
+# GPU tests run on lavapipe (Mesa's CPU Vulkan) and must fail, not skip, without a device.
+export FISH_GPU=cpu
+export FISH_REQUIRE_GPU=1
+export VK_DRIVER_FILES="${VK_DRIVER_FILES:-/usr/share/vulkan/icd.d/lvp_icd.x86_64.json}"
+cargo test --workspace --release --locked "$@"
