@@ -8,7 +8,8 @@ use criterion::{criterion_group, criterion_main, Criterion};
 use fish_gguf::Gguf;
 
 fn default_model() -> Option<PathBuf> {
-    let p = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../models/SmolLM2-135M-Instruct.Q4_1.gguf");
+    let p = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../../models/SmolLM2-135M-Instruct.Q4_1.gguf");
     p.exists().then_some(p)
 }
 

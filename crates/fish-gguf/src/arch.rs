@@ -16,66 +16,86 @@ impl Gguf {
     }
 
     fn required<'a>(&'a self, key: &str) -> Result<ValueRef<'a>> {
-        self.get(key).ok_or_else(|| GgufError::MissingKey { key: key.into() })
+        self.get(key)
+            .ok_or_else(|| GgufError::MissingKey { key: key.into() })
     }
 
-    fn wrong(key: &str, expected: &'static str, v: ValueRef<'_>) -> GgufError {
+    fn wrong(&self, key: &str, expected: &'static str, v: ValueRef<'_>) -> GgufError {
         GgufError::WrongValueType {
             key: key.into(),
             expected,
             found: v.value_type().name(),
+            offset: self.value_offset(key).unwrap_or(0),
         }
     }
 
     /// An unsigned integer of any width.
     pub fn u64_of(&self, key: &str) -> Result<u64> {
         let v = self.required(key)?;
-        v.as_u64().ok_or_else(|| Self::wrong(key, "unsigned integer", v))
+        v.as_u64()
+            .ok_or_else(|| self.wrong(key, "unsigned integer", v))
     }
 
     /// Like [`Gguf::u64_of`] but `Ok(None)` when the key is absent.
     pub fn opt_u64(&self, key: &str) -> Result<Option<u64>> {
         match self.get(key) {
             None => Ok(None),
-            Some(v) => v.as_u64().map(Some).ok_or_else(|| Self::wrong(key, "unsigned integer", v)),
+            Some(v) => v
+                .as_u64()
+                .map(Some)
+                .ok_or_else(|| self.wrong(key, "unsigned integer", v)),
         }
     }
 
     pub fn f32_of(&self, key: &str) -> Result<f32> {
         let v = self.required(key)?;
-        v.as_f64().map(|x| x as f32).ok_or_else(|| Self::wrong(key, "number", v))
+        v.as_f64()
+            .map(|x| x as f32)
+            .ok_or_else(|| self.wrong(key, "number", v))
     }
 
     pub fn opt_f32(&self, key: &str) -> Result<Option<f32>> {
         match self.get(key) {
             None => Ok(None),
-            Some(v) => v.as_f64().map(|x| Some(x as f32)).ok_or_else(|| Self::wrong(key, "number", v)),
+            Some(v) => v
+                .as_f64()
+                .map(|x| Some(x as f32))
+                .ok_or_else(|| self.wrong(key, "number", v)),
         }
     }
 
     pub fn str_of(&self, key: &str) -> Result<&str> {
         let v = self.required(key)?;
-        v.as_str().ok_or_else(|| Self::wrong(key, "string", v))
+        v.as_str().ok_or_else(|| self.wrong(key, "string", v))
     }
 
     pub fn opt_str(&self, key: &str) -> Result<Option<&str>> {
         match self.get(key) {
             None => Ok(None),
-            Some(v) => v.as_str().map(Some).ok_or_else(|| Self::wrong(key, "string", v)),
+            Some(v) => v
+                .as_str()
+                .map(Some)
+                .ok_or_else(|| self.wrong(key, "string", v)),
         }
     }
 
     pub fn opt_bool(&self, key: &str) -> Result<Option<bool>> {
         match self.get(key) {
             None => Ok(None),
-            Some(v) => v.as_bool().map(Some).ok_or_else(|| Self::wrong(key, "bool", v)),
+            Some(v) => v
+                .as_bool()
+                .map(Some)
+                .ok_or_else(|| self.wrong(key, "bool", v)),
         }
     }
 
     pub fn opt_array(&self, key: &str) -> Result<Option<ArrayRef<'_>>> {
         match self.get(key) {
             None => Ok(None),
-            Some(v) => v.as_array().map(Some).ok_or_else(|| Self::wrong(key, "array", v)),
+            Some(v) => v
+                .as_array()
+                .map(Some)
+                .ok_or_else(|| self.wrong(key, "array", v)),
         }
     }
 

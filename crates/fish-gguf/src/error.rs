@@ -38,14 +38,17 @@ pub enum GgufError {
     NestingTooDeep { max: usize, offset: u64 },
     #[error("duplicate metadata key {key:?} at byte {offset}")]
     DuplicateKey { key: String, offset: u64 },
-    #[error("metadata key {key:?} has the wrong type: expected {expected}, found {found}")]
+    #[error("metadata key {key:?} at byte {offset} has the wrong type: expected {expected}, found {found}")]
     WrongValueType {
         key: String,
         expected: &'static str,
         found: &'static str,
+        offset: u64,
     },
-    #[error("invalid general.alignment {alignment}: must be a non-zero power of two")]
-    BadAlignment { alignment: u64 },
+    #[error(
+        "invalid general.alignment {alignment} at byte {offset}: must be a non-zero power of two"
+    )]
+    BadAlignment { alignment: u64, offset: u64 },
     #[error("tensor {name:?} at byte {offset}: unknown tensor type {ty}")]
     UnknownTensorType { name: String, ty: u32, offset: u64 },
     #[error("tensor {name:?} at byte {offset}: {n_dims} dimensions (at most 4 are allowed)")]
@@ -62,37 +65,80 @@ pub enum GgufError {
     },
     #[error("tensor {name:?} at byte {offset}: element count overflows")]
     DimOverflow { name: String, offset: u64 },
-    #[error("tensor {name:?}: {n_values} values are not a whole number of {ty} blocks of {block}")]
+    #[error("tensor {name:?} at byte {offset}: rows of {n_values} values are not a whole number of {ty} blocks of {block}")]
     PartialBlock {
         name: String,
         ty: &'static str,
         n_values: u64,
         block: usize,
+        offset: u64,
+    },
+    #[error("tensor {name:?} at byte {offset}: {ty} data of {n_values} values overflows 64 bits")]
+    DataSizeOverflow {
+        name: String,
+        ty: &'static str,
+        n_values: u64,
+        offset: u64,
     },
     #[error("duplicate tensor name {name:?} at byte {offset}")]
     DuplicateTensor { name: String, offset: u64 },
-    #[error("tensor {name:?}: data offset {offset} is not a multiple of the alignment {alignment}")]
+    #[error("tensor {name:?} at byte {offset}: data offset {data_offset} is not a multiple of the alignment {alignment}")]
     MisalignedTensor {
         name: String,
-        offset: u64,
+        data_offset: u64,
         alignment: u64,
+        offset: u64,
     },
-    #[error("tensor {name:?}: data [{start}, {end}) lies outside the file ({file_len} bytes)")]
+    #[error("tensor {name:?} at byte {offset}: data [{start}, {end}) lies outside the file ({file_len} bytes)")]
     TensorOutOfBounds {
         name: String,
         start: u64,
         end: u64,
         file_len: u64,
+        offset: u64,
     },
-    #[error("tensor {name:?}: data [{start}, {end}) overlaps tensor {other:?}")]
+    #[error("tensor {name:?} at byte {offset}: data [{start}, {end}) overlaps tensor {other:?}")]
     TensorOverlap {
         name: String,
         other: String,
         start: u64,
         end: u64,
+        offset: u64,
     },
     #[error("missing metadata key {key:?}")]
     MissingKey { key: String },
+}
+
+impl GgufError {
+    /// The absolute file offset of the problem; `None` for errors that are
+    /// not about a place in the file (I/O, a key the caller asked for).
+    pub fn offset(&self) -> Option<u64> {
+        use GgufError::*;
+        match self {
+            Io { .. } | MissingKey { .. } => None,
+            BadMagic { .. } => Some(0),
+            UnsupportedVersion { .. } => Some(4),
+            Truncated { offset, .. }
+            | CountTooLarge { offset, .. }
+            | StringTooLong { offset, .. }
+            | InvalidUtf8 { offset }
+            | UnknownValueType { offset, .. }
+            | NestingTooDeep { offset, .. }
+            | DuplicateKey { offset, .. }
+            | WrongValueType { offset, .. }
+            | BadAlignment { offset, .. }
+            | UnknownTensorType { offset, .. }
+            | TooManyDims { offset, .. }
+            | ZeroDim { offset, .. }
+            | DimOverflow { offset, .. }
+            | PartialBlock { offset, .. }
+            | DataSizeOverflow { offset, .. }
+            | DuplicateTensor { offset, .. }
+            | MisalignedTensor { offset, .. }
+            | TensorOutOfBounds { offset, .. }
+            | TensorOverlap { offset, .. } => Some(*offset),
+        }
+    }
 }
 
 pub type Result<T> = std::result::Result<T, GgufError>;

@@ -10,14 +10,18 @@
 //! that count has been checked against the bytes that remain.
 
 mod arch;
+mod cursor;
 mod error;
 mod ggml_type;
 mod reader;
+mod tensor_info;
 mod value;
 mod writer;
 
+pub use cursor::MAX_ARRAY_NESTING;
 pub use error::{GgufError, Result};
 pub use ggml_type::GgmlType;
-pub use reader::{Gguf, TensorInfo, DEFAULT_ALIGNMENT, MAX_ARRAY_NESTING, MAX_DIMS};
+pub use reader::{Gguf, DEFAULT_ALIGNMENT};
+pub use tensor_info::{TensorInfo, MAX_DIMS};
 pub use value::{ArrayIter, ArrayRef, Value, ValueRef, ValueType};
 pub use writer::{GgufWriter, TensorSpec};

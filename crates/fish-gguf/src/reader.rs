@@ -7,180 +7,17 @@ use std::path::Path;
 
 use memmap2::Mmap;
 
+use crate::cursor::Cursor;
 use crate::error::{GgufError, Result};
-use crate::value::{ArrayRef, ValueRef, ValueType};
-use crate::GgmlType;
+use crate::tensor_info::{read_tensor_info, TensorInfo};
+use crate::value::{ValueRef, ValueType};
 
 pub const GGUF_MAGIC: [u8; 4] = *b"GGUF";
 pub const DEFAULT_ALIGNMENT: u64 = 32;
-/// Deeper nesting than this is rejected, so hostile files cannot exhaust the stack.
-pub const MAX_ARRAY_NESTING: usize = 8;
-pub const MAX_DIMS: usize = 4;
-
-/// A bounds-checked little-endian reader over a byte slice. Offsets in errors
-/// are absolute file offsets (`base` + position).
-pub(crate) struct Cursor<'a> {
-    bytes: &'a [u8],
-    pos: usize,
-    base: u64,
-}
-
-impl<'a> Cursor<'a> {
-    pub(crate) fn new(bytes: &'a [u8], base: u64) -> Self {
-        Cursor { bytes, pos: 0, base }
-    }
-
-    pub(crate) fn pos(&self) -> usize {
-        self.pos
-    }
-
-    fn offset(&self) -> u64 {
-        self.base + self.pos as u64
-    }
-
-    fn remaining(&self) -> u64 {
-        (self.bytes.len() - self.pos) as u64
-    }
-
-    fn take(&mut self, n: u64, what: &'static str) -> Result<&'a [u8]> {
-        if n > self.remaining() {
-            return Err(GgufError::Truncated {
-                offset: self.offset(),
-                needed: n - self.remaining(),
-                what,
-            });
-        }
-        let s = &self.bytes[self.pos..self.pos + n as usize];
-        self.pos += n as usize;
-        Ok(s)
-    }
-
-    fn array<const N: usize>(&mut self, what: &'static str) -> Result<[u8; N]> {
-        let s = self.take(N as u64, what)?;
-        let mut a = [0u8; N];
-        a.copy_from_slice(s);
-        Ok(a)
-    }
-
-    fn u32(&mut self, what: &'static str) -> Result<u32> {
-        Ok(u32::from_le_bytes(self.array(what)?))
-    }
-
-    fn u64(&mut self, what: &'static str) -> Result<u64> {
-        Ok(u64::from_le_bytes(self.array(what)?))
-    }
-
-    /// A count that must be able to fit in the rest of the file at `min_size` bytes per item.
-    fn count(&mut self, what: &'static str, min_size: u64) -> Result<u64> {
-        let offset = self.offset();
-        let count = self.u64(what)?;
-        let remaining = self.remaining();
-        if count > remaining / min_size.max(1) {
-            return Err(GgufError::CountTooLarge {
-                what,
-                count,
-                offset,
-                remaining,
-            });
-        }
-        Ok(count)
-    }
-
-    pub(crate) fn string(&mut self) -> Result<&'a str> {
-        let offset = self.offset();
-        let len = self.u64("string length")?;
-        if len > self.remaining() {
-            return Err(GgufError::StringTooLong { len, offset });
-        }
-        let bytes = self.take(len, "string")?;
-        std::str::from_utf8(bytes).map_err(|_| GgufError::InvalidUtf8 { offset: offset + 8 })
-    }
-
-    fn value_type(&mut self) -> Result<ValueType> {
-        let offset = self.offset();
-        let ty = self.u32("value type")?;
-        ValueType::from_id(ty).ok_or(GgufError::UnknownValueType { ty, offset })
-    }
-
-    /// Decodes (and so validates) one value of type `ty`; arrays are walked
-    /// element by element but not materialised.
-    pub(crate) fn value(&mut self, ty: ValueType, depth: usize) -> Result<ValueRef<'a>> {
-        const W: &str = "metadata value";
-        Ok(match ty {
-            ValueType::U8 => ValueRef::U8(self.array::<1>(W)?[0]),
-            ValueType::I8 => ValueRef::I8(self.array::<1>(W)?[0] as i8),
-            ValueType::U16 => ValueRef::U16(u16::from_le_bytes(self.array(W)?)),
-            ValueType::I16 => ValueRef::I16(i16::from_le_bytes(self.array(W)?)),
-            ValueType::U32 => ValueRef::U32(u32::from_le_bytes(self.array(W)?)),
-            ValueType::I32 => ValueRef::I32(i32::from_le_bytes(self.array(W)?)),
-            ValueType::F32 => ValueRef::F32(f32::from_le_bytes(self.array(W)?)),
-            ValueType::U64 => ValueRef::U64(u64::from_le_bytes(self.array(W)?)),
-            ValueType::I64 => ValueRef::I64(i64::from_le_bytes(self.array(W)?)),
-            ValueType::F64 => ValueRef::F64(f64::from_le_bytes(self.array(W)?)),
-            // ggml writes bools as one byte; anything but 0 is true.
-            ValueType::Bool => ValueRef::Bool(self.array::<1>(W)?[0] != 0),
-            ValueType::String => ValueRef::String(self.string()?),
-            ValueType::Array => ValueRef::Array(self.array_value(depth)?),
-        })
-    }
-
-    fn array_value(&mut self, depth: usize) -> Result<ArrayRef<'a>> {
-        if depth >= MAX_ARRAY_NESTING {
-            return Err(GgufError::NestingTooDeep {
-                max: MAX_ARRAY_NESTING,
-                offset: self.offset(),
-            });
-        }
-        let elem = self.value_type()?;
-        let min_size = match elem {
-            ValueType::String => 8,
-            ValueType::Array => 12,
-            t => t.fixed_size().unwrap_or(1) as u64,
-        };
-        let len = self.count("array element", min_size)?;
-        let start = self.pos;
-        match elem.fixed_size() {
-            Some(sz) => {
-                self.take(len * sz as u64, "array elements")?;
-            }
-            None => {
-                for _ in 0..len {
-                    self.value(elem, depth + 1)?;
-                }
-            }
-        }
-        Ok(ArrayRef {
-            elem,
-            len,
-            bytes: &self.bytes[start..self.pos],
-        })
-    }
-}
-
-/// One tensor's header entry.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct TensorInfo {
-    pub name: String,
-    /// ggml order: `dims[0]` is the row length (contiguous), `dims[1]` the row count.
-    pub dims: Vec<u64>,
-    pub ty: GgmlType,
-    /// Offset of the data relative to the start of the data section.
-    pub offset: u64,
-    pub n_elements: u64,
-    pub n_bytes: u64,
-}
-
-impl TensorInfo {
-    /// Values per row (the contiguous dimension).
-    pub fn row_len(&self) -> u64 {
-        self.dims[0]
-    }
-
-    /// Number of rows: the product of all but the first dimension.
-    pub fn n_rows(&self) -> u64 {
-        self.dims[1..].iter().product()
-    }
-}
+/// Entries preallocated before parsing: counts were checked against the bytes
+/// left, but a large file could still claim tens of millions of entries, so
+/// the tables grow with what actually parses instead.
+const PREALLOC_LIMIT: usize = 4096;
 
 struct KvEntry {
     key: String,
@@ -212,6 +49,8 @@ pub struct Gguf {
     kvs: Vec<KvEntry>,
     kv_index: HashMap<String, usize>,
     tensors: Vec<TensorInfo>,
+    /// Absolute file offset of each tensor's header entry, for error messages.
+    tensor_info_offsets: Vec<u64>,
     tensor_index: HashMap<String, usize>,
 }
 
@@ -252,8 +91,9 @@ impl Gguf {
         let n_tensors = cur.count("tensor", 24)?;
         let n_kv = cur.count("metadata key/value", 13)?;
 
-        let mut kvs = Vec::with_capacity(n_kv as usize);
-        let mut kv_index = HashMap::with_capacity(n_kv as usize);
+        let n_kv_alloc = (n_kv as usize).min(PREALLOC_LIMIT);
+        let mut kvs = Vec::with_capacity(n_kv_alloc);
+        let mut kv_index = HashMap::with_capacity(n_kv_alloc);
         for _ in 0..n_kv {
             let key_offset = cur.offset();
             let key = cur.string()?.to_owned();
@@ -273,70 +113,24 @@ impl Gguf {
             });
         }
 
-        let mut tensors = Vec::with_capacity(n_tensors as usize);
-        let mut tensor_index = HashMap::with_capacity(n_tensors as usize);
+        let n_tensors_alloc = (n_tensors as usize).min(PREALLOC_LIMIT);
+        let mut tensors = Vec::with_capacity(n_tensors_alloc);
+        let mut tensor_info_offsets = Vec::with_capacity(n_tensors_alloc);
+        let mut tensor_index = HashMap::with_capacity(n_tensors_alloc);
         for _ in 0..n_tensors {
             let offset = cur.offset();
-            let name = cur.string()?.to_owned();
-            let n_dims = cur.u32("tensor dimension count")?;
-            if n_dims as usize > MAX_DIMS {
-                return Err(GgufError::TooManyDims {
-                    name,
-                    n_dims,
+            let info = read_tensor_info(&mut cur)?;
+            if tensor_index
+                .insert(info.name.clone(), tensors.len())
+                .is_some()
+            {
+                return Err(GgufError::DuplicateTensor {
+                    name: info.name,
                     offset,
                 });
             }
-            let mut dims = Vec::with_capacity(n_dims as usize);
-            let mut n_elements: u64 = 1;
-            for index in 0..n_dims as usize {
-                let d = cur.u64("tensor dimension")?;
-                if d == 0 {
-                    return Err(GgufError::ZeroDim {
-                        name,
-                        index,
-                        offset,
-                    });
-                }
-                n_elements = n_elements
-                    .checked_mul(d)
-                    .filter(|n| *n <= i64::MAX as u64)
-                    .ok_or_else(|| GgufError::DimOverflow {
-                        name: name.clone(),
-                        offset,
-                    })?;
-                dims.push(d);
-            }
-            if dims.is_empty() {
-                dims.push(1);
-            }
-            let ty_id = cur.u32("tensor type")?;
-            let ty = GgmlType::from_id(ty_id).ok_or_else(|| GgufError::UnknownTensorType {
-                name: name.clone(),
-                ty: ty_id,
-                offset,
-            })?;
-            let data_rel = cur.u64("tensor data offset")?;
-            // Blocks run along the row, so the row length must be whole blocks.
-            let n_bytes = (dims[0] % ty.block_size() as u64 == 0)
-                .then(|| ty.bytes_for(n_elements))
-                .flatten()
-                .ok_or_else(|| GgufError::PartialBlock {
-                    name: name.clone(),
-                    ty: ty.name(),
-                    n_values: dims[0],
-                    block: ty.block_size(),
-                })?;
-            if tensor_index.insert(name.clone(), tensors.len()).is_some() {
-                return Err(GgufError::DuplicateTensor { name, offset });
-            }
-            tensors.push(TensorInfo {
-                name,
-                dims,
-                ty,
-                offset: data_rel,
-                n_elements,
-                n_bytes,
-            });
+            tensors.push(info);
+            tensor_info_offsets.push(offset);
         }
 
         let mut gguf = Gguf {
@@ -347,42 +141,51 @@ impl Gguf {
             kvs,
             kv_index,
             tensors,
+            tensor_info_offsets,
             tensor_index,
         };
         let header_end = cur.pos() as u64;
         gguf.backing = backing;
         gguf.alignment = gguf.read_alignment()?;
+        // The alignment is at most 2^63 and the header far shorter, so this cannot overflow.
         gguf.data_offset = header_end.next_multiple_of(gguf.alignment);
         gguf.check_tensor_data()?;
         Ok(gguf)
     }
 
     fn read_alignment(&self) -> Result<u64> {
-        match self.get("general.alignment") {
-            None => Ok(DEFAULT_ALIGNMENT),
-            Some(v) => {
-                let a = v.as_u64().ok_or_else(|| GgufError::WrongValueType {
-                    key: "general.alignment".into(),
-                    expected: "unsigned integer",
-                    found: v.value_type().name(),
-                })?;
-                if a == 0 || !a.is_power_of_two() {
-                    return Err(GgufError::BadAlignment { alignment: a });
-                }
-                Ok(a)
-            }
+        let key = "general.alignment";
+        let (Some(v), Some(offset)) = (self.get(key), self.value_offset(key)) else {
+            return Ok(DEFAULT_ALIGNMENT);
+        };
+        let a = v.as_u64().ok_or_else(|| GgufError::WrongValueType {
+            key: key.into(),
+            expected: "unsigned integer",
+            found: v.value_type().name(),
+            offset,
+        })?;
+        if a == 0 || !a.is_power_of_two() {
+            return Err(GgufError::BadAlignment {
+                alignment: a,
+                offset,
+            });
         }
+        Ok(a)
     }
 
+    /// Checks that every tensor's data is aligned, inside the file and
+    /// overlaps no other tensor's data.
     fn check_tensor_data(&self) -> Result<()> {
         let file_len = self.backing.bytes().len() as u64;
         let mut spans: Vec<(u64, u64, usize)> = Vec::with_capacity(self.tensors.len());
         for (i, t) in self.tensors.iter().enumerate() {
+            let offset = self.tensor_info_offsets[i];
             if t.offset % self.alignment != 0 {
                 return Err(GgufError::MisalignedTensor {
                     name: t.name.clone(),
-                    offset: t.offset,
+                    data_offset: t.offset,
                     alignment: self.alignment,
+                    offset,
                 });
             }
             let start = self.data_offset.checked_add(t.offset);
@@ -395,10 +198,13 @@ impl Gguf {
                         start: start.unwrap_or(u64::MAX),
                         end: end.unwrap_or(u64::MAX),
                         file_len,
+                        offset,
                     })
                 }
             }
         }
+        // Sorted by start, any overlap shows up between neighbours: if X
+        // overlaps a later Y, the span right after X starts inside X too.
         spans.sort_unstable();
         for w in spans.windows(2) {
             let (a, b) = (w[0], w[1]);
@@ -408,10 +214,18 @@ impl Gguf {
                     other: self.tensors[a.2].name.clone(),
                     start: b.0,
                     end: b.1,
+                    offset: self.tensor_info_offsets[b.2],
                 });
             }
         }
         Ok(())
+    }
+
+    /// Absolute file offset of a metadata value's encoding.
+    pub(crate) fn value_offset(&self, key: &str) -> Option<u64> {
+        self.kv_index
+            .get(key)
+            .map(|&i| self.kvs[i].value_offset as u64)
     }
 
     pub fn version(&self) -> u32 {

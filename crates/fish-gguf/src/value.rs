@@ -190,7 +190,10 @@ impl<'a> ValueRef<'a> {
             ValueRef::U64(v) => Value::U64(v),
             ValueRef::I64(v) => Value::I64(v),
             ValueRef::F64(v) => Value::F64(v),
-            ValueRef::Array(a) => Value::Array(a.elem_type(), a.iter().map(|v| v.to_owned_value()).collect()),
+            ValueRef::Array(a) => Value::Array(
+                a.elem_type(),
+                a.iter().map(|v| v.to_owned_value()).collect(),
+            ),
         }
     }
 }
@@ -261,7 +264,7 @@ impl<'a> Iterator for ArrayIter<'a> {
             return None;
         }
         self.left -= 1;
-        let mut cur = crate::reader::Cursor::new(self.bytes, 0);
+        let mut cur = crate::cursor::Cursor::new(self.bytes, 0);
         // Validated at open; an error here would mean the file changed under the map.
         let v = cur.value(self.elem, 0).ok()?;
         self.bytes = &self.bytes[cur.pos()..];
@@ -313,7 +316,10 @@ impl Value {
 
     /// A string array from anything iterable of string-likes.
     pub fn string_array<S: Into<String>>(items: impl IntoIterator<Item = S>) -> Value {
-        Value::Array(ValueType::String, items.into_iter().map(|s| Value::String(s.into())).collect())
+        Value::Array(
+            ValueType::String,
+            items.into_iter().map(|s| Value::String(s.into())).collect(),
+        )
     }
 
     pub fn f32_array(items: impl IntoIterator<Item = f32>) -> Value {

@@ -28,9 +28,15 @@ impl TensorSpec {
     /// Bytes of data this tensor needs.
     pub fn n_bytes(&self) -> io::Result<u64> {
         let n: u64 = self.dims.iter().product();
-        self.ty
-            .bytes_for(n)
-            .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, format!("tensor {}: {} values are not whole {} blocks", self.name, n, self.ty)))
+        self.ty.bytes_for(n).ok_or_else(|| {
+            io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!(
+                    "tensor {}: {} values are not whole {} blocks",
+                    self.name, n, self.ty
+                ),
+            )
+        })
     }
 }
 
@@ -84,7 +90,10 @@ impl GgufWriter {
         out: W,
         mut data: impl FnMut(usize, &TensorSpec, &mut dyn Write) -> io::Result<()>,
     ) -> io::Result<()> {
-        let mut out = CountingWriter { inner: out, written: 0 };
+        let mut out = CountingWriter {
+            inner: out,
+            written: 0,
+        };
         let align = self.alignment();
         out.write_all(&GGUF_MAGIC)?;
         out.write_all(&3u32.to_le_bytes())?;
@@ -116,7 +125,12 @@ impl GgufWriter {
             if out.written - before != sizes[i] {
                 return Err(io::Error::new(
                     io::ErrorKind::InvalidData,
-                    format!("tensor {}: wrote {} bytes, expected {}", t.name, out.written - before, sizes[i]),
+                    format!(
+                        "tensor {}: wrote {} bytes, expected {}",
+                        t.name,
+                        out.written - before,
+                        sizes[i]
+                    ),
                 ));
             }
             pad_to(&mut out, align)?;
@@ -127,7 +141,10 @@ impl GgufWriter {
     /// Writes a file whose tensor data are given as whole byte slices.
     pub fn write_with_data<W: Write>(&self, out: W, data: &[&[u8]]) -> io::Result<()> {
         if data.len() != self.tensors.len() {
-            return Err(io::Error::new(io::ErrorKind::InvalidInput, "one data slice per tensor"));
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "one data slice per tensor",
+            ));
         }
         self.write(out, |i, _, w| w.write_all(data[i]))
     }
