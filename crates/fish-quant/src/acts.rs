@@ -1,0 +1,158 @@
+//! Activations converted once to a weight type's dot-product format.
+
+use crate::blocks::{ActFormat, BlockQ8K, BlockQ8_0, BlockQ8_1};
+use crate::error::QuantError;
+use fish_gguf::GgmlType;
+use half::{bf16, f16};
+use rayon::prelude::*;
+
+/// Storage for activations in one of the dot-product formats.
+#[derive(Clone, Debug, Default)]
+pub enum ActsData {
+    #[default]
+    Empty,
+    F32(Vec<f32>),
+    F16(Vec<f16>),
+    Bf16(Vec<bf16>),
+    Q8_0(Vec<BlockQ8_0>),
+    Q8_1(Vec<BlockQ8_1>),
+    Q8K(Vec<BlockQ8K>),
+}
+
+/// Implements [`ActFormat::view`] and [`ActFormat::storage`] for the
+/// `ActsData` variant that holds `Self`.
+macro_rules! act_storage {
+    ($variant:ident) => {
+        fn view(data: &$crate::acts::ActsData) -> Option<&[Self]> {
+            match data {
+                $crate::acts::ActsData::$variant(v) => Some(v),
+                _ => None,
+            }
+        }
+
+        fn storage(data: &mut $crate::acts::ActsData, n: usize) -> &mut [Self] {
+            if !matches!(data, $crate::acts::ActsData::$variant(_)) {
+                *data = $crate::acts::ActsData::$variant(Vec::new());
+            }
+            match data {
+                $crate::acts::ActsData::$variant(v) => {
+                    v.resize(n, bytemuck::Zeroable::zeroed());
+                    v
+                }
+                _ => unreachable!("storage was just set to this variant"),
+            }
+        }
+    };
+}
+pub(crate) use act_storage;
+
+/// Activations quantised once for several weights that share an input
+/// (q/k/v, gate/up): `n_tok` rows of `n_in` values in format `dot_type`.
+#[derive(Clone, Debug, Default)]
+pub struct QuantizedActs {
+    pub(crate) data: ActsData,
+    pub(crate) dot_type: Option<GgmlType>,
+    pub(crate) n_tok: usize,
+    pub(crate) n_in: usize,
+}
+
+impl QuantizedActs {
+    /// The dot-product format, `None` for an empty value.
+    pub fn dot_type(&self) -> Option<GgmlType> {
+        self.dot_type
+    }
+
+    pub fn n_tok(&self) -> usize {
+        self.n_tok
+    }
+
+    pub fn n_in(&self) -> usize {
+        self.n_in
+    }
+
+    /// The activation blocks as `A`, if they are stored in that format.
+    pub fn blocks<A: ActFormat>(&self) -> Option<&[A]> {
+        A::view(&self.data)
+    }
+}
+
+/// The activation format ggml's CPU backend dots a weight type with.
+pub fn dot_type(weight: GgmlType) -> GgmlType {
+    use GgmlType::*;
+    match weight {
+        Q4_0 | Q5_0 | Q8_0 => Q8_0,
+        Q4_1 | Q5_1 => Q8_1,
+        Q2_K | Q3_K | Q4_K | Q5_K | Q6_K => Q8_K,
+        F16 => F16,
+        BF16 => BF16,
+        _ => F32,
+    }
+}
+
+/// Quantises `x` (`n_tok` rows of `n_in`) to `dot_type`.
+pub fn quantize_acts(
+    dot_type: GgmlType,
+    x: &[f32],
+    n_tok: usize,
+    n_in: usize,
+) -> Result<QuantizedActs, QuantError> {
+    let mut acts = QuantizedActs::default();
+    quantize_acts_into(&mut acts, dot_type, x, n_tok, n_in)?;
+    Ok(acts)
+}
+
+/// Like [`quantize_acts`], reusing the storage of `acts`.
+pub fn quantize_acts_into(
+    acts: &mut QuantizedActs,
+    dot_type: GgmlType,
+    x: &[f32],
+    n_tok: usize,
+    n_in: usize,
+) -> Result<(), QuantError> {
+    let expected = n_tok
+        .checked_mul(n_in)
+        .ok_or(QuantError::Overflow("activations"))?;
+    if x.len() != expected {
+        return Err(QuantError::BadLength {
+            what: "activations (n_tok * n_in)",
+            expected,
+            got: x.len(),
+        });
+    }
+    match dot_type {
+        GgmlType::F32 => fill::<f32>(acts, x, n_in)?,
+        GgmlType::F16 => fill::<f16>(acts, x, n_in)?,
+        GgmlType::BF16 => fill::<bf16>(acts, x, n_in)?,
+        GgmlType::Q8_0 => fill::<BlockQ8_0>(acts, x, n_in)?,
+        GgmlType::Q8_1 => fill::<BlockQ8_1>(acts, x, n_in)?,
+        GgmlType::Q8_K => fill::<BlockQ8K>(acts, x, n_in)?,
+        other => return Err(QuantError::Unsupported(other)),
+    }
+    acts.dot_type = Some(dot_type);
+    acts.n_tok = n_tok;
+    acts.n_in = n_in;
+    Ok(())
+}
+
+/// Below this many values, quantising on one thread beats waking the pool.
+const PARALLEL_ACTS_MIN: usize = 1 << 16;
+
+fn fill<A: ActFormat>(acts: &mut QuantizedActs, x: &[f32], n_in: usize) -> Result<(), QuantError> {
+    if !n_in.is_multiple_of(A::VALUES) {
+        return Err(QuantError::PartialBlock {
+            ty: A::TYPE,
+            n_values: n_in,
+            block: A::VALUES,
+        });
+    }
+    let out = A::storage(&mut acts.data, x.len() / A::VALUES);
+    if x.len() >= PARALLEL_ACTS_MIN && n_in > 0 {
+        let per_row = n_in / A::VALUES;
+        out.par_chunks_mut(per_row.max(1))
+            .zip(x.par_chunks(n_in))
+            .for_each(|(o, x)| A::quantize_acts(x, o));
+    } else {
+        A::quantize_acts(x, out);
+    }
+    Ok(())
+}

@@ -1,0 +1,127 @@
+//! Q3_K: 256 values, value = d * (sc - 32) * (q - 4) with a 6-bit scale per
+//! 16 values and 3-bit codes: two low bits laid out as in Q2_K, the third
+//! bit of value `128n + 32j + l` is bit `4n + j` of `hmask[l]`. The sixteen
+//! 6-bit scales are packed in 12 bytes: low nibbles of scales 0..8 in bytes
+//! 0..8, of scales 8..16 in the high nibbles of bytes 0..8, and the top two
+//! bits of scale j at bit `2 * (j / 4)` of byte `8 + j % 4`.
+
+use super::kfit::fit_signed;
+use super::q2_k::crumb_position;
+use super::{BlockFormat, BlockQ8K, QK_K};
+use crate::bits::F16Bits;
+use crate::round::nearest_int;
+use bytemuck::{Pod, Zeroable};
+use fish_gguf::GgmlType;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Pod, Zeroable)]
+#[repr(C)]
+pub struct BlockQ3K {
+    pub hmask: [u8; QK_K / 8],
+    pub qs: [u8; QK_K / 4],
+    pub scales: [u8; 12],
+    pub d: F16Bits,
+}
+const _: () = assert!(size_of::<BlockQ3K>() == 110);
+
+impl BlockQ3K {
+    /// The sixteen signed scales (-32..32).
+    pub fn signed_scales(&self) -> [i8; 16] {
+        std::array::from_fn(|j| {
+            let low = if j < 8 {
+                self.scales[j] & 0x0f
+            } else {
+                self.scales[j - 8] >> 4
+            };
+            let high = (self.scales[8 + j % 4] >> (2 * (j / 4))) & 3;
+            (low | (high << 4)) as i8 - 32
+        })
+    }
+
+    fn pack_scales(stored: &[u8; 16]) -> [u8; 12] {
+        let mut p = [0u8; 12];
+        for (j, &v) in stored.iter().enumerate() {
+            if j < 8 {
+                p[j] |= v & 0x0f;
+            } else {
+                p[j - 8] |= (v & 0x0f) << 4;
+            }
+            p[8 + j % 4] |= (v >> 4) << (2 * (j / 4));
+        }
+        p
+    }
+
+    /// The 256 codes (0..8, value `q - 4`) in value order.
+    pub fn codes(&self) -> [u8; QK_K] {
+        std::array::from_fn(|i| {
+            let (byte, shift) = crumb_position(i);
+            let (n, r) = (i / 128, i % 128);
+            let high = (self.hmask[r % 32] >> (4 * n + r / 32)) & 1;
+            ((self.qs[byte] >> shift) & 3) | (high << 2)
+        })
+    }
+}
+
+impl BlockFormat for BlockQ3K {
+    const TYPE: GgmlType = GgmlType::Q3_K;
+    const VALUES: usize = QK_K;
+    type Act = BlockQ8K;
+
+    fn to_float(&self, out: &mut [f32]) {
+        let d = self.d.to_f32();
+        let sc = self.signed_scales();
+        let q = self.codes();
+        for (i, o) in out.iter_mut().enumerate() {
+            *o = d * sc[i / 16] as f32 * (q[i] as i32 - 4) as f32;
+        }
+    }
+
+    fn from_float(x: &[f32]) -> Self {
+        let mut codes = [0u8; QK_K];
+        let mut scales = [0f32; 16];
+        for g in 0..16 {
+            scales[g] = fit_signed(&x[16 * g..16 * g + 16], 4, &mut codes[16 * g..16 * g + 16]);
+        }
+        let max_scale = super::q4_0::signed_abs_max(&scales);
+        let mut b = Self::zeroed();
+        let mut stored = [32u8; 16];
+        if max_scale != 0.0 {
+            let iscale = -32.0 / max_scale;
+            b.d = F16Bits::from_f32(1.0 / iscale);
+            for g in 0..16 {
+                stored[g] = (nearest_int(iscale * scales[g]).clamp(-32, 31) + 32) as u8;
+            }
+        }
+        b.scales = Self::pack_scales(&stored);
+        let d = b.d.to_f32();
+        for i in 0..QK_K {
+            let dd = d * (stored[i / 16] as i32 - 32) as f32;
+            let q = if dd == 0.0 {
+                4
+            } else {
+                (nearest_int(x[i] / dd).clamp(-4, 3) + 4) as u8
+            };
+            let (byte, shift) = crumb_position(i);
+            b.qs[byte] |= (q & 3) << shift;
+            let (n, r) = (i / 128, i % 128);
+            b.hmask[r % 32] |= (q >> 2) << (4 * n + r / 32);
+        }
+        b
+    }
+
+    fn vec_dot(w: &[Self], a: &[BlockQ8K]) -> f32 {
+        let mut sum = 0.0f32;
+        for (w, a) in w.iter().zip(a) {
+            let q = w.codes();
+            let sc = w.signed_scales();
+            let mut sumi = 0i32;
+            for g in 0..16 {
+                let s: i32 = (0..16)
+                    .map(|l| (q[16 * g + l] as i32 - 4) * a.qs[16 * g + l] as i32)
+                    .sum();
+                sumi += sc[g] as i32 * s;
+            }
+            sum += a.d * w.d.to_f32() * sumi as f32;
+        }
+        sum
+    }
+}
