@@ -32,3 +32,4 @@ pub use error::QuantError;
 pub use fish_gguf::GgmlType;
 pub use matmul::{matmul_batch, matmul_quantized, Weights};
 pub use rows::{dequant_row, is_supported, quantize_row, row_bytes};
+pub use simd::{simd_level, SimdLevel};

@@ -1,0 +1,12 @@
+//! AVX-512 VNNI kernels (256-bit vectors): byte products summed exactly
+//! into i32 lanes with one `vpdpbusd`.
+
+use core::arch::x86_64::{__m256i, _mm256_dpbusd_epi32, _mm256_setzero_si256};
+
+#[target_feature(enable = "avx2,avx512f,avx512vl,avx512vnni")]
+#[inline]
+unsafe fn dpbusd_sum(x: __m256i, y: __m256i) -> __m256i {
+    _mm256_dpbusd_epi32(_mm256_setzero_si256(), x, y)
+}
+
+super::kernels::define_kernels!("avx2,fma,f16c,avx512f,avx512vl,avx512vnni", dpbusd_sum);

@@ -1,0 +1,90 @@
+//! Every SIMD kernel against the portable dot product on the same blocks.
+//!
+//! Integer sums are exact in both, so the results differ only by the order
+//! of f32 additions: the bound is 1e-5 of the sum of |block terms|
+//! (about 2^-17, far below anything a wrong integer sum would produce).
+
+use super::*;
+use crate::acts::quantize_acts;
+use crate::blocks::{ActFormat, BlockFormat};
+use crate::dispatch::with_block_type;
+
+fn pseudo_random(n: usize, seed: u32) -> Vec<f32> {
+    let mut s = seed;
+    (0..n)
+        .map(|_| {
+            s = s.wrapping_mul(1664525).wrapping_add(1013904223);
+            ((s >> 8) as f32 / (1u32 << 24) as f32 - 0.5)
+                * if s.is_multiple_of(7) { 6.0 } else { 1.0 }
+        })
+        .collect()
+}
+
+fn check<B: BlockFormat>(kernels: &[(&str, VecDot<B>)]) {
+    let n = 256 * 6;
+    for seed in 0..20 {
+        let wf = pseudo_random(n, seed);
+        let w: Vec<B> = wf
+            .chunks(<B as BlockFormat>::VALUES)
+            .map(B::from_float)
+            .collect();
+        let x = pseudo_random(n, seed + 1000);
+        let acts = quantize_acts(crate::dot_type(B::TYPE), &x, 1, n).unwrap();
+        let a: &[B::Act] = <B::Act as ActFormat>::view(&acts.data).unwrap();
+        let reference = B::vec_dot(&w, a);
+        let scale: f32 = w
+            .iter()
+            .zip(a.chunks(<B as BlockFormat>::VALUES / <B::Act as ActFormat>::VALUES))
+            .map(|(wb, ab)| B::vec_dot(std::slice::from_ref(wb), ab).abs())
+            .sum();
+        for (name, k) in kernels {
+            let got = k(&w, a);
+            assert!(
+                (got - reference).abs() <= 1e-5 * scale + 1e-7,
+                "{:?} {name} seed {seed}: {got} vs portable {reference}",
+                B::TYPE
+            );
+        }
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+macro_rules! check_kernel {
+    ($B:ty, $kernel:ident) => {{
+        let mut ks: Vec<(&str, VecDot<$B>)> = Vec::new();
+        if detect() != SimdLevel::Portable {
+            ks.push(("avx2", |w, a| unsafe { avx2::$kernel(w, a) }));
+        }
+        if detect() == SimdLevel::Avx512Vnni {
+            ks.push(("avx512vnni", |w, a| unsafe { avx512::$kernel(w, a) }));
+        }
+        check::<$B>(&ks);
+        ks.len()
+    }};
+}
+
+#[test]
+#[cfg(target_arch = "x86_64")]
+fn simd_kernels_agree_with_portable_dot_products() {
+    let mut n = 0;
+    n += check_kernel!(F32Value, f32_dot);
+    n += check_kernel!(F16Value, f16_dot);
+    n += check_kernel!(BlockQ4_0, q4_0);
+    n += check_kernel!(BlockQ4_1, q4_1);
+    n += check_kernel!(BlockQ5_0, q5_0);
+    n += check_kernel!(BlockQ5_1, q5_1);
+    n += check_kernel!(BlockQ8_0, q8_0);
+    n += check_kernel!(BlockQ4K, q4_k);
+    n += check_kernel!(BlockQ6K, q6_k);
+    eprintln!("checked {n} SIMD kernels at level {:?}", detect());
+}
+
+#[test]
+fn best_kernels_agree_for_every_type() {
+    for ty in crate::GgmlType::ALL
+        .into_iter()
+        .filter(|t| crate::is_supported(*t))
+    {
+        with_block_type!(ty, B => check::<B>(&[("best", B::best_vec_dot())]), _ => unreachable!());
+    }
+}
