@@ -193,27 +193,33 @@ pub fn quantize_affine_superblock(
     let mut scales = [0f32; 8];
     let mut mins = [0f32; 8];
     let mut codes = [0u8; 256];
-    let mut w = [1.0f32; 32];
     for g in 0..8 {
         let xg = &x[32 * g..32 * g + 32];
-        if importance == Importance::MagnitudePlusRms {
-            let rms = (xg.iter().map(|v| v * v).sum::<f32>() / 32.0).sqrt();
-            for (w, &v) in w.iter_mut().zip(xg) {
-                *w = rms + v.abs();
-            }
-        }
+        let w = importance_weights(xg, importance);
         (scales[g], mins[g]) = fit_scale_min(xg, &w, nmax, search, &mut codes[32 * g..32 * g + 32]);
     }
-    let (d, ls) = quantize_group_scales(&scales, 63);
-    let (dmin, lm) = quantize_group_scales(&mins, 63);
+    let (d, mut ls) = quantize_group_scales(&scales, 63);
+    let (dmin, mut lm) = quantize_group_scales(&mins, 63);
     let (df, dminf) = (d.to_f32(), dmin.to_f32());
     for g in 0..8 {
-        let dd = df * ls[g] as f32;
-        let dm = dminf * lm[g] as f32;
-        let inv = if dd != 0.0 { 1.0 / dd } else { 0.0 };
-        for (q, &v) in codes[32 * g..32 * g + 32].iter_mut().zip(&x[32 * g..]) {
-            *q = nearest_int((v + dm) * inv).clamp(0, nmax as i32) as u8;
+        let xg = &x[32 * g..32 * g + 32];
+        let wg = importance_weights(xg, importance);
+        let codes_g = &mut codes[32 * g..32 * g + 32];
+        // Rounding the scale and min to 6 bits independently is rarely the
+        // best pair: try the neighbours of both and keep the smallest error.
+        let mut best = (f32::MAX, ls[g], lm[g]);
+        let mut trial = [0u8; 32];
+        for sl in ls[g].saturating_sub(1)..=(ls[g] + 1).min(63) {
+            for ml in lm[g].saturating_sub(1)..=(lm[g] + 1).min(63) {
+                let (dd, dm) = (df * sl as f32, dminf * ml as f32);
+                let err = assign_and_error(xg, &wg, nmax, dd, -dm, &mut trial);
+                if err < best.0 {
+                    best = (err, sl, ml);
+                    codes_g.copy_from_slice(&trial);
+                }
+            }
         }
+        (ls[g], lm[g]) = (best.1, best.2);
     }
     AffineSuperBlock {
         d,
@@ -221,6 +227,16 @@ pub fn quantize_affine_superblock(
         scales: ls,
         mins: lm,
         codes,
+    }
+}
+
+fn importance_weights(xg: &[f32], importance: Importance) -> [f32; 32] {
+    match importance {
+        Importance::Uniform => [1.0; 32],
+        Importance::MagnitudePlusRms => {
+            let rms = (xg.iter().map(|v| v * v).sum::<f32>() / 32.0).sqrt();
+            std::array::from_fn(|l| rms + xg[l].abs())
+        }
     }
 }
 

@@ -1,0 +1,134 @@
+//! Re-quantisation of weight rows from any supported type to Q4_K or FQ3
+//! (decode, then encode) on the current rayon pool, with the error it costs.
+
+use crate::blocks::kfit::{FitSearch, Importance};
+use crate::blocks::{BlockFormat, BlockQ4K};
+use crate::error::QuantError;
+use crate::fq3::{BlockFq3, FQ3_BLOCK_BYTES};
+use crate::rows::{dequant_row, row_bytes};
+use fish_gguf::GgmlType;
+use rayon::prelude::*;
+
+/// The format rows are re-quantised to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RequantTarget {
+    Q4K,
+    Fq3,
+}
+
+impl RequantTarget {
+    /// Bytes per 256 values.
+    pub fn block_bytes(self) -> usize {
+        match self {
+            Self::Q4K => size_of::<BlockQ4K>(),
+            Self::Fq3 => FQ3_BLOCK_BYTES,
+        }
+    }
+}
+
+/// Re-quantised rows and what the conversion cost.
+#[derive(Clone, Debug)]
+pub struct Requantized {
+    pub bytes: Vec<u8>,
+    /// sqrt(sum (new - source)²) / sqrt(sum source²) over all rows.
+    pub rel_rms: f64,
+}
+
+/// Re-quantises `n_rows` rows of `n_in` values of type `src_ty` (`n_in` a
+/// multiple of 256).
+pub fn requantize(
+    src_ty: GgmlType,
+    src: &[u8],
+    n_in: usize,
+    n_rows: usize,
+    target: RequantTarget,
+) -> Result<Requantized, QuantError> {
+    let src_row = row_bytes(src_ty, n_in)?;
+    if !n_in.is_multiple_of(256) {
+        return Err(QuantError::PartialBlock {
+            ty: GgmlType::Q4_K,
+            n_values: n_in,
+            block: 256,
+        });
+    }
+    let expected = src_row
+        .checked_mul(n_rows)
+        .ok_or(QuantError::Overflow("source bytes"))?;
+    if src.len() != expected {
+        return Err(QuantError::BadLength {
+            what: "source bytes (n_rows rows)",
+            expected,
+            got: src.len(),
+        });
+    }
+    let dst_row = n_in / 256 * target.block_bytes();
+    let mut bytes = vec![0u8; dst_row * n_rows];
+    if n_rows == 0 || n_in == 0 {
+        return Ok(Requantized {
+            bytes,
+            rel_rms: 0.0,
+        });
+    }
+    let (err, energy) = bytes
+        .par_chunks_mut(dst_row)
+        .zip(src.par_chunks(src_row))
+        .map_init(
+            || (vec![0f32; n_in], vec![0f32; n_in]),
+            |(x, y), (dst, src)| -> Result<(f64, f64), QuantError> {
+                dequant_row(src_ty, src, x)?;
+                encode_row(target, x, dst, y);
+                Ok(row_error(x, y))
+            },
+        )
+        .try_reduce(|| (0.0, 0.0), |a, b| Ok((a.0 + b.0, a.1 + b.1)))?;
+    let rel_rms = if energy > 0.0 {
+        (err / energy).sqrt()
+    } else {
+        0.0
+    };
+    Ok(Requantized { bytes, rel_rms })
+}
+
+/// Encodes `x` into `dst` and writes its decoded values into `decoded`.
+fn encode_row(target: RequantTarget, x: &[f32], dst: &mut [u8], decoded: &mut [f32]) {
+    match target {
+        RequantTarget::Q4K => {
+            let blocks: &mut [BlockQ4K] = bytemuck::cast_slice_mut(dst);
+            for ((b, x), y) in blocks
+                .iter_mut()
+                .zip(x.chunks_exact(256))
+                .zip(decoded.chunks_exact_mut(256))
+            {
+                *b = BlockQ4K::quantize(
+                    x,
+                    FitSearch::Grid {
+                        offset: -1.0,
+                        steps: 20,
+                    },
+                    Importance::Uniform,
+                );
+                b.to_float(y);
+            }
+        }
+        RequantTarget::Fq3 => {
+            let blocks: &mut [BlockFq3] = bytemuck::cast_slice_mut(dst);
+            for ((b, x), y) in blocks
+                .iter_mut()
+                .zip(x.chunks_exact(256))
+                .zip(decoded.chunks_exact_mut(256))
+            {
+                *b = BlockFq3::quantize(x);
+                b.to_float(y);
+            }
+        }
+    }
+}
+
+fn row_error(x: &[f32], y: &[f32]) -> (f64, f64) {
+    let (mut err, mut energy) = (0.0f32, 0.0f32);
+    for (&a, &b) in x.iter().zip(y) {
+        err += (a - b) * (a - b);
+        energy += a * a;
+    }
+    (err as f64, energy as f64)
+}
