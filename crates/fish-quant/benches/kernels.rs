@@ -127,5 +127,35 @@ fn dequant(c: &mut Criterion) {
     g.finish();
 }
 
-criterion_group!(benches, matvec, prefill, dequant);
+/// Re-quantisation of Q4_K rows to FQ3 and Q6_K rows to Q4_K, ns per weight.
+fn requant(c: &mut Criterion) {
+    use fish_quant::requant::{requantize, RequantTarget};
+    let (n_in, n_rows) = (1536, 64);
+    let src = data(n_in * n_rows);
+    let mut g = c.benchmark_group("requant");
+    g.measurement_time(Duration::from_secs(2))
+        .warm_up_time(Duration::from_millis(300))
+        .sample_size(10);
+    for (ty, target) in [
+        (GgmlType::Q4_K, RequantTarget::Fq3),
+        (GgmlType::Q6_K, RequantTarget::Q4K),
+    ] {
+        let q = quantized(ty, &src);
+        g.throughput(Throughput::Elements((n_in * n_rows) as u64));
+        for threads in [1, 2] {
+            let p = pool(threads);
+            g.bench_function(
+                BenchmarkId::new(format!("{ty}->{target:?}"), format!("{threads}t")),
+                |b| {
+                    p.install(|| {
+                        b.iter(|| requantize(ty, black_box(&q), n_in, n_rows, target).unwrap())
+                    })
+                },
+            );
+        }
+    }
+    g.finish();
+}
+
+criterion_group!(benches, matvec, prefill, dequant, requant);
 criterion_main!(benches);
