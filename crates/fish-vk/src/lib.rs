@@ -1,1 +1,29 @@
-//! fish-vk: the Vulkan device layer (filled in by the fish-vk work).
+//! fish-vk: the raw Vulkan layer. Opens the loader at run time, picks a
+//! device, keeps weights resident under a memory budget and runs the matmul
+//! kernels (matvec for a few tokens, tiled for many) on them.
+//!
+//! The process-wide backend is `global()` (lazy, leaked on purpose);
+//! `Gpu::open` gives an owned device that releases everything on drop.
+
+mod budget;
+mod buffer;
+mod config;
+mod device;
+mod error;
+mod gpu;
+mod instance;
+mod kernels;
+mod loader;
+mod pipeline;
+mod status;
+mod upload;
+
+pub use budget::Budget;
+pub use config::{Config, CpuDevices, QueuePreference};
+pub use device::DeviceInfo;
+pub use error::{Result, VkError};
+pub use gpu::Gpu;
+pub use kernels::{supports, Kernel, MATVEC_MAX_TOKENS};
+pub use pipeline::{module_bytes, COMPILED_AT_BUILD};
+pub use status::{enabled, global, status};
+pub use upload::{TensorHandle, ROW_MULTIPLE};

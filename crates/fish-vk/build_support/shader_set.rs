@@ -1,0 +1,151 @@
+// The set of SPIR-V modules fish-vk embeds, shared by build.rs, `cargo xtask
+// shaders` and the staleness test (each includes this file with `include!`).
+// Only std is used here so that every includer can compile it as is.
+
+/// Weight types with kernels, as (GgmlType name, lower-case module suffix).
+pub const KERNEL_TYPES: &[(&str, &str)] = &[
+    ("F32", "f32"),
+    ("F16", "f16"),
+    ("Q4_0", "q4_0"),
+    ("Q4_1", "q4_1"),
+    ("Q5_0", "q5_0"),
+    ("Q5_1", "q5_1"),
+    ("Q8_0", "q8_0"),
+    ("Q4_K", "q4_k"),
+    ("Q5_K", "q5_k"),
+    ("Q6_K", "q6_k"),
+];
+
+/// Arguments every module is compiled with (part of the staleness hash).
+pub const GLSLC_ARGS: &[&str] = &["--target-env=vulkan1.1", "-O"];
+
+/// One SPIR-V module: its name, its GLSL source file in shaders/ and its defines.
+pub struct ShaderSpec {
+    pub name: String,
+    pub source: &'static str,
+    pub defines: Vec<String>,
+}
+
+/// Every module, in a fixed order.
+pub fn shader_specs() -> Vec<ShaderSpec> {
+    let mut specs = Vec::new();
+    for (ty, suffix) in KERNEL_TYPES {
+        let type_define = format!("TYPE_{ty}");
+        specs.push(ShaderSpec {
+            name: format!("matvec_{suffix}"),
+            source: "matvec.comp",
+            defines: vec![type_define.clone()],
+        });
+        specs.push(ShaderSpec {
+            name: format!("matvec_subgroup_{suffix}"),
+            source: "matvec.comp",
+            defines: vec![type_define.clone(), "USE_SUBGROUP".to_string()],
+        });
+        specs.push(ShaderSpec {
+            name: format!("tiled_{suffix}"),
+            source: "matmul_tiled.comp",
+            defines: vec![type_define],
+        });
+    }
+    specs
+}
+
+/// 64-bit FNV-1a; enough to notice an edited source, not a security hash.
+fn fnv1a(hash: &mut u64, bytes: &[u8]) {
+    for b in bytes {
+        *hash ^= u64::from(*b);
+        *hash = hash.wrapping_mul(0x0000_0100_0000_01b3);
+    }
+}
+
+/// The files `#include "..."`d by `text`, in order of appearance.
+fn includes_of(text: &str) -> Vec<String> {
+    text.lines()
+        .filter_map(|line| {
+            let rest = line.trim_start().strip_prefix("#include")?;
+            let start = rest.find('"')? + 1;
+            let end = start + rest[start..].find('"')?;
+            Some(rest[start..end].to_string())
+        })
+        .collect()
+}
+
+/// Feeds `file` and, depth first, everything it includes into the hash.
+fn hash_file(
+    dir: &std::path::Path,
+    file: &str,
+    hash: &mut u64,
+    seen: &mut Vec<String>,
+) -> std::io::Result<()> {
+    if seen.iter().any(|s| s == file) {
+        return Ok(());
+    }
+    seen.push(file.to_string());
+    let text = std::fs::read_to_string(dir.join(file))?;
+    fnv1a(hash, file.as_bytes());
+    // Line endings are normalised so that a Windows checkout hashes alike.
+    fnv1a(hash, text.replace("\r\n", "\n").as_bytes());
+    for inc in includes_of(&text) {
+        hash_file(dir, &inc, hash, seen)?;
+    }
+    Ok(())
+}
+
+/// Hash of a module's source, its includes, defines and compiler arguments.
+pub fn spec_hash(dir: &std::path::Path, spec: &ShaderSpec) -> std::io::Result<u64> {
+    let mut hash = 0xcbf2_9ce4_8422_2325u64;
+    fnv1a(&mut hash, spec.name.as_bytes());
+    for d in &spec.defines {
+        fnv1a(&mut hash, d.as_bytes());
+    }
+    for a in GLSLC_ARGS {
+        fnv1a(&mut hash, a.as_bytes());
+    }
+    hash_file(dir, spec.source, &mut hash, &mut Vec::new())?;
+    Ok(hash)
+}
+
+/// The text of shaders/prebuilt/manifest.txt for the current sources.
+pub fn manifest_text(dir: &std::path::Path) -> std::io::Result<String> {
+    let mut out = String::from("# name source-hash (regenerate with `cargo xtask shaders`)\n");
+    for spec in shader_specs() {
+        out.push_str(&format!("{} {:016x}\n", spec.name, spec_hash(dir, &spec)?));
+    }
+    Ok(out)
+}
+
+/// True when `glslc --version` runs and exits successfully.
+pub fn glslc_works(glslc: &std::path::Path) -> bool {
+    std::process::Command::new(glslc)
+        .arg("--version")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .status()
+        .map(|s| s.success())
+        .unwrap_or(false)
+}
+
+/// Compiles one module to `out`; the error carries glslc's message.
+pub fn compile(
+    glslc: &std::path::Path,
+    dir: &std::path::Path,
+    spec: &ShaderSpec,
+    out: &std::path::Path,
+) -> Result<(), String> {
+    let mut cmd = std::process::Command::new(glslc);
+    cmd.args(GLSLC_ARGS);
+    for d in &spec.defines {
+        cmd.arg(format!("-D{d}"));
+    }
+    cmd.arg(dir.join(spec.source)).arg("-o").arg(out);
+    let output = cmd.output().map_err(|e| format!("running glslc: {e}"))?;
+    if output.status.success() {
+        Ok(())
+    } else {
+        Err(format!(
+            "glslc failed on {}: {}",
+            spec.name,
+            String::from_utf8_lossy(&output.stderr)
+        ))
+    }
+}

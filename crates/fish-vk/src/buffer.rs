@@ -1,0 +1,125 @@
+//! Buffers allocated through vk-mem. A Buffer does not free itself (it would
+//! need the allocator); its owner calls `destroy`.
+
+use crate::error::{Result, VkCall};
+use ash::vk;
+use vk_mem::{
+    Alloc, Allocation, AllocationCreateFlags, AllocationCreateInfo, Allocator, MemoryUsage,
+};
+
+/// Where a buffer lives.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum MemoryKind {
+    /// Device-local, for weights and kernel inputs/outputs; counted against the budget.
+    Device,
+    /// Host-visible, written by the CPU (staging towards the device).
+    Upload,
+    /// Host-visible, read by the CPU (results).
+    Readback,
+}
+
+pub(crate) struct Buffer {
+    pub raw: vk::Buffer,
+    allocation: Allocation,
+    pub size: u64,
+    pub kind: MemoryKind,
+    mapped: *mut u8,
+}
+
+// SAFETY: the mapped pointer is only dereferenced by the owner, which
+// serialises access (every use happens under the device's execution lock).
+unsafe impl Send for Buffer {}
+unsafe impl Sync for Buffer {}
+
+impl Buffer {
+    pub fn create(allocator: &Allocator, size: u64, kind: MemoryKind) -> Result<Buffer> {
+        let usage = vk::BufferUsageFlags::STORAGE_BUFFER
+            | vk::BufferUsageFlags::TRANSFER_SRC
+            | vk::BufferUsageFlags::TRANSFER_DST;
+        let info = vk::BufferCreateInfo::default()
+            .size(size.max(16))
+            .usage(usage)
+            .sharing_mode(vk::SharingMode::EXCLUSIVE);
+        let flags = match kind {
+            MemoryKind::Device => AllocationCreateFlags::empty(),
+            MemoryKind::Upload => {
+                AllocationCreateFlags::HOST_ACCESS_SEQUENTIAL_WRITE | AllocationCreateFlags::MAPPED
+            }
+            MemoryKind::Readback => {
+                AllocationCreateFlags::HOST_ACCESS_RANDOM | AllocationCreateFlags::MAPPED
+            }
+        };
+        let usage = match kind {
+            MemoryKind::Device => MemoryUsage::AutoPreferDevice,
+            _ => MemoryUsage::Auto,
+        };
+        let create = AllocationCreateInfo {
+            flags,
+            usage,
+            ..Default::default()
+        };
+        // SAFETY: valid create infos; the allocator outlives the buffer (owner's contract).
+        let (raw, allocation) =
+            unsafe { allocator.create_buffer(&info, &create) }.call("vmaCreateBuffer")?;
+        let mapped = allocator.get_allocation_info(&allocation).mapped_data as *mut u8;
+        Ok(Buffer {
+            raw,
+            allocation,
+            size: size.max(16),
+            kind,
+            mapped,
+        })
+    }
+
+    pub fn destroy(mut self, allocator: &Allocator) {
+        // SAFETY: the GPU no longer uses the buffer (owners wait for their fences).
+        unsafe { allocator.destroy_buffer(self.raw, &mut self.allocation) };
+    }
+
+    /// Copies `bytes` into a host-visible buffer at `offset`.
+    pub fn write(&mut self, allocator: &Allocator, offset: u64, bytes: &[u8]) -> Result<()> {
+        assert!(
+            !self.mapped.is_null(),
+            "write to a buffer that is not host-visible"
+        );
+        assert!(
+            offset + bytes.len() as u64 <= self.size,
+            "write past the end of a buffer"
+        );
+        // SAFETY: bounds checked above; the mapping lives as long as the allocation.
+        unsafe {
+            std::ptr::copy_nonoverlapping(
+                bytes.as_ptr(),
+                self.mapped.add(offset as usize),
+                bytes.len(),
+            )
+        };
+        allocator
+            .flush_allocation(&self.allocation, offset, bytes.len() as u64)
+            .call("vmaFlushAllocation")
+    }
+
+    /// Copies `out.len()` bytes from a host-visible buffer at `offset`.
+    pub fn read(&self, allocator: &Allocator, offset: u64, out: &mut [u8]) -> Result<()> {
+        assert!(
+            !self.mapped.is_null(),
+            "read from a buffer that is not host-visible"
+        );
+        assert!(
+            offset + out.len() as u64 <= self.size,
+            "read past the end of a buffer"
+        );
+        allocator
+            .invalidate_allocation(&self.allocation, offset, out.len() as u64)
+            .call("vmaInvalidateAllocation")?;
+        // SAFETY: bounds checked above.
+        unsafe {
+            std::ptr::copy_nonoverlapping(
+                self.mapped.add(offset as usize),
+                out.as_mut_ptr(),
+                out.len(),
+            )
+        };
+        Ok(())
+    }
+}

@@ -1,0 +1,256 @@
+//! Physical-device selection and the logical device with its one queue.
+
+use crate::config::{Config, CpuDevices, QueuePreference};
+use crate::error::{Result, VkCall, VkError};
+use ash::{ext, vk};
+
+/// What the rest of the crate needs to know about the chosen device.
+#[derive(Clone, Debug)]
+pub struct DeviceInfo {
+    pub name: String,
+    pub kind: vk::PhysicalDeviceType,
+    /// Index in vkEnumeratePhysicalDevices order (what FISH_GPU_DEVICE names).
+    pub index: usize,
+    pub api_version: u32,
+    pub queue_family: u32,
+    /// True when the queue family also does graphics.
+    pub queue_is_universal: bool,
+    pub subgroup_size: u32,
+    /// Subgroup arithmetic in compute shaders (reductions use it).
+    pub subgroup_arithmetic: bool,
+    pub max_allocation: u64,
+    pub max_storage_range: u64,
+    pub max_workgroups_x: u32,
+    /// Size of the largest device-local heap.
+    pub heap_size: u64,
+    pub memory_budget_ext: bool,
+    /// Nanoseconds per timestamp tick; None when the queue has no timestamps.
+    pub timestamp_period_ns: Option<f64>,
+}
+
+/// Lower is better; None: never chosen automatically.
+fn rank(kind: vk::PhysicalDeviceType, cpu: CpuDevices) -> Option<u8> {
+    match kind {
+        vk::PhysicalDeviceType::DISCRETE_GPU => Some(0),
+        vk::PhysicalDeviceType::INTEGRATED_GPU => Some(1),
+        vk::PhysicalDeviceType::VIRTUAL_GPU => Some(2),
+        vk::PhysicalDeviceType::CPU if cpu == CpuDevices::Allowed => Some(3),
+        _ => None,
+    }
+}
+
+/// The queue family to use, or None when the device has no compute queue.
+fn pick_queue_family(families: &[vk::QueueFamilyProperties], pref: QueuePreference) -> Option<u32> {
+    let compute = |f: &vk::QueueFamilyProperties| f.queue_flags.contains(vk::QueueFlags::COMPUTE);
+    let graphics = |f: &vk::QueueFamilyProperties| f.queue_flags.contains(vk::QueueFlags::GRAPHICS);
+    let find = |want_graphics: bool| {
+        families
+            .iter()
+            .position(|f| compute(f) && graphics(f) == want_graphics && f.queue_count > 0)
+    };
+    let first = match pref {
+        QueuePreference::ComputeOnly => find(false).or_else(|| find(true)),
+        QueuePreference::Universal => find(true).or_else(|| find(false)),
+    };
+    first.map(|i| i as u32)
+}
+
+struct Candidate {
+    index: usize,
+    physical: vk::PhysicalDevice,
+    rank: u8,
+}
+
+/// Chooses a device per the rules in docs/GPU.md; the error lists why each was rejected.
+pub(crate) fn select(
+    instance: &ash::Instance,
+    config: &Config,
+) -> Result<(vk::PhysicalDevice, DeviceInfo)> {
+    // SAFETY: queries on a valid instance.
+    let physicals =
+        unsafe { instance.enumerate_physical_devices() }.call("vkEnumeratePhysicalDevices")?;
+    if physicals.is_empty() {
+        return Err(VkError::NoDevice(
+            "the loader reports no physical device".into(),
+        ));
+    }
+    let mut rejected = Vec::new();
+    let mut candidates = Vec::new();
+    for (index, &physical) in physicals.iter().enumerate() {
+        let props = unsafe { instance.get_physical_device_properties(physical) };
+        let name = props
+            .device_name_as_c_str()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        if config.device_index.is_some_and(|want| want != index) {
+            continue;
+        }
+        let families = unsafe { instance.get_physical_device_queue_family_properties(physical) };
+        let why_not = if props.api_version < vk::API_VERSION_1_1 {
+            Some("API < 1.1")
+        } else if pick_queue_family(&families, config.queue).is_none() {
+            Some("no compute queue")
+        } else {
+            None
+        };
+        match (why_not, rank(props.device_type, config.cpu_devices)) {
+            (Some(reason), _) => rejected.push(format!("#{index} {name}: {reason}")),
+            (None, None) => rejected.push(format!(
+                "#{index} {name}: {:?} device (CPU implementations need FISH_GPU=cpu)",
+                props.device_type
+            )),
+            (None, Some(rank)) => candidates.push(Candidate {
+                index,
+                physical,
+                rank,
+            }),
+        }
+    }
+    if let Some(want) = config.device_index {
+        if want >= physicals.len() {
+            rejected.push(format!(
+                "FISH_GPU_DEVICE={want} but only {} devices",
+                physicals.len()
+            ));
+        }
+    }
+    let best = candidates
+        .iter()
+        .min_by_key(|c| (c.rank, c.index))
+        .ok_or_else(|| VkError::NoDevice(rejected.join("; ")))?;
+    let info = describe_physical(instance, best.physical, best.index, config)?;
+    Ok((best.physical, info))
+}
+
+fn describe_physical(
+    instance: &ash::Instance,
+    physical: vk::PhysicalDevice,
+    index: usize,
+    config: &Config,
+) -> Result<DeviceInfo> {
+    let mut subgroup = vk::PhysicalDeviceSubgroupProperties::default();
+    let mut maint3 = vk::PhysicalDeviceMaintenance3Properties::default();
+    let mut props2 = vk::PhysicalDeviceProperties2::default()
+        .push_next(&mut subgroup)
+        .push_next(&mut maint3);
+    // SAFETY: a 1.1 query on a device that reports API >= 1.1.
+    unsafe { instance.get_physical_device_properties2(physical, &mut props2) };
+    let props = props2.properties;
+    let families = unsafe { instance.get_physical_device_queue_family_properties(physical) };
+    let queue_family = pick_queue_family(&families, config.queue)
+        .ok_or_else(|| VkError::NoDevice("no compute queue".into()))?;
+    let family = families[queue_family as usize];
+    let mem = unsafe { instance.get_physical_device_memory_properties(physical) };
+    let heap_size = mem
+        .memory_heaps_as_slice()
+        .iter()
+        .filter(|h| h.flags.contains(vk::MemoryHeapFlags::DEVICE_LOCAL))
+        .map(|h| h.size)
+        .max()
+        .unwrap_or(0);
+    let exts = unsafe { instance.enumerate_device_extension_properties(physical) }
+        .call("vkEnumerateDeviceExtensionProperties")?;
+    let memory_budget_ext = exts
+        .iter()
+        .any(|e| e.extension_name_as_c_str() == Ok(ext::memory_budget::NAME));
+    let subgroup_arithmetic = subgroup
+        .supported_stages
+        .contains(vk::ShaderStageFlags::COMPUTE)
+        && subgroup
+            .supported_operations
+            .contains(vk::SubgroupFeatureFlags::BASIC | vk::SubgroupFeatureFlags::ARITHMETIC);
+    let timestamp_period_ns = (family.timestamp_valid_bits > 0
+        && props.limits.timestamp_period > 0.0)
+        .then_some(f64::from(props.limits.timestamp_period));
+    Ok(DeviceInfo {
+        name: props
+            .device_name_as_c_str()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default(),
+        kind: props.device_type,
+        index,
+        api_version: props.api_version,
+        queue_family,
+        queue_is_universal: family.queue_flags.contains(vk::QueueFlags::GRAPHICS),
+        subgroup_size: subgroup.subgroup_size,
+        subgroup_arithmetic,
+        max_allocation: maint3.max_memory_allocation_size,
+        max_storage_range: u64::from(props.limits.max_storage_buffer_range),
+        max_workgroups_x: props.limits.max_compute_work_group_count[0],
+        heap_size,
+        memory_budget_ext,
+        timestamp_period_ns,
+    })
+}
+
+/// Creates the logical device with one queue of the chosen family.
+pub(crate) fn create_logical(
+    instance: &ash::Instance,
+    physical: vk::PhysicalDevice,
+    info: &DeviceInfo,
+) -> Result<(ash::Device, vk::Queue)> {
+    let priorities = [1.0f32];
+    let queues = [vk::DeviceQueueCreateInfo::default()
+        .queue_family_index(info.queue_family)
+        .queue_priorities(&priorities)];
+    let mut exts = Vec::new();
+    if info.memory_budget_ext {
+        exts.push(ext::memory_budget::NAME.as_ptr());
+    }
+    let create = vk::DeviceCreateInfo::default()
+        .queue_create_infos(&queues)
+        .enabled_extension_names(&exts);
+    // SAFETY: the create info refers to locals alive across the call.
+    let device =
+        unsafe { instance.create_device(physical, &create, None) }.call("vkCreateDevice")?;
+    let queue = unsafe { device.get_device_queue(info.queue_family, 0) };
+    Ok((device, queue))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn family(flags: vk::QueueFlags) -> vk::QueueFamilyProperties {
+        vk::QueueFamilyProperties {
+            queue_flags: flags,
+            queue_count: 1,
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn compute_only_family_is_preferred_unless_universal_is_asked() {
+        let families = [
+            family(vk::QueueFlags::GRAPHICS | vk::QueueFlags::COMPUTE | vk::QueueFlags::TRANSFER),
+            family(vk::QueueFlags::TRANSFER),
+            family(vk::QueueFlags::COMPUTE | vk::QueueFlags::TRANSFER),
+        ];
+        assert_eq!(
+            pick_queue_family(&families, QueuePreference::ComputeOnly),
+            Some(2)
+        );
+        assert_eq!(
+            pick_queue_family(&families, QueuePreference::Universal),
+            Some(0)
+        );
+        assert_eq!(
+            pick_queue_family(&families[..2], QueuePreference::ComputeOnly),
+            Some(0)
+        );
+        assert_eq!(
+            pick_queue_family(&families[1..2], QueuePreference::ComputeOnly),
+            None
+        );
+    }
+
+    #[test]
+    fn ranking_puts_discrete_first_and_cpu_only_when_allowed() {
+        use vk::PhysicalDeviceType as T;
+        let r = |t| rank(t, CpuDevices::Excluded);
+        assert!(r(T::DISCRETE_GPU) < r(T::INTEGRATED_GPU));
+        assert!(r(T::INTEGRATED_GPU) < r(T::VIRTUAL_GPU));
+        assert_eq!(r(T::CPU), None);
+        assert!(rank(T::CPU, CpuDevices::Allowed) > r(T::VIRTUAL_GPU));
+    }
+}

@@ -1,0 +1,359 @@
+//! The device object: instance, logical device, queue, allocator, budget,
+//! pipelines and the resident tensors. Dropping it releases everything.
+
+use crate::budget::{self, Budget};
+use crate::buffer::{Buffer, MemoryKind};
+use crate::config::Config;
+use crate::device::{self, DeviceInfo};
+use crate::error::{Result, VkCall, VkError};
+use crate::instance::Instance;
+use crate::loader;
+use crate::pipeline::Pipelines;
+use crate::upload::ResidentTensor;
+use ash::vk;
+use std::collections::HashMap;
+use std::mem::ManuallyDrop;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Mutex, MutexGuard};
+
+/// Command recording state; one submission at a time.
+pub(crate) struct Exec {
+    pub pool: vk::CommandPool,
+    pub cmd: vk::CommandBuffer,
+    pub fence: vk::Fence,
+    pub timestamps: Option<vk::QueryPool>,
+    /// Host-visible staging towards the device (x and weight uploads).
+    pub staging: Option<Buffer>,
+    /// Device copies of the kernel input and output.
+    pub x_dev: Option<Buffer>,
+    pub y_dev: Option<Buffer>,
+    /// Host-visible copy of the output.
+    pub readback: Option<Buffer>,
+}
+
+pub struct Gpu {
+    pub(crate) config: Config,
+    pub(crate) info: DeviceInfo,
+    pub(crate) device: ash::Device,
+    pub(crate) queue: vk::Queue,
+    pub(crate) allocator: ManuallyDrop<vk_mem::Allocator>,
+    heap_index: u32,
+    pub(crate) budget: Budget,
+    /// Bytes of device-local buffers this object holds (weights and scratch).
+    own_bytes: AtomicU64,
+    pub(crate) pipelines: Pipelines,
+    pub(crate) tensors: Mutex<HashMap<u64, ResidentTensor>>,
+    pub(crate) exec: Mutex<Exec>,
+    // Destroyed last, by its own Drop after ours.
+    instance: Instance,
+}
+
+impl Gpu {
+    /// Opens the loader, the instance and the device chosen by `config`.
+    pub fn open(config: &Config) -> Result<Gpu> {
+        if let Some(v) = &config.disabled_by {
+            return Err(VkError::Disabled(v.clone()));
+        }
+        let entry = loader::load_entry(config.loader.as_deref())?;
+        let instance = Instance::create(entry, config)?;
+        let (physical, info) = device::select(&instance.raw, config)?;
+        let (device, queue) = device::create_logical(&instance.raw, physical, &info)?;
+        // From here on, failures must destroy what was created.
+        let mut alloc_info = vk_mem::AllocatorCreateInfo::new(&instance.raw, &device, physical);
+        alloc_info.vulkan_api_version = vk::API_VERSION_1_1;
+        if info.memory_budget_ext {
+            alloc_info.flags |= vk_mem::AllocatorCreateFlags::EXT_MEMORY_BUDGET;
+        }
+        // SAFETY: instance, device and physical device outlive the allocator (dropped first in Drop).
+        let allocator = match unsafe { vk_mem::Allocator::new(alloc_info) } {
+            Ok(a) => a,
+            Err(result) => {
+                unsafe { device.destroy_device(None) };
+                return Err(VkError::Vulkan {
+                    call: "vmaCreateAllocator",
+                    result,
+                });
+            }
+        };
+        let heap_index = largest_device_heap(&allocator);
+        let free = budget::memory_free(&allocator, heap_index);
+        let budget = Budget::new(info.heap_size, free, config.budget_mb);
+        let pipelines = match Pipelines::new(&device) {
+            Ok(p) => p,
+            Err(e) => {
+                drop(allocator);
+                unsafe { device.destroy_device(None) };
+                return Err(e);
+            }
+        };
+        let exec = match create_exec(&device, &info) {
+            Ok(x) => x,
+            Err(e) => {
+                pipelines.destroy(&device);
+                drop(allocator);
+                unsafe { device.destroy_device(None) };
+                return Err(e);
+            }
+        };
+        Ok(Gpu {
+            config: config.clone(),
+            info,
+            device,
+            queue,
+            allocator: ManuallyDrop::new(allocator),
+            heap_index,
+            budget,
+            own_bytes: AtomicU64::new(0),
+            pipelines,
+            tensors: Mutex::new(HashMap::new()),
+            exec: Mutex::new(exec),
+            instance,
+        })
+    }
+
+    pub fn info(&self) -> &DeviceInfo {
+        &self.info
+    }
+
+    /// Free device memory right now (see budget::memory_free).
+    pub fn memory_free(&self) -> u64 {
+        budget::memory_free(&self.allocator, self.heap_index)
+    }
+
+    /// The backend's own ceiling in bytes.
+    pub fn ceiling(&self) -> u64 {
+        self.budget.ceiling
+    }
+
+    /// Validation-layer messages seen so far (0 unless FISH_VK_VALIDATE=1 found the layer).
+    pub fn validation_messages(&self) -> u64 {
+        self.instance.validation_messages()
+    }
+
+    /// True when FISH_VK_VALIDATE=1 and the validation layer is active.
+    pub fn validation_enabled(&self) -> bool {
+        self.instance.validation_enabled
+    }
+
+    /// Bytes of device memory held (weights and scratch).
+    pub fn bytes_allocated(&self) -> u64 {
+        self.own_bytes.load(Ordering::Relaxed)
+    }
+
+    /// Live allocations in the allocator (for leak checks).
+    pub fn allocation_count(&self) -> u64 {
+        self.allocator
+            .calculate_statistics()
+            .map(|s| u64::from(s.total.statistics.allocationCount))
+            .unwrap_or(0)
+    }
+
+    /// One line for stats, e.g. `vulkan NVIDIA H200: 2359 MB weights (196 tensors), ...`.
+    pub fn describe(&self) -> String {
+        let (n, bytes) = {
+            let t = self.lock_tensors();
+            (t.len(), t.values().map(|r| r.bytes).sum::<u64>())
+        };
+        format!(
+            "vulkan {}: {} MB weights ({} tensors), {} MB free, ceiling {} MB, subgroup {}{}",
+            self.info.name,
+            bytes >> 20,
+            n,
+            self.memory_free() >> 20,
+            self.budget.ceiling >> 20,
+            self.info.subgroup_size,
+            if self.validation_enabled() {
+                ", validation on"
+            } else {
+                ""
+            }
+        )
+    }
+
+    pub(crate) fn lock_tensors(&self) -> MutexGuard<'_, HashMap<u64, ResidentTensor>> {
+        self.tensors.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    pub(crate) fn lock_exec(&self) -> MutexGuard<'_, Exec> {
+        self.exec.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Allocates a buffer; device-local ones pass the budget check first.
+    pub(crate) fn alloc(&self, size: u64, kind: MemoryKind) -> Result<Buffer> {
+        if kind == MemoryKind::Device {
+            self.budget
+                .check(size, self.bytes_allocated(), self.memory_free())
+                .map_err(|reason| VkError::Budget {
+                    requested: size,
+                    reason,
+                })?;
+        }
+        let buf = Buffer::create(&self.allocator, size, kind)?;
+        if kind == MemoryKind::Device {
+            self.own_bytes.fetch_add(buf.size, Ordering::Relaxed);
+        }
+        Ok(buf)
+    }
+
+    pub(crate) fn release(&self, buf: Buffer) {
+        if buf.kind == MemoryKind::Device {
+            self.own_bytes.fetch_sub(buf.size, Ordering::Relaxed);
+        }
+        buf.destroy(&self.allocator);
+    }
+
+    /// Makes `slot` hold a buffer of at least `size` bytes (grow only).
+    pub(crate) fn ensure(
+        &self,
+        slot: &mut Option<Buffer>,
+        size: u64,
+        kind: MemoryKind,
+    ) -> Result<()> {
+        if slot.as_ref().is_some_and(|b| b.size >= size) {
+            return Ok(());
+        }
+        if let Some(old) = slot.take() {
+            self.release(old);
+        }
+        *slot = Some(self.alloc(size, kind)?);
+        Ok(())
+    }
+
+    /// Records with `record`, submits, and waits for completion.
+    pub(crate) fn submit_and_wait(
+        &self,
+        exec: &Exec,
+        record: impl FnOnce(vk::CommandBuffer),
+    ) -> Result<()> {
+        let d = &self.device;
+        let cmd = exec.cmd;
+        // SAFETY: the command buffer is not in flight (every submit waits), and
+        // the exec lock held by the caller serialises the queue.
+        unsafe {
+            d.reset_command_buffer(cmd, vk::CommandBufferResetFlags::empty())
+                .call("vkResetCommandBuffer")?;
+            let begin = vk::CommandBufferBeginInfo::default()
+                .flags(vk::CommandBufferUsageFlags::ONE_TIME_SUBMIT);
+            d.begin_command_buffer(cmd, &begin)
+                .call("vkBeginCommandBuffer")?;
+            record(cmd);
+            d.end_command_buffer(cmd).call("vkEndCommandBuffer")?;
+            let cmds = [cmd];
+            let submit = [vk::SubmitInfo::default().command_buffers(&cmds)];
+            d.queue_submit(self.queue, &submit, exec.fence)
+                .call("vkQueueSubmit")?;
+            let waited = d
+                .wait_for_fences(&[exec.fence], true, u64::MAX)
+                .call("vkWaitForFences");
+            d.reset_fences(&[exec.fence]).call("vkResetFences")?;
+            waited
+        }
+    }
+}
+
+fn largest_device_heap(allocator: &vk_mem::Allocator) -> u32 {
+    // SAFETY: a plain read of the allocator's cached properties.
+    let props = unsafe { allocator.get_memory_properties() };
+    props
+        .memory_heaps_as_slice()
+        .iter()
+        .enumerate()
+        .filter(|(_, h)| h.flags.contains(vk::MemoryHeapFlags::DEVICE_LOCAL))
+        .max_by_key(|(_, h)| h.size)
+        .map(|(i, _)| i as u32)
+        .unwrap_or(0)
+}
+
+fn create_exec(device: &ash::Device, info: &DeviceInfo) -> Result<Exec> {
+    // SAFETY: plain object creation on a live device; on failure the device
+    // (destroyed by the caller) takes the partial objects with it only if we
+    // destroy them here, which we do.
+    unsafe {
+        let pool_info = vk::CommandPoolCreateInfo::default()
+            .queue_family_index(info.queue_family)
+            .flags(vk::CommandPoolCreateFlags::RESET_COMMAND_BUFFER);
+        let pool = device
+            .create_command_pool(&pool_info, None)
+            .call("vkCreateCommandPool")?;
+        let alloc = vk::CommandBufferAllocateInfo::default()
+            .command_pool(pool)
+            .level(vk::CommandBufferLevel::PRIMARY)
+            .command_buffer_count(1);
+        let cmd = match device.allocate_command_buffers(&alloc) {
+            Ok(c) => c[0],
+            Err(result) => {
+                device.destroy_command_pool(pool, None);
+                return Err(VkError::Vulkan {
+                    call: "vkAllocateCommandBuffers",
+                    result,
+                });
+            }
+        };
+        let fence = match device.create_fence(&vk::FenceCreateInfo::default(), None) {
+            Ok(f) => f,
+            Err(result) => {
+                device.destroy_command_pool(pool, None);
+                return Err(VkError::Vulkan {
+                    call: "vkCreateFence",
+                    result,
+                });
+            }
+        };
+        let timestamps = if info.timestamp_period_ns.is_some() {
+            let q = vk::QueryPoolCreateInfo::default()
+                .query_type(vk::QueryType::TIMESTAMP)
+                .query_count(2);
+            device.create_query_pool(&q, None).ok()
+        } else {
+            None
+        };
+        Ok(Exec {
+            pool,
+            cmd,
+            fence,
+            timestamps,
+            staging: None,
+            x_dev: None,
+            y_dev: None,
+            readback: None,
+        })
+    }
+}
+
+impl Drop for Gpu {
+    fn drop(&mut self) {
+        // SAFETY: we own every object; waiting for idle makes destruction legal.
+        unsafe {
+            let _ = self.device.device_wait_idle();
+        }
+        let tensors: Vec<_> = self.lock_tensors().drain().map(|(_, t)| t).collect();
+        for t in tensors {
+            for chunk in t.chunks {
+                self.release(chunk.buffer);
+            }
+        }
+        let mut exec = self.lock_exec();
+        let scratch = [
+            exec.staging.take(),
+            exec.x_dev.take(),
+            exec.y_dev.take(),
+            exec.readback.take(),
+        ];
+        let (pool, fence, timestamps) = (exec.pool, exec.fence, exec.timestamps);
+        drop(exec);
+        for buf in scratch.into_iter().flatten() {
+            self.release(buf);
+        }
+        self.pipelines.destroy(&self.device);
+        unsafe {
+            if let Some(q) = timestamps {
+                self.device.destroy_query_pool(q, None);
+            }
+            self.device.destroy_fence(fence, None);
+            self.device.destroy_command_pool(pool, None);
+            ManuallyDrop::drop(&mut self.allocator);
+            self.device.destroy_device(None);
+        }
+        // `instance` is dropped next (its own Drop destroys messenger and instance).
+    }
+}

@@ -1,0 +1,460 @@
+//! Matmul dispatch: which module runs for a weight type and batch size, and
+//! the submission that uploads x, runs the kernels and reads y back.
+
+use crate::buffer::MemoryKind;
+use crate::error::{Result, VkCall, VkError};
+use crate::gpu::{Exec, Gpu};
+use crate::pipeline::Params;
+use crate::upload::{ResidentTensor, TensorHandle};
+use ash::vk;
+use fish_gguf::GgmlType;
+use std::time::{Duration, Instant};
+
+/// Largest batch the matvec kernel takes under `Kernel::Auto`.
+pub const MATVEC_MAX_TOKENS: usize = 8;
+/// Rows per matvec workgroup and tile sizes of the tiled kernel (see shaders/).
+const MATVEC_ROWS_PER_WG: u32 = 2;
+const TILE_ROWS: u32 = 128;
+const TILE_TOKENS: u32 = 64;
+
+/// Whether `ty` has GPU kernels (other types stay on the CPU).
+pub fn supports(ty: GgmlType) -> bool {
+    use GgmlType::*;
+    matches!(
+        ty,
+        F32 | F16 | Q4_0 | Q4_1 | Q5_0 | Q5_1 | Q8_0 | Q4_K | Q5_K | Q6_K
+    )
+}
+
+/// Which kernel computes a matmul.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Kernel {
+    /// Matvec up to MATVEC_MAX_TOKENS tokens, tiled above.
+    Auto,
+    /// The matvec kernel, reducing with subgroup arithmetic when the device has it.
+    Matvec,
+    /// The matvec kernel reducing through shared memory only.
+    MatvecSharedReduce,
+    /// The tiled matmul kernel.
+    Tiled,
+}
+
+impl Kernel {
+    fn resolve(self, n_tok: usize) -> Kernel {
+        match self {
+            Kernel::Auto if n_tok <= MATVEC_MAX_TOKENS => Kernel::Matvec,
+            Kernel::Auto => Kernel::Tiled,
+            k => k,
+        }
+    }
+}
+
+/// One dispatch: a chunk of a tensor, its descriptor set and push constants.
+struct Dispatch {
+    pipeline: vk::Pipeline,
+    params: Params,
+    groups: (u32, u32),
+    weights: vk::Buffer,
+}
+
+impl Gpu {
+    fn module_name(&self, ty: GgmlType, kernel: Kernel) -> String {
+        let suffix = ty.name().to_ascii_lowercase();
+        match kernel {
+            Kernel::Matvec if self.info.subgroup_arithmetic => format!("matvec_subgroup_{suffix}"),
+            Kernel::Matvec | Kernel::MatvecSharedReduce => format!("matvec_{suffix}"),
+            Kernel::Tiled | Kernel::Auto => format!("tiled_{suffix}"),
+        }
+    }
+
+    /// y = W x for `n_tok` tokens: x[t * n_in + i], result y[t * n_out + o].
+    pub fn matmul(&self, handle: TensorHandle, x: &[f32], n_tok: usize) -> Result<Vec<f32>> {
+        let mut out = self.matmul_group_with(&[handle], x, n_tok, Kernel::Auto)?;
+        Ok(out.pop().unwrap_or_default())
+    }
+
+    /// Several weights on one input in one submit (q/k/v, gate/up).
+    pub fn matmul_group(
+        &self,
+        handles: &[TensorHandle],
+        x: &[f32],
+        n_tok: usize,
+    ) -> Result<Vec<Vec<f32>>> {
+        self.matmul_group_with(handles, x, n_tok, Kernel::Auto)
+    }
+
+    /// `matmul_group` with an explicit kernel choice.
+    pub fn matmul_group_with(
+        &self,
+        handles: &[TensorHandle],
+        x: &[f32],
+        n_tok: usize,
+        kernel: Kernel,
+    ) -> Result<Vec<Vec<f32>>> {
+        let n_in = check_group(handles, n_tok)?;
+        if x.len() != n_tok * n_in {
+            return Err(VkError::Input(format!(
+                "x has {} values, expected {n_tok} tokens x {n_in}",
+                x.len()
+            )));
+        }
+        let tensors = self.lock_tensors();
+        let resident: Vec<&ResidentTensor> = handles
+            .iter()
+            .map(|h| tensors.get(&h.id()).ok_or(VkError::UnknownHandle(h.id())))
+            .collect::<Result<_>>()?;
+        let y_len: usize = handles.iter().map(|h| h.n_out() * n_tok).sum();
+        let x_bytes = (x.len() * 4) as u64;
+        let y_bytes = (y_len * 4) as u64;
+        if y_len > u32::MAX as usize || x.len() > u32::MAX as usize / 4 {
+            return Err(VkError::Input("batch too large for 32-bit indexing".into()));
+        }
+        let dispatches = self.plan(&resident, n_tok, kernel)?;
+
+        let mut exec = self.lock_exec();
+        self.prepare_scratch(&mut exec, x_bytes, y_bytes)?;
+        let x_raw: Vec<u8> = x.iter().flat_map(|v| v.to_le_bytes()).collect();
+        let staging = exec.staging.as_mut().expect("prepared");
+        staging.write(&self.allocator, 0, &x_raw)?;
+        let (stage, x_dev, y_dev, readback) = scratch_handles(&exec);
+        let pool = self.descriptor_pool(dispatches.len())?;
+        let result = self
+            .bind_sets(pool, &dispatches, x_dev, x_bytes, y_dev, y_bytes)
+            .and_then(|sets| {
+                self.submit_and_wait(&exec, |cmd| unsafe {
+                    let d = &self.device;
+                    d.cmd_copy_buffer(
+                        cmd,
+                        stage,
+                        x_dev,
+                        &[vk::BufferCopy {
+                            src_offset: 0,
+                            dst_offset: 0,
+                            size: x_bytes,
+                        }],
+                    );
+                    barrier(
+                        d,
+                        cmd,
+                        vk::PipelineStageFlags::TRANSFER,
+                        vk::PipelineStageFlags::COMPUTE_SHADER,
+                    );
+                    self.record_dispatches(cmd, &dispatches, &sets);
+                    barrier(
+                        d,
+                        cmd,
+                        vk::PipelineStageFlags::COMPUTE_SHADER,
+                        vk::PipelineStageFlags::TRANSFER,
+                    );
+                    d.cmd_copy_buffer(
+                        cmd,
+                        y_dev,
+                        readback,
+                        &[vk::BufferCopy {
+                            src_offset: 0,
+                            dst_offset: 0,
+                            size: y_bytes,
+                        }],
+                    );
+                    barrier(
+                        d,
+                        cmd,
+                        vk::PipelineStageFlags::TRANSFER,
+                        vk::PipelineStageFlags::HOST,
+                    );
+                })
+            });
+        // SAFETY: the submission finished (or never started); the pool is unused.
+        unsafe { self.device.destroy_descriptor_pool(pool, None) };
+        result?;
+        let mut raw = vec![0u8; y_bytes as usize];
+        exec.readback
+            .as_ref()
+            .expect("prepared")
+            .read(&self.allocator, 0, &mut raw)?;
+        let all: Vec<f32> = raw
+            .chunks_exact(4)
+            .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+            .collect();
+        let mut out = Vec::with_capacity(handles.len());
+        let mut at = 0;
+        for h in handles {
+            let n = h.n_out() * n_tok;
+            out.push(all[at..at + n].to_vec());
+            at += n;
+        }
+        Ok(out)
+    }
+
+    /// GPU time of the kernels alone for `handles` on device-resident input
+    /// (whatever the scratch holds), each dispatched `repeats` times in one
+    /// submit without barriers. Measured with timestamp queries when the
+    /// queue has them, else with the host clock around the submit.
+    pub fn time_matmul(
+        &self,
+        handles: &[TensorHandle],
+        n_tok: usize,
+        kernel: Kernel,
+        repeats: u32,
+    ) -> Result<Duration> {
+        let n_in = check_group(handles, n_tok)?;
+        let tensors = self.lock_tensors();
+        let resident: Vec<&ResidentTensor> = handles
+            .iter()
+            .map(|h| tensors.get(&h.id()).ok_or(VkError::UnknownHandle(h.id())))
+            .collect::<Result<_>>()?;
+        let y_bytes: u64 = handles.iter().map(|h| (h.n_out() * n_tok * 4) as u64).sum();
+        let x_bytes = (n_tok * n_in * 4) as u64;
+        let dispatches = self.plan(&resident, n_tok, kernel)?;
+        let mut exec = self.lock_exec();
+        self.prepare_scratch(&mut exec, x_bytes, y_bytes)?;
+        let (_, x_dev, y_dev, _) = scratch_handles(&exec);
+        let queries = exec.timestamps;
+        let pool = self.descriptor_pool(dispatches.len())?;
+        let started = Instant::now();
+        let result = self
+            .bind_sets(pool, &dispatches, x_dev, x_bytes, y_dev, y_bytes)
+            .and_then(|sets| {
+                self.submit_and_wait(&exec, |cmd| unsafe {
+                    let d = &self.device;
+                    d.cmd_fill_buffer(cmd, x_dev, 0, x_bytes, 0);
+                    barrier(
+                        d,
+                        cmd,
+                        vk::PipelineStageFlags::TRANSFER,
+                        vk::PipelineStageFlags::COMPUTE_SHADER,
+                    );
+                    if let Some(q) = queries {
+                        d.cmd_reset_query_pool(cmd, q, 0, 2);
+                        d.cmd_write_timestamp(cmd, vk::PipelineStageFlags::TOP_OF_PIPE, q, 0);
+                    }
+                    for _ in 0..repeats {
+                        self.record_dispatches(cmd, &dispatches, &sets);
+                    }
+                    if let Some(q) = queries {
+                        d.cmd_write_timestamp(cmd, vk::PipelineStageFlags::BOTTOM_OF_PIPE, q, 1);
+                    }
+                })
+            });
+        let wall = started.elapsed();
+        unsafe { self.device.destroy_descriptor_pool(pool, None) };
+        result?;
+        match (queries, self.info.timestamp_period_ns) {
+            (Some(q), Some(period)) => {
+                let mut ticks = [0u64; 2];
+                // SAFETY: both queries were written by the finished submission.
+                unsafe {
+                    self.device.get_query_pool_results(
+                        q,
+                        0,
+                        &mut ticks,
+                        vk::QueryResultFlags::TYPE_64 | vk::QueryResultFlags::WAIT,
+                    )
+                }
+                .call("vkGetQueryPoolResults")?;
+                let ns = ticks[1].wrapping_sub(ticks[0]) as f64 * period;
+                Ok(Duration::from_nanos(ns as u64))
+            }
+            _ => Ok(wall),
+        }
+    }
+
+    /// The dispatches for `tensors`, their outputs laid out one after the other.
+    fn plan(
+        &self,
+        tensors: &[&ResidentTensor],
+        n_tok: usize,
+        kernel: Kernel,
+    ) -> Result<Vec<Dispatch>> {
+        let kernel = kernel.resolve(n_tok);
+        let max_x = self.info.max_workgroups_x.clamp(1, 65535);
+        let mut out = Vec::new();
+        let mut y_base = 0u32;
+        for t in tensors {
+            let h = t.handle;
+            let pipeline = self
+                .pipelines
+                .get(&self.device, &self.module_name(h.ty(), kernel))?;
+            for c in &t.chunks {
+                let n_rows = c.n_rows as u32;
+                let (groups, groups_x) = match kernel {
+                    Kernel::Tiled => {
+                        let gx = n_rows.div_ceil(TILE_ROWS);
+                        ((gx, (n_tok as u32).div_ceil(TILE_TOKENS)), gx)
+                    }
+                    _ => {
+                        let wgs = n_rows.div_ceil(MATVEC_ROWS_PER_WG);
+                        let gx = wgs.min(max_x);
+                        ((gx, wgs.div_ceil(gx)), gx)
+                    }
+                };
+                out.push(Dispatch {
+                    pipeline,
+                    params: Params {
+                        n_in: h.n_in() as u32,
+                        n_rows,
+                        n_tok: n_tok as u32,
+                        row_stride: t.row_stride as u32,
+                        y_stride: h.n_out() as u32,
+                        y_offset: y_base + c.row0 as u32,
+                        groups_x,
+                    },
+                    groups,
+                    weights: c.buffer.raw,
+                });
+            }
+            y_base += (h.n_out() * n_tok) as u32;
+        }
+        Ok(out)
+    }
+
+    fn prepare_scratch(&self, exec: &mut Exec, x_bytes: u64, y_bytes: u64) -> Result<()> {
+        self.ensure(&mut exec.staging, x_bytes, MemoryKind::Upload)?;
+        self.ensure(&mut exec.x_dev, x_bytes, MemoryKind::Device)?;
+        self.ensure(&mut exec.y_dev, y_bytes, MemoryKind::Device)?;
+        self.ensure(&mut exec.readback, y_bytes, MemoryKind::Readback)
+    }
+
+    fn descriptor_pool(&self, n_sets: usize) -> Result<vk::DescriptorPool> {
+        let sizes = [vk::DescriptorPoolSize {
+            ty: vk::DescriptorType::STORAGE_BUFFER,
+            descriptor_count: 3 * n_sets as u32,
+        }];
+        let info = vk::DescriptorPoolCreateInfo::default()
+            .max_sets(n_sets as u32)
+            .pool_sizes(&sizes);
+        // SAFETY: valid create info on a live device.
+        unsafe { self.device.create_descriptor_pool(&info, None) }.call("vkCreateDescriptorPool")
+    }
+
+    fn bind_sets(
+        &self,
+        pool: vk::DescriptorPool,
+        dispatches: &[Dispatch],
+        x_dev: vk::Buffer,
+        x_bytes: u64,
+        y_dev: vk::Buffer,
+        y_bytes: u64,
+    ) -> Result<Vec<vk::DescriptorSet>> {
+        let layouts = vec![self.pipelines.set_layout; dispatches.len()];
+        let info = vk::DescriptorSetAllocateInfo::default()
+            .descriptor_pool(pool)
+            .set_layouts(&layouts);
+        // SAFETY: the pool was sized for these sets.
+        let sets = unsafe { self.device.allocate_descriptor_sets(&info) }
+            .call("vkAllocateDescriptorSets")?;
+        for (set, d) in sets.iter().zip(dispatches) {
+            let infos = [
+                [vk::DescriptorBufferInfo {
+                    buffer: d.weights,
+                    offset: 0,
+                    range: vk::WHOLE_SIZE,
+                }],
+                [vk::DescriptorBufferInfo {
+                    buffer: x_dev,
+                    offset: 0,
+                    range: x_bytes,
+                }],
+                [vk::DescriptorBufferInfo {
+                    buffer: y_dev,
+                    offset: 0,
+                    range: y_bytes,
+                }],
+            ];
+            let writes: Vec<_> = infos
+                .iter()
+                .enumerate()
+                .map(|(b, info)| {
+                    vk::WriteDescriptorSet::default()
+                        .dst_set(*set)
+                        .dst_binding(b as u32)
+                        .descriptor_type(vk::DescriptorType::STORAGE_BUFFER)
+                        .buffer_info(info)
+                })
+                .collect();
+            // SAFETY: the sets are not in use by any pending command buffer.
+            unsafe { self.device.update_descriptor_sets(&writes, &[]) };
+        }
+        Ok(sets)
+    }
+
+    /// Records the dispatches without barriers between them: they read the
+    /// same x and write disjoint parts of y.
+    unsafe fn record_dispatches(
+        &self,
+        cmd: vk::CommandBuffer,
+        dispatches: &[Dispatch],
+        sets: &[vk::DescriptorSet],
+    ) {
+        let d = &self.device;
+        for (disp, set) in dispatches.iter().zip(sets) {
+            d.cmd_bind_pipeline(cmd, vk::PipelineBindPoint::COMPUTE, disp.pipeline);
+            d.cmd_bind_descriptor_sets(
+                cmd,
+                vk::PipelineBindPoint::COMPUTE,
+                self.pipelines.layout,
+                0,
+                &[*set],
+                &[],
+            );
+            d.cmd_push_constants(
+                cmd,
+                self.pipelines.layout,
+                vk::ShaderStageFlags::COMPUTE,
+                0,
+                &disp.params.bytes(),
+            );
+            d.cmd_dispatch(cmd, disp.groups.0, disp.groups.1, 1);
+        }
+    }
+}
+
+/// The common row length of a group, after checking it is non-empty and consistent.
+fn check_group(handles: &[TensorHandle], n_tok: usize) -> Result<usize> {
+    let first = handles
+        .first()
+        .ok_or_else(|| VkError::Input("empty matmul group".into()))?;
+    if n_tok == 0 {
+        return Err(VkError::Input("n_tok is 0".into()));
+    }
+    if let Some(h) = handles.iter().find(|h| h.n_in() != first.n_in()) {
+        return Err(VkError::Input(format!(
+            "matmul group mixes rows of {} and {} values",
+            first.n_in(),
+            h.n_in()
+        )));
+    }
+    Ok(first.n_in())
+}
+
+fn scratch_handles(exec: &Exec) -> (vk::Buffer, vk::Buffer, vk::Buffer, vk::Buffer) {
+    let raw = |b: &Option<crate::buffer::Buffer>| b.as_ref().map(|b| b.raw).unwrap_or_default();
+    (
+        raw(&exec.staging),
+        raw(&exec.x_dev),
+        raw(&exec.y_dev),
+        raw(&exec.readback),
+    )
+}
+
+/// A global memory barrier between two stages.
+unsafe fn barrier(
+    d: &ash::Device,
+    cmd: vk::CommandBuffer,
+    src: vk::PipelineStageFlags,
+    dst: vk::PipelineStageFlags,
+) {
+    let access = |s: vk::PipelineStageFlags| {
+        if s == vk::PipelineStageFlags::TRANSFER {
+            vk::AccessFlags::TRANSFER_READ | vk::AccessFlags::TRANSFER_WRITE
+        } else if s == vk::PipelineStageFlags::HOST {
+            vk::AccessFlags::HOST_READ
+        } else {
+            vk::AccessFlags::SHADER_READ | vk::AccessFlags::SHADER_WRITE
+        }
+    };
+    let mb = [vk::MemoryBarrier::default()
+        .src_access_mask(access(src))
+        .dst_access_mask(access(dst))];
+    d.cmd_pipeline_barrier(cmd, src, dst, vk::DependencyFlags::empty(), &mb, &[], &[]);
+}

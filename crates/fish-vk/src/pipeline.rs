@@ -1,0 +1,148 @@
+//! Compute pipelines for the embedded SPIR-V modules, created on first use.
+
+use crate::error::{Result, VkCall, VkError};
+use ash::vk;
+use std::collections::HashMap;
+use std::sync::Mutex;
+
+mod embedded {
+    include!(concat!(env!("OUT_DIR"), "/shaders.rs"));
+}
+
+pub use embedded::COMPILED_AT_BUILD;
+
+/// The SPIR-V bytes of a module, by name (e.g. `matvec_q4_0`).
+pub fn module_bytes(name: &str) -> Option<&'static [u8]> {
+    embedded::MODULES
+        .iter()
+        .find(|(n, _)| *n == name)
+        .map(|(_, b)| *b)
+}
+
+/// Push constants of every matmul kernel (shaders/common.glsl `Params`).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct Params {
+    pub n_in: u32,
+    pub n_rows: u32,
+    pub n_tok: u32,
+    pub row_stride: u32,
+    pub y_stride: u32,
+    pub y_offset: u32,
+    pub groups_x: u32,
+}
+
+impl Params {
+    pub fn bytes(&self) -> [u8; 28] {
+        let words = [
+            self.n_in,
+            self.n_rows,
+            self.n_tok,
+            self.row_stride,
+            self.y_stride,
+            self.y_offset,
+            self.groups_x,
+        ];
+        let mut out = [0u8; 28];
+        for (chunk, w) in out.chunks_exact_mut(4).zip(words) {
+            chunk.copy_from_slice(&w.to_le_bytes());
+        }
+        out
+    }
+}
+
+pub(crate) struct Pipelines {
+    /// Three storage buffers: weights, x, y.
+    pub set_layout: vk::DescriptorSetLayout,
+    pub layout: vk::PipelineLayout,
+    built: Mutex<HashMap<String, (vk::ShaderModule, vk::Pipeline)>>,
+}
+
+impl Pipelines {
+    pub fn new(device: &ash::Device) -> Result<Pipelines> {
+        let bindings: Vec<_> = (0..3)
+            .map(|b| {
+                vk::DescriptorSetLayoutBinding::default()
+                    .binding(b)
+                    .descriptor_type(vk::DescriptorType::STORAGE_BUFFER)
+                    .descriptor_count(1)
+                    .stage_flags(vk::ShaderStageFlags::COMPUTE)
+            })
+            .collect();
+        let info = vk::DescriptorSetLayoutCreateInfo::default().bindings(&bindings);
+        // SAFETY: valid create infos on a live device.
+        let set_layout = unsafe { device.create_descriptor_set_layout(&info, None) }
+            .call("vkCreateDescriptorSetLayout")?;
+        let ranges = [vk::PushConstantRange::default()
+            .stage_flags(vk::ShaderStageFlags::COMPUTE)
+            .size(std::mem::size_of::<Params>() as u32)];
+        let set_layouts = [set_layout];
+        let info = vk::PipelineLayoutCreateInfo::default()
+            .set_layouts(&set_layouts)
+            .push_constant_ranges(&ranges);
+        let layout = match unsafe { device.create_pipeline_layout(&info, None) } {
+            Ok(l) => l,
+            Err(result) => {
+                unsafe { device.destroy_descriptor_set_layout(set_layout, None) };
+                return Err(VkError::Vulkan {
+                    call: "vkCreatePipelineLayout",
+                    result,
+                });
+            }
+        };
+        Ok(Pipelines {
+            set_layout,
+            layout,
+            built: Mutex::new(HashMap::new()),
+        })
+    }
+
+    /// The pipeline of module `name`, built on first use.
+    pub fn get(&self, device: &ash::Device, name: &str) -> Result<vk::Pipeline> {
+        let mut built = self.built.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some((_, p)) = built.get(name) {
+            return Ok(*p);
+        }
+        let bytes = module_bytes(name).ok_or_else(|| VkError::Shader(name.to_string()))?;
+        let code = ash::util::read_spv(&mut std::io::Cursor::new(bytes))
+            .map_err(|_| VkError::Shader(name.to_string()))?;
+        let info = vk::ShaderModuleCreateInfo::default().code(&code);
+        // SAFETY: the code is SPIR-V produced by glslc for this interface.
+        let module =
+            unsafe { device.create_shader_module(&info, None) }.call("vkCreateShaderModule")?;
+        let stage = vk::PipelineShaderStageCreateInfo::default()
+            .stage(vk::ShaderStageFlags::COMPUTE)
+            .module(module)
+            .name(c"main");
+        let create = [vk::ComputePipelineCreateInfo::default()
+            .stage(stage)
+            .layout(self.layout)];
+        let pipeline = match unsafe {
+            device.create_compute_pipelines(vk::PipelineCache::null(), &create, None)
+        } {
+            Ok(p) => p[0],
+            Err((_, result)) => {
+                unsafe { device.destroy_shader_module(module, None) };
+                return Err(VkError::Vulkan {
+                    call: "vkCreateComputePipelines",
+                    result,
+                });
+            }
+        };
+        built.insert(name.to_string(), (module, pipeline));
+        Ok(pipeline)
+    }
+
+    pub fn destroy(&self, device: &ash::Device) {
+        let mut built = self.built.lock().unwrap_or_else(|e| e.into_inner());
+        // SAFETY: the device is idle (called from the device's Drop).
+        unsafe {
+            for (_, (module, pipeline)) in built.drain() {
+                device.destroy_pipeline(pipeline, None);
+                device.destroy_shader_module(module, None);
+            }
+            device.destroy_pipeline_layout(self.layout, None);
+            device.destroy_descriptor_set_layout(self.set_layout, None);
+        }
+    }
+}

@@ -1,0 +1,178 @@
+//! Every supported type on synthetic tensors against the CPU reference, with
+//! row counts and batch sizes that leave partial workgroups and tiles.
+
+mod common;
+
+use common::*;
+use fish_gguf::GgmlType;
+use fish_vk::{supports, Kernel};
+
+const TYPES: [GgmlType; 10] = [
+    GgmlType::F32,
+    GgmlType::F16,
+    GgmlType::Q4_0,
+    GgmlType::Q4_1,
+    GgmlType::Q5_0,
+    GgmlType::Q5_1,
+    GgmlType::Q8_0,
+    GgmlType::Q4_K,
+    GgmlType::Q5_K,
+    GgmlType::Q6_K,
+];
+
+/// 512 values: two K-quant super-blocks; 131 rows: odd (a partial matvec
+/// workgroup) and not a multiple of the 128-row tile.
+const N_IN: usize = 512;
+const N_OUT: usize = 131;
+
+#[test]
+fn supports_exactly_the_kernel_types() {
+    for ty in GgmlType::ALL {
+        assert_eq!(supports(ty), TYPES.contains(&ty), "{ty:?}");
+    }
+}
+
+#[test]
+fn every_type_matches_the_cpu_reference() {
+    let Some(gpu) = gpu_or_skip() else { return };
+    for (i, ty) in TYPES.into_iter().enumerate() {
+        let w = synthetic_weights(ty, N_IN, N_OUT, 100 + i as u64);
+        let h = gpu.upload(ty, &w, N_IN, N_OUT).expect("upload");
+        for n_tok in [1usize, 3, 37, 256] {
+            let x = random_values(N_IN * n_tok, 7 + n_tok as u64);
+            let y = gpu.matmul(h, &x, n_tok).expect("matmul");
+            check_against_cpu(
+                &Weights {
+                    ty,
+                    bytes: &w,
+                    n_in: N_IN,
+                    n_out: N_OUT,
+                },
+                &x,
+                n_tok,
+                &y,
+                &format!("{ty:?} auto n_tok={n_tok}"),
+            );
+        }
+        gpu.free(h).expect("free");
+    }
+    assert_no_validation_messages(gpu);
+}
+
+#[test]
+fn every_kernel_variant_matches_at_every_batch_size() {
+    let Some(gpu) = gpu_or_skip() else { return };
+    for (i, ty) in TYPES.into_iter().enumerate() {
+        let w = synthetic_weights(ty, N_IN, N_OUT, 200 + i as u64);
+        let h = gpu.upload(ty, &w, N_IN, N_OUT).expect("upload");
+        for kernel in [Kernel::Matvec, Kernel::MatvecSharedReduce, Kernel::Tiled] {
+            for n_tok in [1usize, 3, 37] {
+                let x = random_values(N_IN * n_tok, 11 + n_tok as u64);
+                let y = gpu
+                    .matmul_group_with(&[h], &x, n_tok, kernel)
+                    .expect("matmul")
+                    .remove(0);
+                check_against_cpu(
+                    &Weights {
+                        ty,
+                        bytes: &w,
+                        n_in: N_IN,
+                        n_out: N_OUT,
+                    },
+                    &x,
+                    n_tok,
+                    &y,
+                    &format!("{ty:?} {kernel:?} n_tok={n_tok}"),
+                );
+            }
+        }
+        gpu.free(h).expect("free");
+    }
+    assert_no_validation_messages(gpu);
+}
+
+#[test]
+fn matmul_group_runs_several_weights_on_one_input() {
+    let Some(gpu) = gpu_or_skip() else { return };
+    let shapes = [
+        (GgmlType::Q4_K, 96usize),
+        (GgmlType::Q8_0, 33),
+        (GgmlType::Q6_K, 130),
+    ];
+    let weights: Vec<_> = shapes
+        .iter()
+        .enumerate()
+        .map(|(i, &(ty, n_out))| {
+            (
+                ty,
+                n_out,
+                synthetic_weights(ty, N_IN, n_out, 300 + i as u64),
+            )
+        })
+        .collect();
+    let handles: Vec<_> = weights
+        .iter()
+        .map(|(ty, n_out, w)| gpu.upload(*ty, w, N_IN, *n_out).expect("upload"))
+        .collect();
+    for n_tok in [1usize, 37] {
+        let x = random_values(N_IN * n_tok, 17);
+        let ys = gpu.matmul_group(&handles, &x, n_tok).expect("group");
+        assert_eq!(ys.len(), 3);
+        for ((ty, n_out, w), y) in weights.iter().zip(&ys) {
+            check_against_cpu(
+                &Weights {
+                    ty: *ty,
+                    bytes: w,
+                    n_in: N_IN,
+                    n_out: *n_out,
+                },
+                &x,
+                n_tok,
+                y,
+                &format!("group {ty:?} n_tok={n_tok}"),
+            );
+        }
+    }
+    for h in handles {
+        gpu.free(h).expect("free");
+    }
+    assert_no_validation_messages(gpu);
+}
+
+#[test]
+fn bad_inputs_are_errors_not_panics() {
+    let Some(gpu) = gpu_or_skip() else { return };
+    let w = synthetic_weights(GgmlType::Q4_0, 64, 4, 1);
+    assert!(
+        gpu.upload(GgmlType::Q2_K, &w, 256, 1).is_err(),
+        "unsupported type"
+    );
+    assert!(
+        gpu.upload(GgmlType::Q4_0, &w[1..], 64, 4).is_err(),
+        "short data"
+    );
+    assert!(
+        gpu.upload(GgmlType::F32, &[0u8; 4 * 20], 20, 1).is_err(),
+        "rows of 20 values"
+    );
+    let h = gpu.upload(GgmlType::Q4_0, &w, 64, 4).expect("upload");
+    assert!(gpu.matmul(h, &[0.0; 63], 1).is_err(), "x too short");
+    assert!(gpu.matmul(h, &[], 0).is_err(), "no tokens");
+    let other = gpu
+        .upload(
+            GgmlType::Q4_0,
+            &synthetic_weights(GgmlType::Q4_0, 32, 1, 2),
+            32,
+            1,
+        )
+        .expect("upload");
+    assert!(
+        gpu.matmul_group(&[h, other], &[0.0; 64], 1).is_err(),
+        "mixed row lengths"
+    );
+    gpu.free(h).expect("free");
+    assert!(gpu.free(h).is_err(), "double free");
+    assert!(gpu.matmul(h, &[0.0; 64], 1).is_err(), "freed handle");
+    gpu.free(other).expect("free");
+    assert_no_validation_messages(gpu);
+}

@@ -1,0 +1,25 @@
+// Bindings and push constants shared by the matmul kernels.
+//
+// y[t * y_stride + y_offset + r] = sum_i W[r][i] * x[t * n_in + i] for the
+// n_rows rows of one weight chunk. Row r of the chunk starts at byte
+// r * row_stride of the weight buffer (row_stride is a multiple of 16).
+
+layout(std430, binding = 0) readonly buffer Weights { uint w[]; };
+layout(std430, binding = 1) readonly buffer X { vec4 x[]; };
+layout(std430, binding = 2) writeonly buffer Y { float y[]; };
+
+layout(push_constant) uniform Params {
+    uint n_in;
+    uint n_rows;
+    uint n_tok;
+    uint row_stride;
+    uint y_stride;
+    uint y_offset;
+    // Workgroups along x; the grid is two-dimensional so that more than
+    // 65535 workgroups fit.
+    uint groups_x;
+} p;
+
+uint workgroup_index() {
+    return gl_WorkGroupID.y * p.groups_x + gl_WorkGroupID.x;
+}
