@@ -1,6 +1,6 @@
 //! Header + tensor-table parse time of the default model (the file is mapped,
-//! only the header pages are read). Falls back to a synthetic file of the same
-//! shape when the default model has not been fetched.
+//! only the header pages are read). Skipped, with a note, when the default
+//! model has not been fetched (`scripts/fetch-model.sh`).
 
 use std::path::PathBuf;
 

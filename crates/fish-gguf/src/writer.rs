@@ -4,6 +4,7 @@
 use std::io::{self, Write};
 
 use crate::reader::{DEFAULT_ALIGNMENT, GGUF_MAGIC};
+use crate::tensor_info::MAX_DIMS;
 use crate::value::Value;
 use crate::GgmlType;
 
@@ -25,19 +26,38 @@ impl TensorSpec {
         }
     }
 
-    /// Bytes of data this tensor needs.
+    /// Bytes of data this tensor needs; an error for any shape the reader
+    /// would refuse (no dims or more than four, a zero dim, rows that are not
+    /// whole blocks, an element count past i64).
     pub fn n_bytes(&self) -> io::Result<u64> {
-        let n: u64 = self.dims.iter().product();
-        self.ty.bytes_for(n).ok_or_else(|| {
-            io::Error::new(
-                io::ErrorKind::InvalidInput,
-                format!(
-                    "tensor {}: {} values are not whole {} blocks",
-                    self.name, n, self.ty
-                ),
-            )
-        })
+        let bad = |why: String| invalid_input(format!("tensor {:?}: {why}", self.name));
+        if self.dims.is_empty() || self.dims.len() > MAX_DIMS {
+            return Err(bad(format!(
+                "{} dims (1 to {MAX_DIMS} allowed)",
+                self.dims.len()
+            )));
+        }
+        if self.dims.contains(&0) {
+            return Err(bad(format!("zero dimension in {:?}", self.dims)));
+        }
+        let block = self.ty.block_size() as u64;
+        if self.dims[0] % block != 0 {
+            return Err(bad(format!(
+                "rows of {} values are not whole {} blocks of {block}",
+                self.dims[0], self.ty
+            )));
+        }
+        self.dims
+            .iter()
+            .try_fold(1u64, |n, &d| n.checked_mul(d))
+            .filter(|&n| n <= i64::MAX as u64)
+            .and_then(|n| self.ty.bytes_for(n))
+            .ok_or_else(|| bad(format!("{:?} overflows", self.dims)))
     }
+}
+
+fn invalid_input(message: String) -> io::Error {
+    io::Error::new(io::ErrorKind::InvalidInput, message)
 }
 
 /// Builds a GGUF v3 file.
@@ -72,16 +92,36 @@ impl GgufWriter {
         &self.tensors
     }
 
-    fn alignment(&self) -> u64 {
-        self.kvs
-            .iter()
-            .find(|(k, _)| k == "general.alignment")
-            .and_then(|(_, v)| match v {
-                Value::U32(a) => Some(*a as u64),
-                Value::U64(a) => Some(*a),
-                _ => None,
-            })
-            .unwrap_or(DEFAULT_ALIGNMENT)
+    /// `general.alignment` as the reader will see it (any integer type).
+    fn alignment(&self) -> io::Result<u64> {
+        let Some((_, v)) = self.kvs.iter().find(|(k, _)| k == "general.alignment") else {
+            return Ok(DEFAULT_ALIGNMENT);
+        };
+        let a = match *v {
+            Value::U8(a) => Some(a as u64),
+            Value::U16(a) => Some(a as u64),
+            Value::U32(a) => Some(a as u64),
+            Value::U64(a) => Some(a),
+            Value::I8(a) => u64::try_from(a).ok(),
+            Value::I16(a) => u64::try_from(a).ok(),
+            Value::I32(a) => u64::try_from(a).ok(),
+            Value::I64(a) => u64::try_from(a).ok(),
+            _ => None,
+        };
+        match a {
+            Some(a) if a.is_power_of_two() => Ok(a),
+            _ => Err(invalid_input(format!(
+                "general.alignment {v:?} is not a power-of-two integer"
+            ))),
+        }
+    }
+
+    fn check_unique_names(&self) -> io::Result<()> {
+        let mut seen = std::collections::HashSet::with_capacity(self.tensors.len());
+        match self.tensors.iter().find(|t| !seen.insert(t.name.as_str())) {
+            Some(t) => Err(invalid_input(format!("duplicate tensor name {:?}", t.name))),
+            None => Ok(()),
+        }
     }
 
     /// Writes the whole file; `data(i, spec, out)` must write exactly the bytes of tensor `i`.
@@ -94,7 +134,14 @@ impl GgufWriter {
             inner: out,
             written: 0,
         };
-        let align = self.alignment();
+        // Everything the reader would refuse is refused before the first byte.
+        let align = self.alignment()?;
+        self.check_unique_names()?;
+        let sizes = self
+            .tensors
+            .iter()
+            .map(TensorSpec::n_bytes)
+            .collect::<io::Result<Vec<u64>>>()?;
         out.write_all(&GGUF_MAGIC)?;
         out.write_all(&3u32.to_le_bytes())?;
         out.write_all(&(self.tensors.len() as u64).to_le_bytes())?;
@@ -105,9 +152,7 @@ impl GgufWriter {
             write_value(&mut out, v)?;
         }
         let mut offset = 0u64;
-        let mut sizes = Vec::with_capacity(self.tensors.len());
-        for t in &self.tensors {
-            let n_bytes = t.n_bytes()?;
+        for (t, &n_bytes) in self.tensors.iter().zip(&sizes) {
             write_string(&mut out, &t.name)?;
             out.write_all(&(t.dims.len() as u32).to_le_bytes())?;
             for d in &t.dims {
@@ -115,8 +160,10 @@ impl GgufWriter {
             }
             out.write_all(&t.ty.id().to_le_bytes())?;
             out.write_all(&offset.to_le_bytes())?;
-            sizes.push(n_bytes);
-            offset = (offset + n_bytes).next_multiple_of(align);
+            offset = offset
+                .checked_add(n_bytes)
+                .and_then(|end| end.checked_next_multiple_of(align))
+                .ok_or_else(|| invalid_input("tensor data exceeds 64-bit offsets".into()))?;
         }
         pad_to(&mut out, align)?;
         for (i, t) in self.tensors.iter().enumerate() {

@@ -31,6 +31,8 @@ const EXPECTED: &[(&str, &str, u64)] = &[
     ("array_length_past_end", "CountTooLarge", 41),
     ("array_length_u64_max", "CountTooLarge", 41),
     ("string_array_element_past_end", "StringTooLong", 64),
+    ("string_array_split_character", "InvalidUtf8", 62),
+    ("long_string_invalid_utf8", "InvalidUtf8", 72),
     ("nested_array_too_deep", "NestingTooDeep", 136),
     ("truncated_value", "Truncated", 37),
     ("duplicate_key", "DuplicateKey", 57),

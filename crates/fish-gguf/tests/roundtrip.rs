@@ -24,6 +24,17 @@ fn all_value_kinds() -> Vec<(&'static str, Value)> {
         ("v.f64", Value::F64(std::f64::consts::PI)),
         ("v.f64_inf", Value::F64(f64::NEG_INFINITY)),
         ("v.strings", Value::string_array(["", "x", "y\u{e9}"])),
+        // Strings of 128 bytes and more have length prefixes that are not
+        // ASCII, which splits the reader's fast UTF-8 check into runs.
+        (
+            "v.long_strings",
+            Value::string_array([
+                "\u{20ac}".repeat(50),
+                "\u{e9}".into(),
+                "x".repeat(300),
+                "\u{1f41f}".into(),
+            ]),
+        ),
         ("v.empty_strings", Value::Array(ValueType::String, vec![])),
         ("v.empty_u8s", Value::Array(ValueType::U8, vec![])),
         (
@@ -219,4 +230,47 @@ fn corrupting_any_header_byte_never_panics() {
         rejected > header_len,
         "most corruptions must be rejected ({rejected})"
     );
+}
+
+#[test]
+fn the_writer_refuses_what_the_reader_would_refuse() {
+    let q4 = GgmlType::Q4_0;
+    let bad_specs = [
+        vec![TensorSpec::new(
+            "five_dims",
+            &[1, 1, 1, 1, 1],
+            GgmlType::F32,
+        )],
+        vec![TensorSpec::new("no_dims", &[], GgmlType::F32)],
+        vec![TensorSpec::new("zero", &[4, 0], GgmlType::F32)],
+        // 64 values are whole Q4_0 blocks, but rows of 16 are not.
+        vec![TensorSpec::new("partial_rows", &[16, 4], q4)],
+        vec![TensorSpec::new(
+            "overflow",
+            &[1 << 32, 1 << 32],
+            GgmlType::F32,
+        )],
+        vec![
+            TensorSpec::new("twice", &[8], GgmlType::F32),
+            TensorSpec::new("twice", &[8], GgmlType::F32),
+        ],
+    ];
+    for specs in bad_specs {
+        let mut w = GgufWriter::new();
+        for s in &specs {
+            w.tensor(s.clone());
+        }
+        let mut out = Vec::new();
+        let result = w.write(&mut out, |_, s, o| {
+            o.write_all(&vec![0; s.n_bytes()? as usize])
+        });
+        assert!(result.is_err(), "{specs:?} was written");
+        assert!(out.is_empty(), "{specs:?}: bytes written before the error");
+    }
+    for alignment in [Value::U32(0), Value::U32(48), Value::I32(-32), "32".into()] {
+        let mut w = GgufWriter::new();
+        w.kv("general.alignment", alignment.clone());
+        let mut out = Vec::new();
+        assert!(w.write_with_data(&mut out, &[]).is_err(), "{alignment:?}");
+    }
 }

@@ -136,6 +136,21 @@ def cases():
     f.mark().u64(500).raw(b"cd")
     yield "string_array_element_past_end", "StringTooLong", f
 
+    # A two-byte character split across two strings: the bytes of the whole
+    # array would be valid UTF-8 without the length prefix between them.
+    f = File().header(0, 1).string("tokens").u32(ARRAY).u32(STRING).u64(2)
+    first = f.here()
+    f.string(b"ab\xc3").string(b"\xa9cd")
+    f.bad = first + 8
+    yield "string_array_split_character", "InvalidUtf8", f
+
+    # Invalid UTF-8 inside a string of 200 bytes (its length prefix is not ASCII).
+    f = File().header(0, 1).string("tokens").u32(ARRAY).u32(STRING).u64(3).string("ok")
+    long_at = f.here()
+    f.string(b"\xe2\x82\xac" * 60 + b"\xff" + b"x" * 19).string("fine")
+    f.bad = long_at + 8
+    yield "long_string_invalid_utf8", "InvalidUtf8", f
+
     # Nine levels of arrays of arrays; the reader allows eight.
     f = File().header(0, 1).string("deep").u32(ARRAY)
     for _ in range(8):
