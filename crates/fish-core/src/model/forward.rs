@@ -1,0 +1,148 @@
+//! The CPU forward pass: all tokens of a batch go through each matmul together.
+
+use fish_gguf::Gguf;
+use fish_quant::matmul_batch;
+
+use super::attention::{attend, AttentionShape};
+use super::config::{Activation, ModelConfig};
+use super::kv_cache::KvCache;
+use super::ops::{self, RopeAngles};
+use super::weights::{Matrix, ModelWeights};
+use crate::error::{EngineError, Result};
+
+/// Which positions of a batch need logits.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LogitsFor {
+    /// Only the last token (generation).
+    Last,
+    /// Every token (perplexity, speculative verification).
+    All,
+}
+
+fn matmul(g: &Gguf, m: &Matrix, x: &[f32], n_tok: usize) -> Result<Vec<f32>> {
+    let mut y = vec![0f32; n_tok * m.n_out];
+    matmul_batch(m.weights(g), x, n_tok, &mut y)?;
+    Ok(y)
+}
+
+/// Runs `tokens` at positions `pos0..`, appending their keys/values to the
+/// cache, and returns logits (n_vocab per requested token).
+pub fn forward(
+    g: &Gguf,
+    cfg: &ModelConfig,
+    w: &ModelWeights,
+    cache: &mut KvCache,
+    tokens: &[u32],
+    pos0: usize,
+    logits_for: LogitsFor,
+) -> Result<Vec<f32>> {
+    let n_tok = tokens.len();
+    if n_tok == 0 {
+        return Err(EngineError::EmptyInput);
+    }
+    cache.check_append(pos0, n_tok)?;
+    let n_embd = cfg.n_embd;
+    let mut x = embed(g, cfg, w, tokens)?;
+
+    let rope = |base: f32| -> Vec<RopeAngles> {
+        (0..n_tok).map(|t| RopeAngles::new(pos0 + t, cfg.n_rot, base, cfg.rope_freq_scale)).collect()
+    };
+    let angles_global = rope(cfg.rope_base);
+    let angles_swa = if cfg.sliding_window > 0 { rope(cfg.rope_base_swa) } else { Vec::new() };
+
+    let mut xn = vec![0f32; n_tok * n_embd];
+    for (il, lw) in w.layers.iter().enumerate() {
+        let swa = cfg.is_swa_layer(il);
+        // Attention block.
+        ops::rms_norm_into(&x, &lw.attn_norm, cfg.rms_eps, &mut xn);
+        let mut q = matmul(g, &lw.wq, &xn, n_tok)?;
+        let mut k = matmul(g, &lw.wk, &xn, n_tok)?;
+        let mut v = matmul(g, &lw.wv, &xn, n_tok)?;
+        if let Some(b) = &lw.bq {
+            ops::add_bias_rows(&mut q, b);
+        }
+        if let Some(b) = &lw.bk {
+            ops::add_bias_rows(&mut k, b);
+        }
+        if let Some(b) = &lw.bv {
+            ops::add_bias_rows(&mut v, b);
+        }
+        if let Some(qn) = &lw.q_norm {
+            ops::rms_norm_rows(&mut q, qn, cfg.rms_eps);
+        }
+        if let Some(kn) = &lw.k_norm {
+            ops::rms_norm_rows(&mut k, kn, cfg.rms_eps);
+        }
+        let angles = if swa { &angles_swa } else { &angles_global };
+        for t in 0..n_tok {
+            ops::rope_heads(&mut q[t * cfg.q_dim()..][..cfg.q_dim()], cfg.head_dim, cfg.rope_style, &angles[t]);
+            ops::rope_heads(&mut k[t * cfg.k_dim()..][..cfg.k_dim()], cfg.head_dim, cfg.rope_style, &angles[t]);
+            cache.store(il, pos0 + t, &k[t * cfg.k_dim()..][..cfg.k_dim()], &v[t * cfg.v_dim()..][..cfg.v_dim()]);
+        }
+        let shape = AttentionShape {
+            n_head: cfg.n_head,
+            n_head_kv: cfg.n_head_kv,
+            head_dim: cfg.head_dim,
+            head_dim_v: cfg.head_dim_v,
+            scale: cfg.attn_scale,
+            window: if swa { cfg.sliding_window } else { 0 },
+        };
+        let mut attn = vec![0f32; n_tok * cfg.n_head * cfg.head_dim_v];
+        attend(&shape, cache, il, &q, pos0, &mut attn);
+        let mut o = matmul(g, &lw.wo, &attn, n_tok)?;
+        if let Some(pn) = &lw.post_attn_norm {
+            ops::rms_norm_rows(&mut o, pn, cfg.rms_eps);
+        }
+        ops::add_in_place(&mut x, &o);
+
+        // Feed-forward block.
+        ops::rms_norm_into(&x, &lw.ffn_norm, cfg.rms_eps, &mut xn);
+        let mut gate = matmul(g, &lw.w_gate, &xn, n_tok)?;
+        let up = matmul(g, &lw.w_up, &xn, n_tok)?;
+        let act = match cfg.activation {
+            Activation::SwiGlu => ops::silu,
+            Activation::GeGlu => ops::gelu,
+        };
+        for (gv, &uv) in gate.iter_mut().zip(&up) {
+            *gv = act(*gv) * uv;
+        }
+        let mut d = matmul(g, &lw.w_down, &gate, n_tok)?;
+        if let Some(pn) = &lw.post_ffn_norm {
+            ops::rms_norm_rows(&mut d, pn, cfg.rms_eps);
+        }
+        ops::add_in_place(&mut x, &d);
+    }
+    cache.set_len(pos0 + n_tok);
+
+    let rows = match logits_for {
+        LogitsFor::Last => &x[(n_tok - 1) * n_embd..],
+        LogitsFor::All => &x[..],
+    };
+    let n_rows = rows.len() / n_embd;
+    let mut h = rows.to_vec();
+    ops::rms_norm_rows(&mut h, &w.output_norm, cfg.rms_eps);
+    matmul(g, &w.output, &h, n_rows)
+}
+
+/// Token embeddings (rows of token_embd), scaled for architectures that do so.
+fn embed(g: &Gguf, cfg: &ModelConfig, w: &ModelWeights, tokens: &[u32]) -> Result<Vec<f32>> {
+    let n_embd = cfg.n_embd;
+    let m = &w.token_embd;
+    let data = g.tensor_data(&m.info);
+    let row_bytes = data.len() / m.n_out;
+    let mut x = vec![0f32; tokens.len() * n_embd];
+    for (row, &tok) in x.chunks_exact_mut(n_embd).zip(tokens) {
+        if tok as usize >= m.n_out {
+            return Err(EngineError::BadToken {
+                id: tok,
+                n_vocab: m.n_out,
+            });
+        }
+        let src = &data[tok as usize * row_bytes..][..row_bytes];
+        fish_quant::dequant_row(m.info.ty, src, row)?;
+        if cfg.embd_scale != 1.0 {
+            row.iter_mut().for_each(|v| *v *= cfg.embd_scale);
+        }
+    }
+    Ok(x)
+}

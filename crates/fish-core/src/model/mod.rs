@@ -1,0 +1,48 @@
+//! A loaded model: configuration, tensors located in the map, and the forward pass.
+
+mod attention;
+pub mod config;
+mod forward;
+pub mod kv_cache;
+pub mod ops;
+pub mod weights;
+
+use std::path::Path;
+use std::sync::Arc;
+
+use fish_gguf::Gguf;
+
+pub use config::{Activation, Arch, ModelConfig, RopeStyle};
+pub use forward::LogitsFor;
+pub use kv_cache::KvCache;
+pub use weights::{LayerWeights, Matrix, ModelWeights};
+
+use crate::error::Result;
+
+pub struct Model {
+    pub gguf: Arc<Gguf>,
+    pub cfg: ModelConfig,
+    pub weights: ModelWeights,
+}
+
+impl Model {
+    pub fn load(path: impl AsRef<Path>) -> Result<Model> {
+        Self::from_gguf(Arc::new(Gguf::open(path)?))
+    }
+
+    pub fn from_gguf(gguf: Arc<Gguf>) -> Result<Model> {
+        let cfg = ModelConfig::from_gguf(&gguf)?;
+        let weights = ModelWeights::load(&gguf, &cfg)?;
+        Ok(Model { gguf, cfg, weights })
+    }
+
+    /// A KV cache for `n_ctx` positions of every layer.
+    pub fn new_cache(&self, n_ctx: usize) -> KvCache {
+        KvCache::new(self.cfg.n_layer, n_ctx, self.cfg.k_dim(), self.cfg.v_dim())
+    }
+
+    /// Evaluates `tokens` at positions `pos0..` and returns the requested logits.
+    pub fn forward(&self, cache: &mut KvCache, tokens: &[u32], pos0: usize, logits_for: LogitsFor) -> Result<Vec<f32>> {
+        forward::forward(&self.gguf, &self.cfg, &self.weights, cache, tokens, pos0, logits_for)
+    }
+}
