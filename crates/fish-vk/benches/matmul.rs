@@ -1,0 +1,170 @@
+//! Kernel microbenches, timed with GPU timestamps:
+//! - matvec (1 token): throughput in bytes of weights per second, per type;
+//! - tiled (512 tokens): throughput in "elements" = floating-point operations
+//!   (2 * n_in * n_out * n_tok), so criterion's Gelem/s reads as GFLOPS.
+//!
+//! Each measurement rotates over enough copies of the weights to exceed
+//! FISH_VK_BENCH_ROTATE_MB (default 256 MB, over 4x the L2 of current GPUs),
+//! so the weights stream from memory rather than cache.
+//! FISH_VK_BENCH_SMALL=1 shrinks every shape by 8 (a smoke run on lavapipe).
+//! Run: `cargo bench -p fish-vk` (FISH_GPU=cpu to allow lavapipe).
+
+use criterion::{criterion_group, criterion_main, Criterion, Throughput};
+use fish_gguf::GgmlType;
+use fish_vk::{Gpu, Kernel, TensorHandle};
+use std::time::Duration;
+
+const TYPES: [GgmlType; 10] = [
+    GgmlType::F32,
+    GgmlType::F16,
+    GgmlType::Q4_0,
+    GgmlType::Q4_1,
+    GgmlType::Q5_0,
+    GgmlType::Q5_1,
+    GgmlType::Q8_0,
+    GgmlType::Q4_K,
+    GgmlType::Q5_K,
+    GgmlType::Q6_K,
+];
+/// (n_in, n_out) of the benchmarked matrices.
+const SHAPES: [(usize, usize); 3] = [(4096, 4096), (4096, 14336), (14336, 4096)];
+const TILED_TOKENS: usize = 512;
+/// Dispatch rounds per submit, so that a long criterion run never builds a
+/// huge command buffer.
+const ROUNDS_PER_SUBMIT: u64 = 16;
+
+fn small() -> bool {
+    std::env::var("FISH_VK_BENCH_SMALL").as_deref() == Ok("1")
+}
+
+fn rotate_bytes() -> u64 {
+    let default = if small() { 8 } else { 256 };
+    let mb = std::env::var("FISH_VK_BENCH_ROTATE_MB")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default);
+    mb << 20
+}
+
+/// Pseudo-random bytes: the kernels' speed does not depend on the values.
+fn weight_bytes(len: usize, seed: u64) -> Vec<u8> {
+    let mut s = seed | 1;
+    (0..len)
+        .map(|_| {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            (s >> 24) as u8
+        })
+        .collect()
+}
+
+/// Uploads enough copies of one matrix to exceed the rotation size.
+fn upload_copies(
+    gpu: &Gpu,
+    ty: GgmlType,
+    n_in: usize,
+    n_out: usize,
+) -> Option<(Vec<TensorHandle>, u64)> {
+    let bytes = (n_in / ty.block_size() * ty.block_bytes() * n_out) as u64;
+    let copies = rotate_bytes().div_ceil(bytes).max(1);
+    let data = weight_bytes(bytes as usize, ty.id() as u64 + 1);
+    let mut handles = Vec::new();
+    for _ in 0..copies {
+        match gpu.upload(ty, &data, n_in, n_out) {
+            Ok(h) => handles.push(h),
+            Err(e) => {
+                eprintln!("skipping {ty:?} {n_in}x{n_out}: {e}");
+                for h in handles {
+                    let _ = gpu.free(h);
+                }
+                return None;
+            }
+        }
+    }
+    Some((handles, bytes))
+}
+
+/// GPU time of `iters` rounds over all handles.
+fn gpu_time(
+    gpu: &Gpu,
+    handles: &[TensorHandle],
+    n_tok: usize,
+    kernel: Kernel,
+    iters: u64,
+) -> Duration {
+    let mut total = Duration::ZERO;
+    let mut left = iters;
+    while left > 0 {
+        let rounds = left.min(ROUNDS_PER_SUBMIT);
+        total += gpu
+            .time_matmul(handles, n_tok, kernel, rounds as u32)
+            .expect("timed dispatch");
+        left -= rounds;
+    }
+    total
+}
+
+fn shapes() -> Vec<(usize, usize)> {
+    let div = if small() { 8 } else { 1 };
+    SHAPES.iter().map(|&(i, o)| (i / div, o / div)).collect()
+}
+
+fn bench_matvec(c: &mut Criterion) {
+    let Some(gpu) = fish_vk::global() else {
+        eprintln!("no GPU: {}", fish_vk::status());
+        return;
+    };
+    eprintln!("{}", gpu.describe());
+    let mut group = c.benchmark_group("matvec");
+    group
+        .sample_size(10)
+        .measurement_time(Duration::from_secs(2));
+    for ty in TYPES {
+        for (n_in, n_out) in shapes() {
+            let Some((handles, bytes)) = upload_copies(gpu, ty, n_in, n_out) else {
+                continue;
+            };
+            group.throughput(Throughput::Bytes(bytes * handles.len() as u64));
+            group.bench_function(format!("{}/{n_in}x{n_out}", ty.name()), |b| {
+                b.iter_custom(|iters| gpu_time(gpu, &handles, 1, Kernel::Matvec, iters))
+            });
+            for h in handles {
+                let _ = gpu.free(h);
+            }
+        }
+    }
+    group.finish();
+}
+
+fn bench_tiled(c: &mut Criterion) {
+    let Some(gpu) = fish_vk::global() else { return };
+    let mut group = c.benchmark_group("tiled");
+    group
+        .sample_size(10)
+        .measurement_time(Duration::from_secs(3));
+    for ty in TYPES {
+        for (n_in, n_out) in shapes() {
+            let Some((handles, _)) = upload_copies(gpu, ty, n_in, n_out) else {
+                continue;
+            };
+            let flops = 2 * n_in as u64 * n_out as u64 * TILED_TOKENS as u64;
+            group.throughput(Throughput::Elements(flops * handles.len() as u64));
+            group.bench_function(
+                format!("{}/{n_in}x{n_out}/n_tok{TILED_TOKENS}", ty.name()),
+                |b| {
+                    b.iter_custom(|iters| {
+                        gpu_time(gpu, &handles, TILED_TOKENS, Kernel::Tiled, iters)
+                    })
+                },
+            );
+            for h in handles {
+                let _ = gpu.free(h);
+            }
+        }
+    }
+    group.finish();
+}
+
+criterion_group!(benches, bench_matvec, bench_tiled);
+criterion_main!(benches);
