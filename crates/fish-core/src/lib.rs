@@ -4,7 +4,6 @@
 //! CPU forward pass over memory-mapped weights, KV cache and sampling. A GPU
 //! backend is handed in as a trait object; this crate knows no Vulkan.
 
-pub mod backend;
 pub mod error;
 pub mod model;
 
