@@ -5,7 +5,10 @@
 //!
 //! Templates are rendered with minijinja using the settings Hugging Face uses
 //! (`trim_blocks`, `lstrip_blocks`) plus Python string methods (`.strip()`,
-//! `.startswith()`, ...) that many templates call.
+//! `.startswith()`, ...) that many templates call, and `strftime_now`, which
+//! Llama 3 templates use for their "Today Date" line (as llama.cpp provides it).
+
+use std::time::{SystemTime, UNIX_EPOCH};
 
 use fish_gguf::Gguf;
 use minijinja::{Environment, Error, ErrorKind};
@@ -154,6 +157,7 @@ impl ChatTemplate {
         env.set_lstrip_blocks(true);
         env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
         env.add_function("raise_exception", raise_exception);
+        env.add_function("strftime_now", strftime_now);
         env.add_template_owned(TEMPLATE_NAME, source)
             .map_err(|e| ChatTemplateError::Syntax(describe(&e)))?;
         Ok(ChatTemplate {
@@ -207,6 +211,120 @@ fn raise_exception(message: String) -> Result<String, Error> {
         ErrorKind::InvalidOperation,
         format!("{RAISED}{message}"),
     ))
+}
+
+/// `strftime_now(format)`: the current time (UTC) formatted like C's strftime.
+fn strftime_now(format: String) -> String {
+    let now = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs() as i64)
+        .unwrap_or(0);
+    format_time(now, &format)
+}
+
+const MONTHS: [&str; 12] = [
+    "January",
+    "February",
+    "March",
+    "April",
+    "May",
+    "June",
+    "July",
+    "August",
+    "September",
+    "October",
+    "November",
+    "December",
+];
+const WEEKDAYS: [&str; 7] = [
+    "Sunday",
+    "Monday",
+    "Tuesday",
+    "Wednesday",
+    "Thursday",
+    "Friday",
+    "Saturday",
+];
+
+/// The proleptic Gregorian (year, month 1-12, day 1-31) of a day count from
+/// 1970-01-01, by counting 400-year eras of 146,097 days from 0000-03-01.
+fn civil_date(days: i64) -> (i64, usize, i64) {
+    let shifted = days + 719_468; // days from 0000-03-01 to 1970-01-01
+    let era = shifted.div_euclid(146_097);
+    let day_of_era = shifted.rem_euclid(146_097);
+    let year_of_era =
+        (day_of_era - day_of_era / 1460 + day_of_era / 36_524 - day_of_era / 146_096) / 365;
+    let day_of_year = day_of_era - (365 * year_of_era + year_of_era / 4 - year_of_era / 100);
+    // Months counted from March, so that February's leap day comes last.
+    let month_from_march = (5 * day_of_year + 2) / 153;
+    let day = day_of_year - (153 * month_from_march + 2) / 5 + 1;
+    let month = if month_from_march < 10 {
+        month_from_march + 3
+    } else {
+        month_from_march - 9
+    };
+    let year = year_of_era + era * 400 + i64::from(month <= 2);
+    (year, month as usize, day)
+}
+
+fn is_leap(year: i64) -> bool {
+    (year % 4 == 0 && year % 100 != 0) || year % 400 == 0
+}
+
+/// Formats seconds since the Unix epoch (UTC). Supports %Y %y %m %B %b %d
+/// %A %a %j %H %M %S %%; other directives are kept as written.
+fn format_time(secs: i64, format: &str) -> String {
+    let days = secs.div_euclid(86_400);
+    let second_of_day = secs.rem_euclid(86_400);
+    let (year, month, day) = civil_date(days);
+    let month_name = MONTHS[month - 1];
+    // 1970-01-01 was a Thursday.
+    let weekday = WEEKDAYS[(days + 4).rem_euclid(7) as usize];
+    let days_before_month: i64 = [
+        31,
+        if is_leap(year) { 29 } else { 28 },
+        31,
+        30,
+        31,
+        30,
+        31,
+        31,
+        30,
+        31,
+        30,
+        31,
+    ][..month - 1]
+        .iter()
+        .sum();
+    let mut out = String::new();
+    let mut chars = format.chars();
+    while let Some(c) = chars.next() {
+        if c != '%' {
+            out.push(c);
+            continue;
+        }
+        match chars.next() {
+            Some('Y') => out.push_str(&year.to_string()),
+            Some('y') => out.push_str(&format!("{:02}", year.rem_euclid(100))),
+            Some('m') => out.push_str(&format!("{month:02}")),
+            Some('B') => out.push_str(month_name),
+            Some('b') => out.push_str(&month_name[..3]),
+            Some('d') => out.push_str(&format!("{day:02}")),
+            Some('A') => out.push_str(weekday),
+            Some('a') => out.push_str(&weekday[..3]),
+            Some('j') => out.push_str(&format!("{:03}", days_before_month + day)),
+            Some('H') => out.push_str(&format!("{:02}", second_of_day / 3600)),
+            Some('M') => out.push_str(&format!("{:02}", second_of_day / 60 % 60)),
+            Some('S') => out.push_str(&format!("{:02}", second_of_day % 60)),
+            Some('%') => out.push('%'),
+            Some(other) => {
+                out.push('%');
+                out.push(other);
+            }
+            None => out.push('%'),
+        }
+    }
+    out
 }
 
 /// The error with its chain of causes, which minijinja keeps separately.
@@ -275,6 +393,28 @@ mod tests {
             )
             .expect("renders");
         assert_eq!(out, "HI");
+    }
+
+    #[test]
+    fn time_formatting_matches_c_strftime() {
+        assert_eq!(format_time(1_721_952_000, "%d %b %Y"), "26 Jul 2024");
+        assert_eq!(
+            format_time(1_721_952_000 + 3723, "%A %a %j %H:%M:%S %y %m %B %% %Q"),
+            "Friday Fri 208 01:02:03 24 07 July % %Q"
+        );
+        assert_eq!(
+            format_time(951_782_400, "%d %b %Y %A %j"),
+            "29 Feb 2000 Tuesday 060"
+        );
+        assert_eq!(format_time(-86_400, "%d %b %Y %A"), "31 Dec 1969 Wednesday");
+    }
+
+    #[test]
+    fn strftime_now_is_available_to_templates() {
+        let src = "{% if strftime_now is defined %}{{ strftime_now('%Y') }}{% endif %}";
+        let t = ChatTemplate::new(src, tokens()).expect("compiles");
+        let year = t.render(&[], RenderOptions::default()).expect("renders");
+        assert!(year.len() == 4 && year.starts_with('2'), "{year}");
     }
 
     #[test]

@@ -228,3 +228,34 @@ fn byte_level_bpe_from_a_tiny_vocabulary() {
     assert_eq!(tok.decode(&[4, 5, 3]).expect("in range"), " abab");
     assert!(tok.is_eog(5));
 }
+
+#[test]
+fn llama3_words_that_are_tokens_skip_merging_and_get_bos() {
+    let kvs = |pre: &str| {
+        vec![
+            ("tokenizer.ggml.model", "gpt2".into()),
+            ("tokenizer.ggml.pre", pre.into()),
+            (
+                "tokenizer.ggml.tokens",
+                Value::string_array(["a", "b", "c", "ab", "bc", "abc", "<|begin_of_text|>"]),
+            ),
+            (
+                "tokenizer.ggml.token_type",
+                Value::i32_array([1, 1, 1, 1, 1, 1, 3]),
+            ),
+            ("tokenizer.ggml.merges", Value::string_array(["b c"])),
+            ("tokenizer.ggml.bos_token_id", 6u32.into()),
+        ]
+    };
+    let llama3 = build(kvs("llama-bpe")).expect("builds");
+    assert_eq!(llama3.encode("abc", EncodeOptions::PROMPT), [6, 5]);
+    let gpt2 = build(kvs("gpt-2")).expect("builds");
+    assert_eq!(gpt2.encode("abc", EncodeOptions::PROMPT), [0, 4]);
+}
+
+#[test]
+fn tokenizer_and_template_can_be_shared_across_threads() {
+    fn shareable<T: Send + Sync>() {}
+    shareable::<Tokenizer>();
+    shareable::<fish_core::chat::ChatTemplate>();
+}
