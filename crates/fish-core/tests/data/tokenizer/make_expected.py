@@ -222,6 +222,9 @@ def expected_cases(encode_plain, v, special_texts):
     for text in special_texts:
         cases.append({"text": text, "parse_special": True, "add_special": True,
                       "ids": encode(text, True, True)})
+        # Unparsed, control-token texts are ordinary text.
+        cases.append({"text": text, "parse_special": False, "add_special": False,
+                      "ids": encode(text, False, False)})
     return cases
 
 
