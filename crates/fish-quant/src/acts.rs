@@ -2,6 +2,7 @@
 
 use crate::blocks::{ActFormat, BlockQ8K, BlockQ8_0, BlockQ8_1};
 use crate::error::QuantError;
+use crate::simd::ActScale;
 use fish_gguf::GgmlType;
 use half::{bf16, f16};
 use rayon::prelude::*;
@@ -155,4 +156,22 @@ fn fill<A: ActFormat>(acts: &mut QuantizedActs, x: &[f32], n_in: usize) -> Resul
         A::quantize_acts(x, out);
     }
     Ok(())
+}
+
+/// The per-block scales of Q8_0 or Q8_1 activations as the tile kernels
+/// read them (see [`ActScale`]), into `out`; false for other formats.
+pub(crate) fn tile_scales(acts: &QuantizedActs, out: &mut Vec<ActScale>) -> bool {
+    out.clear();
+    match &acts.data {
+        ActsData::Q8_0(v) => out.extend(v.iter().map(|b| ActScale {
+            d: b.d.to_f32(),
+            aux: b.qs.iter().map(|&q| q as i32).sum::<i32>() as u32,
+        })),
+        ActsData::Q8_1(v) => out.extend(v.iter().map(|b| ActScale {
+            d: b.d.to_f32(),
+            aux: b.s.to_f32().to_bits(),
+        })),
+        _ => return false,
+    }
+    true
 }

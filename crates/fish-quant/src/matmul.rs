@@ -1,10 +1,11 @@
 //! `y = W x` for a batch of tokens, rows split across the current rayon pool.
 
-use crate::acts::{dot_type, quantize_acts_into, QuantizedActs};
+use crate::acts::{dot_type, quantize_acts_into, tile_scales, QuantizedActs};
 use crate::blocks::{ActFormat, BlockFormat};
 use crate::dispatch::with_block_type;
 use crate::error::QuantError;
 use crate::rows::{is_supported, row_bytes};
+use crate::simd::{tile_kernels, ActScale, Tile, TileKernels, TILE_ROWS};
 use fish_gguf::GgmlType;
 use rayon::prelude::*;
 use std::cell::RefCell;
@@ -65,6 +66,8 @@ impl<'a> Weights<'a> {
 thread_local! {
     /// Activation storage reused across calls, so decode allocates nothing.
     static SCRATCH_ACTS: RefCell<QuantizedActs> = RefCell::new(QuantizedActs::default());
+    /// Activation scales of the tile kernels, reused across calls.
+    static SCRATCH_SCALES: RefCell<Vec<ActScale>> = const { RefCell::new(Vec::new()) };
 }
 
 /// `y[t * n_out + o] = dot(row o of w, x[t * n_in .. (t + 1) * n_in])` for
@@ -137,10 +140,38 @@ fn run<B: BlockFormat>(
     if bpr != apr || w.n_out == 0 || acts.n_tok == 0 {
         return Ok(());
     }
+    let row_bytes = bpr * size_of::<B>();
+    // The kernels gather the scales of 4 rows with i32 offsets.
+    let offsets_fit = row_bytes
+        .checked_mul(TILE_ROWS)
+        .is_some_and(|b| b <= i32::MAX as usize);
+    if let Some(kernels) = tile_kernels(w.ty).filter(|_| offsets_fit) {
+        let ran = SCRATCH_SCALES.with(|cell| {
+            let mut scales = cell.take();
+            let ran = tile_scales(acts, &mut scales);
+            if ran {
+                let geometry = TiledMatmul {
+                    w: w.data,
+                    row_bytes,
+                    n_out: w.n_out,
+                    acts: bytemuck::cast_slice(a),
+                    act_row_bytes: apr * size_of::<B::Act>(),
+                    apr,
+                    scales: &scales,
+                    n_tok: acts.n_tok,
+                };
+                geometry.run(kernels, y);
+            }
+            cell.replace(scales);
+            ran
+        });
+        if ran {
+            return Ok(());
+        }
+    }
     let dot = B::best_vec_dot();
     let n_tok = acts.n_tok;
     let n_out = w.n_out;
-    let row_bytes = bpr * size_of::<B>();
     let total = row_bytes * n_out;
     let threads = rayon::current_num_threads().max(1);
 
@@ -179,6 +210,82 @@ fn run<B: BlockFormat>(
     Ok(())
 }
 
+/// A matmul served by the multi-row tile kernels: the slices are checked
+/// against each other by `run`'s caller (whole rows, `n_tok` tokens of
+/// `apr` blocks and scales).
+struct TiledMatmul<'a> {
+    w: &'a [u8],
+    row_bytes: usize,
+    n_out: usize,
+    acts: &'a [u8],
+    act_row_bytes: usize,
+    apr: usize,
+    scales: &'a [ActScale],
+    n_tok: usize,
+}
+
+impl TiledMatmul<'_> {
+    /// Splits the rows, in groups of [`TILE_ROWS`], across the pool; a
+    /// batch walks its tokens `max_tok` at a time over an L2-sized slice of
+    /// rows, so each weight block loaded feeds several tokens.
+    fn run(&self, kernels: TileKernels, y: &mut [f32]) {
+        let n_out = self.n_out;
+        let n_tok = self.n_tok;
+        debug_assert_eq!(self.w.len(), self.row_bytes * n_out);
+        debug_assert_eq!(self.acts.len(), self.act_row_bytes * n_tok);
+        debug_assert_eq!(self.scales.len(), self.apr * n_tok);
+        debug_assert_eq!(y.len(), n_out * n_tok);
+        let groups = n_out.div_ceil(TILE_ROWS);
+        let group_bytes = self.row_bytes * TILE_ROWS;
+        let threads = rayon::current_num_threads().max(1);
+        let mut groups_per_task = if self.row_bytes * n_out <= SERIAL_BYTES || threads == 1 {
+            groups
+        } else {
+            groups.div_ceil(threads * 2)
+        };
+        if n_tok > 1 {
+            groups_per_task = groups_per_task.min((TILE_BYTES / group_bytes.max(1)).max(1));
+        }
+        let n_tasks = groups.div_ceil(groups_per_task);
+        let out = OutPtr(y.as_mut_ptr());
+        let task = |i: usize| {
+            let r0 = i * groups_per_task * TILE_ROWS;
+            let r1 = (r0 + groups_per_task * TILE_ROWS).min(n_out);
+            let (kernel, step) = if n_tok == 1 {
+                (kernels.one, 1)
+            } else {
+                (kernels.many, kernels.max_tok)
+            };
+            for t0 in (0..n_tok).step_by(step) {
+                for r in (r0..r1).step_by(TILE_ROWS) {
+                    let tile = Tile {
+                        w: self.w[r * self.row_bytes..].as_ptr(),
+                        row_bytes: self.row_bytes,
+                        rows: (r1 - r).min(TILE_ROWS),
+                        a: self.acts[t0 * self.act_row_bytes..].as_ptr(),
+                        act_row_bytes: self.act_row_bytes,
+                        scales: self.scales[t0 * self.apr..].as_ptr(),
+                        apr: self.apr,
+                        toks: (n_tok - t0).min(step),
+                        y: out.at(t0 * n_out + r),
+                        y_stride: n_out,
+                    };
+                    // SAFETY: the tile's rows r..r + rows lie in w, its
+                    // tokens t0..t0 + toks in acts and scales (lengths
+                    // checked by the caller), and it writes y[t * n_out + r']
+                    // for those rows and tokens only: disjoint across tasks.
+                    unsafe { kernel(&tile) };
+                }
+            }
+        };
+        if n_tasks == 1 {
+            task(0);
+        } else {
+            (0..n_tasks).into_par_iter().for_each(task);
+        }
+    }
+}
+
 /// The output buffer shared by the tasks of one matmul.
 #[derive(Clone, Copy)]
 struct OutPtr(*mut f32);
@@ -192,5 +299,10 @@ impl OutPtr {
     /// `i` must be in bounds and written by no other task.
     unsafe fn write(self, i: usize, v: f32) {
         unsafe { *self.0.add(i) = v };
+    }
+
+    /// The address of element `i`, for a kernel that writes through it.
+    fn at(self, i: usize) -> *mut f32 {
+        self.0.wrapping_add(i)
     }
 }

@@ -9,4 +9,19 @@ unsafe fn dpbusd_sum(x: __m256i, y: __m256i) -> __m256i {
     _mm256_dpbusd_epi32(_mm256_setzero_si256(), x, y)
 }
 
+#[target_feature(enable = "avx2,avx512f,avx512vl,avx512vnni")]
+#[inline]
+unsafe fn dpbusd_acc(acc: __m256i, x: __m256i, y: __m256i) -> __m256i {
+    _mm256_dpbusd_epi32(acc, x, y)
+}
+
 super::kernels::define_kernels!("avx2,fma,f16c,avx512f,avx512vl,avx512vnni", dpbusd_sum);
+
+/// Multi-row tiles: 4 rows x 4 tokens of accumulators fit the 32 registers.
+pub mod tiles {
+    super::super::tiles::define_tiles!(
+        "avx2,fma,f16c,avx512f,avx512vl,avx512vnni",
+        super::dpbusd_acc,
+        4
+    );
+}

@@ -17,6 +17,10 @@ mod avx512;
 mod kernels;
 #[cfg(test)]
 mod tests;
+#[cfg(target_arch = "x86_64")]
+mod tiles;
+
+use fish_gguf::GgmlType;
 
 /// The instruction-set level the kernels use.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -99,3 +103,89 @@ select!(best_q5_1_dot, BlockQ5_1, q5_1);
 select!(best_q8_0_dot, BlockQ8_0, q8_0);
 select!(best_q4_k_dot, BlockQ4K, q4_k);
 select!(best_q6_k_dot, BlockQ6K, q6_k);
+
+/// One activation block's scale, converted once per matmul call: `d` as
+/// f32, and `aux` the f32 bits of `s` (Q8_1) or the code sum `sum(qs)` as
+/// an i32 (Q8_0), which carries the weights' code offset.
+#[derive(Clone, Copy, Debug, Default, bytemuck::Pod, bytemuck::Zeroable)]
+#[repr(C)]
+pub(crate) struct ActScale {
+    pub d: f32,
+    pub aux: u32,
+}
+
+/// One tile of a matmul: `rows` (1..=4) consecutive weight rows times
+/// `toks` consecutive tokens, `y[k * y_stride + r] = dot(row r, token k)`.
+pub(crate) struct Tile {
+    /// First byte of the first row; rows are `row_bytes` apart.
+    pub w: *const u8,
+    pub row_bytes: usize,
+    pub rows: usize,
+    /// First activation block of the first token; tokens are
+    /// `act_row_bytes` apart.
+    pub a: *const u8,
+    pub act_row_bytes: usize,
+    /// `apr` scales per token, first token first.
+    pub scales: *const ActScale,
+    /// Blocks per row (weights and activations alike).
+    pub apr: usize,
+    pub toks: usize,
+    pub y: *mut f32,
+    pub y_stride: usize,
+}
+
+/// A tile kernel. # Safety: every pointer of the tile must cover what it
+/// describes (`rows` rows, `toks` tokens of `apr` blocks and scales, and
+/// the `y` elements written).
+pub(crate) type TileFn = unsafe fn(&Tile);
+
+/// The tile kernels of one weight format at the detected SIMD level.
+#[derive(Clone, Copy)]
+pub(crate) struct TileKernels {
+    /// Decode: one token per tile.
+    pub one: TileFn,
+    /// Batches: up to `max_tok` tokens per tile.
+    pub many: TileFn,
+    pub max_tok: usize,
+}
+
+/// Rows per tile of every tile kernel.
+pub(crate) const TILE_ROWS: usize = 4;
+
+/// The tile kernels for weights of type `ty`, if this CPU has them; the
+/// choice is made once per matmul call.
+pub(crate) fn tile_kernels(ty: GgmlType) -> Option<TileKernels> {
+    #[cfg(target_arch = "x86_64")]
+    {
+        use tiles::fmt;
+        let f = match ty {
+            GgmlType::Q4_0 => fmt::Q4_0,
+            GgmlType::Q4_1 => fmt::Q4_1,
+            GgmlType::Q5_0 => fmt::Q5_0,
+            GgmlType::Q5_1 => fmt::Q5_1,
+            GgmlType::Q8_0 => fmt::Q8_0,
+            _ => return None,
+        };
+        // SAFETY: each level's kernels are only returned when `simd_level`
+        // detected its features.
+        unsafe {
+            match (simd_level(), f) {
+                (SimdLevel::Avx512Vnni, fmt::Q4_0) => Some(avx512::tiles::tiles::<{ fmt::Q4_0 }>()),
+                (SimdLevel::Avx512Vnni, fmt::Q4_1) => Some(avx512::tiles::tiles::<{ fmt::Q4_1 }>()),
+                (SimdLevel::Avx512Vnni, fmt::Q5_0) => Some(avx512::tiles::tiles::<{ fmt::Q5_0 }>()),
+                (SimdLevel::Avx512Vnni, fmt::Q5_1) => Some(avx512::tiles::tiles::<{ fmt::Q5_1 }>()),
+                (SimdLevel::Avx512Vnni, _) => Some(avx512::tiles::tiles::<{ fmt::Q8_0 }>()),
+                (SimdLevel::Avx2, fmt::Q4_0) => Some(avx2::tiles::tiles::<{ fmt::Q4_0 }>()),
+                (SimdLevel::Avx2, fmt::Q4_1) => Some(avx2::tiles::tiles::<{ fmt::Q4_1 }>()),
+                (SimdLevel::Avx2, fmt::Q5_0) => Some(avx2::tiles::tiles::<{ fmt::Q5_0 }>()),
+                (SimdLevel::Avx2, fmt::Q5_1) => Some(avx2::tiles::tiles::<{ fmt::Q5_1 }>()),
+                _ => None,
+            }
+        }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        let _ = ty;
+        None
+    }
+}

@@ -88,3 +88,66 @@ fn best_kernels_agree_for_every_type() {
         with_block_type!(ty, B => check::<B>(&[("best", B::best_vec_dot())]), _ => unreachable!());
     }
 }
+
+/// `matmul_quantized` (tile kernels where the type has them) against the
+/// portable dot product per row and token, over shapes that leave partial
+/// row groups and token groups, with 1 and 2 threads.
+fn check_matmul_against_portable<B: BlockFormat>() {
+    // An odd number of 32-value blocks; two super-blocks for the k-quants.
+    let n_in = if <B as BlockFormat>::VALUES > 32 {
+        512
+    } else {
+        32 * 9
+    };
+    for (n_out, n_tok) in [(1, 1), (3, 1), (7, 2), (13, 5), (64, 9), (301, 4)] {
+        let wf = pseudo_random(n_in * n_out, n_out as u32);
+        let w: Vec<B> = wf
+            .chunks(<B as BlockFormat>::VALUES)
+            .map(B::from_float)
+            .collect();
+        let bytes: &[u8] = bytemuck::cast_slice(&w);
+        let x = pseudo_random(n_in * n_tok, 77 + n_tok as u32);
+        let acts = quantize_acts(crate::dot_type(B::TYPE), &x, n_tok, n_in).unwrap();
+        let a: &[B::Act] = <B::Act as ActFormat>::view(&acts.data).unwrap();
+        let bpr = n_in / <B as BlockFormat>::VALUES;
+        let apr = a.len() / n_tok;
+        for threads in [1, 2] {
+            let pool = rayon::ThreadPoolBuilder::new()
+                .num_threads(threads)
+                .build()
+                .unwrap();
+            let mut y = vec![f32::NAN; n_out * n_tok];
+            let weights = crate::Weights::new(B::TYPE, bytes, n_in, n_out).unwrap();
+            pool.install(|| crate::matmul_quantized(weights, &acts, &mut y).unwrap());
+            for t in 0..n_tok {
+                let at = &a[t * apr..(t + 1) * apr];
+                for r in 0..n_out {
+                    let row = &w[r * bpr..(r + 1) * bpr];
+                    let reference = B::vec_dot(row, at);
+                    let scale: f32 = row
+                        .iter()
+                        .zip(at.chunks(apr / bpr))
+                        .map(|(wb, ab)| B::vec_dot(std::slice::from_ref(wb), ab).abs())
+                        .sum();
+                    let got = y[t * n_out + r];
+                    assert!(
+                        (got - reference).abs() <= 1e-5 * scale + 1e-7,
+                        "{:?} {n_out}x{n_tok} row {r} token {t} ({threads} threads): \
+                         {got} vs portable {reference}",
+                        B::TYPE
+                    );
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn matmul_tiles_agree_with_portable_dot_products() {
+    for ty in crate::GgmlType::ALL
+        .into_iter()
+        .filter(|t| crate::is_supported(*t))
+    {
+        with_block_type!(ty, B => check_matmul_against_portable::<B>(), _ => unreachable!());
+    }
+}
