@@ -69,6 +69,9 @@ COMMON_TEXTS = [
     "control \x01\x02 bytes \x7f and nbsp\u00a0here, em\u2003space",
     "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa",
     "!!!??? ... --- ***",
+    # Combining marks inside words (decomposed accents, Devanagari, Thai).
+    "cafe\u0301 \u0928\u092e\u0938\u094d\u0924\u0947 \u0926\u0941\u0928\u093f\u092f\u093e \u0e2a\u0e27\u0e31\u0e2a\u0e14\u0e35",
+    "\u00bd \u00b2 \u2163 \u0663\u0664 fullwidth \uff11\uff12\uff13 \uff21\uff22",
 ]
 
 CHATML_SPECIAL_TEXTS = [
