@@ -15,8 +15,12 @@ if [ ${#need_pkgs[@]} -gt 0 ]; then
     sudo_ env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need_pkgs[@]}"
 fi
 
+# gguf-py reads back the files fish-gguf writes (compatibility test).
+python3 -c "import gguf" 2>/dev/null || python3 -m pip install --quiet gguf
+
 scripts/fetch-model.sh >/dev/null
-for m in ${FISH_TEST_MODELS:-}; do scripts/fetch-model.sh "$m" >/dev/null; done
+export FISH_TEST_MODELS="${FISH_TEST_MODELS-qwen05 gemma3}"
+for m in $FISH_TEST_MODELS; do scripts/fetch-model.sh "$m" >/dev/null; done
 
 # GPU tests run on lavapipe (Mesa's CPU Vulkan) and must fail, not skip, without a device.
 export FISH_GPU=cpu

@@ -48,7 +48,11 @@ fn value_json(v: ValueRef<'_>) -> Json {
             "head": a.iter().take(ARRAY_PREVIEW).map(value_json).collect::<Vec<_>>(),
         }),
         ValueRef::Array(a) => Json::Array(a.iter().map(value_json).collect()),
-        other => other.as_i64().map(|i| json!(i)).or_else(|| other.as_u64().map(|u| json!(u))).unwrap_or(Json::Null),
+        other => other
+            .as_i64()
+            .map(|i| json!(i))
+            .or_else(|| other.as_u64().map(|u| json!(u)))
+            .unwrap_or(Json::Null),
     }
 }
 
@@ -64,7 +68,13 @@ fn value_text(v: ValueRef<'_>) -> String {
         ValueRef::Array(a) => {
             let head: Vec<String> = a.iter().take(ARRAY_PREVIEW).map(value_text).collect();
             let more = if a.len() > ARRAY_PREVIEW { ", ..." } else { "" };
-            format!("[{}{}] ({} x {})", head.join(", "), more, a.len(), a.elem_type())
+            format!(
+                "[{}{}] ({} x {})",
+                head.join(", "),
+                more,
+                a.len(),
+                a.elem_type()
+            )
         }
         other => value_json(other).to_string(),
     }
@@ -82,7 +92,10 @@ fn totals(gguf: &Gguf) -> BTreeMap<&'static str, (usize, u64)> {
 }
 
 fn to_json(gguf: &Gguf) -> Json {
-    let metadata: serde_json::Map<String, Json> = gguf.metadata().map(|(k, v)| (k.to_owned(), value_json(v))).collect();
+    let metadata: serde_json::Map<String, Json> = gguf
+        .metadata()
+        .map(|(k, v)| (k.to_owned(), value_json(v)))
+        .collect();
     let tensors: Vec<Json> = gguf
         .tensors()
         .iter()
@@ -103,23 +116,49 @@ fn to_json(gguf: &Gguf) -> Json {
 }
 
 fn print_text(out: &mut impl Write, gguf: &Gguf) -> std::io::Result<()> {
-    writeln!(out, "GGUF v{}, {} bytes, alignment {}", gguf.version(), gguf.file_len(), gguf.alignment())?;
+    writeln!(
+        out,
+        "GGUF v{}, {} bytes, alignment {}",
+        gguf.version(),
+        gguf.file_len(),
+        gguf.alignment()
+    )?;
     writeln!(out, "\nmetadata ({} keys):", gguf.keys().count())?;
     for (k, v) in gguf.metadata() {
         writeln!(out, "  {k:<44} {}", value_text(v))?;
     }
     writeln!(out, "\ntensors ({}):", gguf.tensors().len())?;
-    writeln!(out, "  {:<40} {:<6} {:<24} {:>12}", "name", "type", "shape", "bytes")?;
+    writeln!(
+        out,
+        "  {:<40} {:<6} {:<24} {:>12}",
+        "name", "type", "shape", "bytes"
+    )?;
     for t in gguf.tensors() {
         let shape = format!("{:?}", t.dims);
-        writeln!(out, "  {:<40} {:<6} {:<24} {:>12}", t.name, t.ty.name(), shape, t.n_bytes)?;
+        writeln!(
+            out,
+            "  {:<40} {:<6} {:<24} {:>12}",
+            t.name,
+            t.ty.name(),
+            shape,
+            t.n_bytes
+        )?;
     }
     writeln!(out, "\ntotals:")?;
     let mut all = 0u64;
     for (ty, (n, bytes)) in totals(gguf) {
-        writeln!(out, "  {ty:<6} {n:>5} tensors {:>10.2} MB", bytes as f64 / 1e6)?;
+        writeln!(
+            out,
+            "  {ty:<6} {n:>5} tensors {:>10.2} MB",
+            bytes as f64 / 1e6
+        )?;
         all += bytes;
     }
-    writeln!(out, "  all    {:>5} tensors {:>10.2} MB", gguf.tensors().len(), all as f64 / 1e6)?;
+    writeln!(
+        out,
+        "  all    {:>5} tensors {:>10.2} MB",
+        gguf.tensors().len(),
+        all as f64 / 1e6
+    )?;
     Ok(())
 }

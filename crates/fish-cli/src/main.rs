@@ -1,13 +1,23 @@
 //! `fish-cli`: a thin binary that assembles the fish crates behind llama.cpp-style commands.
 
+mod args;
+mod bench;
 mod info;
+mod load;
+mod perplexity;
+mod run;
+mod synth;
 
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
 #[derive(Parser)]
-#[command(name = "fish-cli", version, about = "Run GGUF language models on the CPU and Vulkan GPUs")]
+#[command(
+    name = "fish-cli",
+    version,
+    about = "Run GGUF language models on the CPU and Vulkan GPUs"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -15,6 +25,14 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
+    /// Generate text from a prompt, or chat.
+    Run(run::RunArgs),
+    /// Measure prefill and decode throughput.
+    Bench(bench::BenchArgs),
+    /// Perplexity of a text file.
+    Perplexity(perplexity::PerplexityArgs),
+    /// Write a llama-shaped model with random weights.
+    Synth(synth::SynthArgs),
     /// Print a model's metadata and tensor table.
     Info(info::InfoArgs),
 }
@@ -22,6 +40,10 @@ enum Command {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
+        Command::Run(args) => run::run(&args),
+        Command::Bench(args) => bench::run(&args),
+        Command::Perplexity(args) => perplexity::run(&args),
+        Command::Synth(args) => synth::run(&args),
         Command::Info(args) => info::run(&args),
     };
     match result {

@@ -4,12 +4,13 @@
 //! CPU forward pass over memory-mapped weights, KV cache and sampling. A GPU
 //! backend is handed in as a trait object; this crate knows no Vulkan.
 
+pub mod backend;
 pub mod error;
 pub mod model;
 
 pub use error::{EngineError, Result};
+pub mod chat;
 pub mod generate;
 pub mod sampling;
 pub mod session;
-pub mod chat;
 pub mod tokenizer;

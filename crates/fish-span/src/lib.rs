@@ -1,1 +1,7 @@
-//! fish-span: the GPU backend behind fish-core's backend trait (filled in by the stage-1/2 work).
+//! fish-span: the GPU backend the engine sees. It implements fish-core's
+//! `ComputeBackend` over fish-vk: per-matmul offload (stage 1); the stage-2
+//! span scheduler builds on it.
+
+mod backend;
+
+pub use backend::{open_global, VulkanBackend};

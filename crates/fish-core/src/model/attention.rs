@@ -1,7 +1,7 @@
 //! Causal grouped-query attention over the f16 KV cache.
 
-use half::slice::HalfFloatSliceExt;
 use half::f16;
+use half::slice::HalfFloatSliceExt;
 use rayon::prelude::*;
 
 use super::kv_cache::KvCache;
@@ -36,7 +36,11 @@ pub fn attend(
         let (t, h) = (idx / shape.n_head, idx % shape.n_head);
         let kvh = h / group;
         let p = pos0 + t;
-        let first = if shape.window > 0 { (p + 1).saturating_sub(shape.window) } else { 0 };
+        let first = if shape.window > 0 {
+            (p + 1).saturating_sub(shape.window)
+        } else {
+            0
+        };
         // q is rounded to f16 because the keys are f16 (as llama.cpp's f16 dot).
         let qh: Vec<f32> = q[(t * shape.n_head + h) * hd..][..hd]
             .iter()
@@ -65,7 +69,7 @@ pub fn attend(
             }
             values[j * v_dim + kvh * hdv..][..hdv].convert_to_f32_slice(&mut vrow);
             for (a, &v) in acc.iter_mut().zip(&vrow) {
-                *a = f16::from_f32(v.mul_add(vs, a.to_f32()));
+                *a = f16::from_f32(a.to_f32() + v * vs);
             }
             sum = sum * ms + vs;
         }

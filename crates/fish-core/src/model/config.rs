@@ -98,27 +98,39 @@ impl ModelConfig {
         }
         // Bounds that no real model reaches keep a lying header from sizing huge buffers.
         if n_layer > 4096 || n_embd > 1 << 17 || n_ff > 1 << 20 || n_head > 4096 {
-            return bad(format!("implausible sizes: {n_layer} layers, {n_embd} wide, ffn {n_ff}, {n_head} heads"));
+            return bad(format!(
+                "implausible sizes: {n_layer} layers, {n_embd} wide, ffn {n_ff}, {n_head} heads"
+            ));
         }
         if n_head % n_head_kv != 0 {
-            return bad(format!("head_count {n_head} is not a multiple of head_count_kv {n_head_kv}"));
+            return bad(format!(
+                "head_count {n_head} is not a multiple of head_count_kv {n_head_kv}"
+            ));
         }
         let head_dim = match g.arch_opt_u64("attention.key_length")? {
             Some(k) => k as usize,
             None => {
                 if n_embd % n_head != 0 {
-                    return bad(format!("embedding_length {n_embd} is not a multiple of head_count {n_head}"));
+                    return bad(format!(
+                        "embedding_length {n_embd} is not a multiple of head_count {n_head}"
+                    ));
                 }
                 n_embd / n_head
             }
         };
-        let head_dim_v = g.arch_opt_u64("attention.value_length")?.map_or(head_dim, |v| v as usize);
+        let head_dim_v = g
+            .arch_opt_u64("attention.value_length")?
+            .map_or(head_dim, |v| v as usize);
         if head_dim == 0 || head_dim > 1024 || head_dim_v == 0 || head_dim_v > 1024 {
             return bad(format!("head width {head_dim}/{head_dim_v}"));
         }
-        let n_rot = g.arch_opt_u64("rope.dimension_count")?.map_or(head_dim, |v| v as usize);
+        let n_rot = g
+            .arch_opt_u64("rope.dimension_count")?
+            .map_or(head_dim, |v| v as usize);
         if n_rot > head_dim || n_rot % 2 != 0 {
-            return bad(format!("rope.dimension_count {n_rot} vs head width {head_dim}"));
+            return bad(format!(
+                "rope.dimension_count {n_rot} vs head width {head_dim}"
+            ));
         }
         let rope_base = g.rope_freq_base()?.unwrap_or(10_000.0);
         let rope_freq_scale = match g.arch_opt_f32("rope.scaling.factor")? {
@@ -164,7 +176,8 @@ impl ModelConfig {
                 cfg.embd_scale = (n_embd as f32).sqrt();
                 // Gemma 3 local layers use a fixed 10k base; the metadata base is the global one.
                 cfg.rope_base_swa = 10_000.0;
-                cfg.sliding_window = g.arch_opt_u64("attention.sliding_window")?.unwrap_or(0) as usize;
+                cfg.sliding_window =
+                    g.arch_opt_u64("attention.sliding_window")?.unwrap_or(0) as usize;
                 cfg.swa_period = 6;
             }
         }
@@ -185,6 +198,6 @@ impl ModelConfig {
 
     /// Whether layer `il` attends through a sliding window.
     pub fn is_swa_layer(&self, il: usize) -> bool {
-        self.sliding_window > 0 && self.swa_period > 0 && (il + 1) % self.swa_period != 0
+        self.sliding_window > 0 && self.swa_period > 0 && !(il + 1).is_multiple_of(self.swa_period)
     }
 }

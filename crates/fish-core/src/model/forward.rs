@@ -1,13 +1,16 @@
 //! The CPU forward pass: all tokens of a batch go through each matmul together.
 
 use fish_gguf::Gguf;
-use fish_quant::matmul_batch;
+use fish_quant::{dot_type, matmul_quantized, quantize_acts};
 
 use super::attention::{attend, AttentionShape};
 use super::config::{Activation, ModelConfig};
+use super::gpu::GpuPlacement;
 use super::kv_cache::KvCache;
 use super::ops::{self, RopeAngles};
 use super::weights::{Matrix, ModelWeights};
+use super::Model;
+use crate::backend::TensorId;
 use crate::error::{EngineError, Result};
 
 /// Which positions of a batch need logits.
@@ -19,23 +22,74 @@ pub enum LogitsFor {
     All,
 }
 
-fn matmul(g: &Gguf, m: &Matrix, x: &[f32], n_tok: usize) -> Result<Vec<f32>> {
-    let mut y = vec![0f32; n_tok * m.n_out];
-    matmul_batch(m.weights(g), x, n_tok, &mut y)?;
-    Ok(y)
+/// Projections of one input through several matrices: on the device when
+/// they are placed there (one submit), else on the CPU with the activations
+/// quantised once per dot-product format.
+fn project(
+    g: &Gguf,
+    gpu: Option<&GpuPlacement>,
+    ids: Option<&[TensorId]>,
+    mats: &[&Matrix],
+    x: &[f32],
+    n_tok: usize,
+) -> Result<Vec<Vec<f32>>> {
+    if let (Some(gpu), Some(ids)) = (gpu, ids) {
+        match gpu.backend.matmul_group(ids, x, n_tok) {
+            Ok(ys) => return Ok(ys),
+            Err(e) => gpu.mark_failed(&e),
+        }
+    }
+    let mut out = Vec::with_capacity(mats.len());
+    let mut acts = None;
+    for m in mats {
+        let dt = dot_type(m.info.ty);
+        let reuse = matches!(&acts, Some((t, _)) if *t == dt);
+        if !reuse {
+            acts = Some((dt, quantize_acts(dt, x, n_tok, m.n_in)?));
+        }
+        let (_, a) = acts.as_ref().expect("set above");
+        let mut y = vec![0f32; n_tok * m.n_out];
+        matmul_quantized(m.weights(g), a, &mut y)?;
+        out.push(y);
+    }
+    Ok(out)
+}
+
+fn project_one(
+    g: &Gguf,
+    gpu: Option<&GpuPlacement>,
+    id: Option<TensorId>,
+    m: &Matrix,
+    x: &[f32],
+    n_tok: usize,
+) -> Result<Vec<f32>> {
+    let ids = id.map(|i| [i]);
+    let mut ys = project(g, gpu, ids.as_ref().map(|a| &a[..]), &[m], x, n_tok)?;
+    Ok(ys.pop().expect("one matrix"))
+}
+
+fn dbg_dump(name: &str, il: usize, v: &[f32]) {
+    if let Ok(dir) = std::env::var("FISH_DUMP_DIR") {
+        let n = if il == usize::MAX {
+            name.to_string()
+        } else {
+            format!("{name}-{il}")
+        };
+        let bytes: Vec<u8> = v.iter().flat_map(|x| x.to_le_bytes()).collect();
+        std::fs::write(format!("{dir}/{n}.bin"), bytes).ok();
+    }
 }
 
 /// Runs `tokens` at positions `pos0..`, appending their keys/values to the
 /// cache, and returns logits (n_vocab per requested token).
 pub fn forward(
-    g: &Gguf,
-    cfg: &ModelConfig,
-    w: &ModelWeights,
+    model: &Model,
     cache: &mut KvCache,
     tokens: &[u32],
     pos0: usize,
     logits_for: LogitsFor,
 ) -> Result<Vec<f32>> {
+    let (g, cfg, w, gpu) = (&*model.gguf, &model.cfg, &model.weights, model.gpu.as_ref());
     let n_tok = tokens.len();
     if n_tok == 0 {
         return Err(EngineError::EmptyInput);
@@ -43,21 +97,36 @@ pub fn forward(
     cache.check_append(pos0, n_tok)?;
     let n_embd = cfg.n_embd;
     let mut x = embed(g, cfg, w, tokens)?;
+    dbg_dump("inp_embd", usize::MAX, &x);
 
     let rope = |base: f32| -> Vec<RopeAngles> {
-        (0..n_tok).map(|t| RopeAngles::new(pos0 + t, cfg.n_rot, base, cfg.rope_freq_scale)).collect()
+        (0..n_tok)
+            .map(|t| RopeAngles::new(pos0 + t, cfg.n_rot, base, cfg.rope_freq_scale))
+            .collect()
     };
     let angles_global = rope(cfg.rope_base);
-    let angles_swa = if cfg.sliding_window > 0 { rope(cfg.rope_base_swa) } else { Vec::new() };
+    let angles_swa = if cfg.sliding_window > 0 {
+        rope(cfg.rope_base_swa)
+    } else {
+        Vec::new()
+    };
 
     let mut xn = vec![0f32; n_tok * n_embd];
     for (il, lw) in w.layers.iter().enumerate() {
         let swa = cfg.is_swa_layer(il);
         // Attention block.
         ops::rms_norm_into(&x, &lw.attn_norm, cfg.rms_eps, &mut xn);
-        let mut q = matmul(g, &lw.wq, &xn, n_tok)?;
-        let mut k = matmul(g, &lw.wk, &xn, n_tok)?;
-        let mut v = matmul(g, &lw.wv, &xn, n_tok)?;
+        dbg_dump("attn_norm", il, &xn);
+        let on_gpu = gpu.and_then(|p| p.layer(il));
+        let qkv = project(
+            g,
+            gpu,
+            on_gpu.map(|l| &l.qkv[..]),
+            &[&lw.wq, &lw.wk, &lw.wv],
+            &xn,
+            n_tok,
+        )?;
+        let [mut q, mut k, mut v]: [Vec<f32>; 3] = qkv.try_into().expect("three projections");
         if let Some(b) = &lw.bq {
             ops::add_bias_rows(&mut q, b);
         }
@@ -75,10 +144,28 @@ pub fn forward(
         }
         let angles = if swa { &angles_swa } else { &angles_global };
         for t in 0..n_tok {
-            ops::rope_heads(&mut q[t * cfg.q_dim()..][..cfg.q_dim()], cfg.head_dim, cfg.rope_style, &angles[t]);
-            ops::rope_heads(&mut k[t * cfg.k_dim()..][..cfg.k_dim()], cfg.head_dim, cfg.rope_style, &angles[t]);
-            cache.store(il, pos0 + t, &k[t * cfg.k_dim()..][..cfg.k_dim()], &v[t * cfg.v_dim()..][..cfg.v_dim()]);
+            ops::rope_heads(
+                &mut q[t * cfg.q_dim()..][..cfg.q_dim()],
+                cfg.head_dim,
+                cfg.rope_style,
+                &angles[t],
+            );
+            ops::rope_heads(
+                &mut k[t * cfg.k_dim()..][..cfg.k_dim()],
+                cfg.head_dim,
+                cfg.rope_style,
+                &angles[t],
+            );
+            cache.store(
+                il,
+                pos0 + t,
+                &k[t * cfg.k_dim()..][..cfg.k_dim()],
+                &v[t * cfg.v_dim()..][..cfg.v_dim()],
+            );
         }
+        dbg_dump("Qcur", il, &q);
+        dbg_dump("Kcur", il, &k);
+        dbg_dump("Vcur", il, &v);
         let shape = AttentionShape {
             n_head: cfg.n_head,
             n_head_kv: cfg.n_head_kv,
@@ -89,16 +176,30 @@ pub fn forward(
         };
         let mut attn = vec![0f32; n_tok * cfg.n_head * cfg.head_dim_v];
         attend(&shape, cache, il, &q, pos0, &mut attn);
-        let mut o = matmul(g, &lw.wo, &attn, n_tok)?;
+        dbg_dump("kqv_out", il, &attn);
+        let mut o = project_one(g, gpu, on_gpu.map(|l| l.wo), &lw.wo, &attn, n_tok)?;
+        dbg_dump("attn_out", il, &o);
         if let Some(pn) = &lw.post_attn_norm {
             ops::rms_norm_rows(&mut o, pn, cfg.rms_eps);
         }
         ops::add_in_place(&mut x, &o);
+        dbg_dump("ffn_inp", il, &x);
 
         // Feed-forward block.
         ops::rms_norm_into(&x, &lw.ffn_norm, cfg.rms_eps, &mut xn);
-        let mut gate = matmul(g, &lw.w_gate, &xn, n_tok)?;
-        let up = matmul(g, &lw.w_up, &xn, n_tok)?;
+        let on_gpu = gpu.and_then(|p| p.layer(il));
+        let gu = project(
+            g,
+            gpu,
+            on_gpu.map(|l| &l.gate_up[..]),
+            &[&lw.w_gate, &lw.w_up],
+            &xn,
+            n_tok,
+        )?;
+        let [mut gate, up]: [Vec<f32>; 2] = gu.try_into().expect("two projections");
+        dbg_dump("ffn_norm", il, &xn);
+        dbg_dump("ffn_gate", il, &gate);
+        dbg_dump("ffn_up", il, &up);
         let act = match cfg.activation {
             Activation::SwiGlu => ops::silu,
             Activation::GeGlu => ops::gelu,
@@ -106,11 +207,14 @@ pub fn forward(
         for (gv, &uv) in gate.iter_mut().zip(&up) {
             *gv = act(*gv) * uv;
         }
-        let mut d = matmul(g, &lw.w_down, &gate, n_tok)?;
+        dbg_dump("ffn_swiglu", il, &gate);
+        let mut d = project_one(g, gpu, on_gpu.map(|l| l.down), &lw.w_down, &gate, n_tok)?;
+        dbg_dump("ffn_out", il, &d);
         if let Some(pn) = &lw.post_ffn_norm {
             ops::rms_norm_rows(&mut d, pn, cfg.rms_eps);
         }
         ops::add_in_place(&mut x, &d);
+        dbg_dump("l_out", il, &x);
     }
     cache.set_len(pos0 + n_tok);
 
@@ -121,7 +225,10 @@ pub fn forward(
     let n_rows = rows.len() / n_embd;
     let mut h = rows.to_vec();
     ops::rms_norm_rows(&mut h, &w.output_norm, cfg.rms_eps);
-    matmul(g, &w.output, &h, n_rows)
+    dbg_dump("result_norm", usize::MAX, &h);
+    let r = project_one(g, gpu, gpu.and_then(|p| p.output()), &w.output, &h, n_rows)?;
+    dbg_dump("result_output", usize::MAX, &r);
+    Ok(r)
 }
 
 /// Token embeddings (rows of token_embd), scaled for architectures that do so.

@@ -3,6 +3,7 @@
 mod attention;
 pub mod config;
 mod forward;
+pub mod gpu;
 pub mod kv_cache;
 pub mod ops;
 pub mod weights;
@@ -12,8 +13,11 @@ use std::sync::Arc;
 
 use fish_gguf::Gguf;
 
+use crate::backend::ComputeBackend;
+
 pub use config::{Activation, Arch, ModelConfig, RopeStyle};
 pub use forward::LogitsFor;
+pub use gpu::{GpuPlacement, PlacementLimits};
 pub use kv_cache::KvCache;
 pub use weights::{LayerWeights, Matrix, ModelWeights};
 
@@ -23,6 +27,8 @@ pub struct Model {
     pub gguf: Arc<Gguf>,
     pub cfg: ModelConfig,
     pub weights: ModelWeights,
+    /// Stage-1 device placement, when a backend was given.
+    pub gpu: Option<GpuPlacement>,
 }
 
 impl Model {
@@ -33,7 +39,34 @@ impl Model {
     pub fn from_gguf(gguf: Arc<Gguf>) -> Result<Model> {
         let cfg = ModelConfig::from_gguf(&gguf)?;
         let weights = ModelWeights::load(&gguf, &cfg)?;
-        Ok(Model { gguf, cfg, weights })
+        Ok(Model {
+            gguf,
+            cfg,
+            weights,
+            gpu: None,
+        })
+    }
+
+    /// Places the output projection and as many trailing layers as fit on
+    /// the backend's device (replacing any earlier placement).
+    pub fn place_on(&mut self, backend: Arc<dyn ComputeBackend>, limits: PlacementLimits) {
+        self.gpu = None;
+        self.gpu = Some(GpuPlacement::place(
+            backend,
+            &self.gguf,
+            &self.weights,
+            limits,
+        ));
+    }
+
+    /// Frees every device tensor; the model runs on the CPU afterwards.
+    pub fn unplace(&mut self) {
+        self.gpu = None;
+    }
+
+    /// The backend's one-line description, when a backend is attached.
+    pub fn gpu_describe(&self) -> Option<String> {
+        self.gpu.as_ref().map(|p| p.backend.describe())
     }
 
     /// A KV cache for `n_ctx` positions of every layer.
@@ -42,7 +75,13 @@ impl Model {
     }
 
     /// Evaluates `tokens` at positions `pos0..` and returns the requested logits.
-    pub fn forward(&self, cache: &mut KvCache, tokens: &[u32], pos0: usize, logits_for: LogitsFor) -> Result<Vec<f32>> {
-        forward::forward(&self.gguf, &self.cfg, &self.weights, cache, tokens, pos0, logits_for)
+    pub fn forward(
+        &self,
+        cache: &mut KvCache,
+        tokens: &[u32],
+        pos0: usize,
+        logits_for: LogitsFor,
+    ) -> Result<Vec<f32>> {
+        forward::forward(self, cache, tokens, pos0, logits_for)
     }
 }

@@ -1,0 +1,75 @@
+//! Flags shared by several commands.
+
+use clap::Args;
+use fish_core::sampling::SamplerConfig;
+
+#[derive(Args, Clone, Debug)]
+pub struct ThreadArgs {
+    /// Threads for the CPU kernels (default: one per core).
+    #[arg(short = 't', long = "threads")]
+    pub threads: Option<usize>,
+}
+
+impl ThreadArgs {
+    pub fn resolve(&self) -> usize {
+        self.threads
+            .filter(|&t| t > 0)
+            .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
+    }
+}
+
+#[derive(Args, Clone, Debug)]
+pub struct SamplingArgs {
+    /// Temperature; 0 is greedy.
+    #[arg(long = "temp", default_value_t = 0.8)]
+    pub temp: f32,
+    /// Keep the K most likely tokens (0: off).
+    #[arg(long = "top-k", default_value_t = 40)]
+    pub top_k: usize,
+    /// Keep the smallest set of tokens whose probability reaches P (1.0: off).
+    #[arg(long = "top-p", default_value_t = 0.95)]
+    pub top_p: f32,
+    /// Drop tokens below P times the top probability (0.0: off).
+    #[arg(long = "min-p", default_value_t = 0.05)]
+    pub min_p: f32,
+    /// Penalise tokens seen in the last --repeat-last-n tokens (1.0: off).
+    #[arg(long = "repeat-penalty", default_value_t = 1.0)]
+    pub repeat_penalty: f32,
+    #[arg(long = "repeat-last-n", default_value_t = 64)]
+    pub repeat_last_n: usize,
+    /// Random seed (default: random).
+    #[arg(long = "seed")]
+    pub seed: Option<u64>,
+}
+
+impl SamplingArgs {
+    pub fn config(&self) -> SamplerConfig {
+        SamplerConfig {
+            temperature: self.temp,
+            top_k: self.top_k,
+            top_p: self.top_p,
+            min_p: self.min_p,
+            repeat_penalty: self.repeat_penalty,
+            repeat_last_n: self.repeat_last_n,
+            seed: self.seed.unwrap_or_else(rand::random),
+        }
+    }
+}
+
+#[derive(Args, Clone, Debug)]
+pub struct GpuArgs {
+    /// Layers to offload to the GPU (default: as many as fit; also FISH_GPU_LAYERS).
+    #[arg(long = "n-gpu-layers", visible_alias = "ngl")]
+    pub n_gpu_layers: Option<usize>,
+}
+
+impl GpuArgs {
+    /// The layer cap: the flag, else FISH_GPU_LAYERS, else none.
+    pub fn max_layers(&self) -> Option<usize> {
+        self.n_gpu_layers.or_else(|| {
+            std::env::var("FISH_GPU_LAYERS")
+                .ok()
+                .and_then(|v| v.trim().parse().ok())
+        })
+    }
+}

@@ -1,0 +1,137 @@
+//! `fish-cli bench`: llama-bench-like prefill (pp) and decode (tg) throughput.
+
+use std::io::Write;
+use std::path::PathBuf;
+use std::time::Instant;
+
+use anyhow::Result;
+use clap::Args;
+use fish_core::model::LogitsFor;
+use fish_core::session::Session;
+use serde_json::json;
+
+use crate::args::{GpuArgs, ThreadArgs};
+use crate::load::load;
+
+#[derive(Args)]
+pub struct BenchArgs {
+    /// Path to a GGUF model.
+    model: PathBuf,
+    /// Prompt tokens for the prefill test (0: skip).
+    #[arg(short = 'p', long = "n-prompt", default_value_t = 512)]
+    n_prompt: usize,
+    /// Generated tokens for the decode test (0: skip).
+    #[arg(short = 'n', long = "n-gen", default_value_t = 128)]
+    n_gen: usize,
+    /// Measured repetitions (one extra warm-up run is discarded).
+    #[arg(short = 'r', long = "repetitions", default_value_t = 5)]
+    reps: usize,
+    #[command(flatten)]
+    threads: ThreadArgs,
+    #[command(flatten)]
+    gpu: GpuArgs,
+    /// Print a JSON list instead of a table.
+    #[arg(long)]
+    json: bool,
+}
+
+struct Row {
+    test: String,
+    mean: f64,
+    sd: f64,
+}
+
+fn mean_sd(xs: &[f64]) -> (f64, f64) {
+    let n = xs.len() as f64;
+    let mean = xs.iter().sum::<f64>() / n;
+    let var = if xs.len() > 1 {
+        xs.iter().map(|x| (x - mean).powi(2)).sum::<f64>() / (n - 1.0)
+    } else {
+        0.0
+    };
+    (mean, var.sqrt())
+}
+
+/// Deterministic token ids spread over the vocabulary (the content does not
+/// matter for throughput; determinism makes runs comparable).
+fn bench_tokens(n: usize, n_vocab: usize) -> Vec<u32> {
+    (0..n)
+        .map(|i| ((i as u64 * 2_654_435_761 + 17) % n_vocab as u64) as u32)
+        .collect()
+}
+
+pub fn run(args: &BenchArgs) -> Result<()> {
+    let loaded = load(&args.model, &args.gpu)?;
+    let model = &loaded.model;
+    let n_ctx = (args.n_prompt.max(args.n_gen)).max(1);
+    let mut session = Session::new(model, n_ctx, args.threads.resolve())?;
+    let n_vocab = model.cfg.n_vocab;
+    let mut rows = Vec::new();
+
+    if args.n_prompt > 0 {
+        let toks = bench_tokens(args.n_prompt, n_vocab);
+        let mut speeds = Vec::new();
+        for rep in 0..=args.reps {
+            session.truncate(0);
+            let t0 = Instant::now();
+            session.eval(&toks, LogitsFor::Last)?;
+            if rep > 0 {
+                speeds.push(args.n_prompt as f64 / t0.elapsed().as_secs_f64());
+            }
+        }
+        let (mean, sd) = mean_sd(&speeds);
+        rows.push(Row {
+            test: format!("pp{}", args.n_prompt),
+            mean,
+            sd,
+        });
+    }
+    if args.n_gen > 0 {
+        let toks = bench_tokens(args.n_gen, n_vocab);
+        let mut speeds = Vec::new();
+        for rep in 0..=args.reps {
+            session.truncate(0);
+            let t0 = Instant::now();
+            for &t in &toks {
+                session.eval(&[t], LogitsFor::Last)?;
+            }
+            if rep > 0 {
+                speeds.push(args.n_gen as f64 / t0.elapsed().as_secs_f64());
+            }
+        }
+        let (mean, sd) = mean_sd(&speeds);
+        rows.push(Row {
+            test: format!("tg{}", args.n_gen),
+            mean,
+            sd,
+        });
+    }
+
+    let mut out = std::io::stdout().lock();
+    if args.json {
+        let v: Vec<_> = rows
+            .iter()
+            .map(|r| json!({"test": r.test, "tok_per_s": r.mean, "sd": r.sd}))
+            .collect();
+        writeln!(out, "{}", serde_json::to_string_pretty(&v)?)?;
+    } else {
+        let name = args
+            .model
+            .file_name()
+            .map_or_else(String::new, |n| n.to_string_lossy().into_owned());
+        let size = model.gguf.file_len() as f64 / (1u64 << 20) as f64;
+        writeln!(out, "| model | size | threads | test | t/s |")?;
+        writeln!(out, "| --- | ---: | ---: | ---: | ---: |")?;
+        for r in &rows {
+            writeln!(
+                out,
+                "| {name} | {size:.1} MiB | {} | {} | {:.2} ± {:.2} |",
+                session.n_threads(),
+                r.test,
+                r.mean,
+                r.sd
+            )?;
+        }
+    }
+    Ok(())
+}

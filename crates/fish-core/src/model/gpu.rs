@@ -1,0 +1,174 @@
+//! Stage 1 offload: which matrices live on the device, placed at load, and
+//! freed when the model is dropped.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+use fish_gguf::Gguf;
+
+use super::weights::{Matrix, ModelWeights};
+use crate::backend::{BackendError, ComputeBackend, TensorId};
+
+/// The device copies of one layer's projections, grouped by shared input.
+pub struct LayerIds {
+    pub qkv: [TensorId; 3],
+    pub wo: TensorId,
+    pub gate_up: [TensorId; 2],
+    pub down: TensorId,
+}
+
+impl LayerIds {
+    fn all(&self) -> [TensorId; 7] {
+        let [q, k, v] = self.qkv;
+        let [g, u] = self.gate_up;
+        [q, k, v, self.wo, g, u, self.down]
+    }
+}
+
+/// How many layers the placement may put on the device.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct PlacementLimits {
+    /// At most this many layers (None: as many as fit).
+    pub max_layers: Option<usize>,
+}
+
+pub struct GpuPlacement {
+    pub backend: Arc<dyn ComputeBackend>,
+    /// Per layer; the placed ones form a suffix `first_layer..n_layer`.
+    layers: Vec<Option<LayerIds>>,
+    pub output: Option<TensorId>,
+    /// Set after a device failure: everything runs on the CPU from then on.
+    failed: AtomicBool,
+}
+
+impl GpuPlacement {
+    /// The output projection first, then the last layers backwards while
+    /// uploads succeed. Trusts the backend's answers rather than file sizes.
+    pub fn place(
+        backend: Arc<dyn ComputeBackend>,
+        g: &Gguf,
+        w: &ModelWeights,
+        limits: PlacementLimits,
+    ) -> GpuPlacement {
+        let n_layer = w.layers.len();
+        let mut placement = GpuPlacement {
+            backend,
+            layers: (0..n_layer).map(|_| None).collect(),
+            output: None,
+            failed: AtomicBool::new(false),
+        };
+        let want_layers = limits.max_layers.unwrap_or(n_layer).min(n_layer);
+        // With zero layers requested, nothing goes to the device (as llama.cpp's -ngl 0).
+        if want_layers == 0 {
+            placement.note(0, n_layer);
+            return placement;
+        }
+        placement.output = placement.upload_one(g, &w.output).ok();
+        let mut placed = 0;
+        for il in (0..n_layer).rev() {
+            if placed == want_layers {
+                break;
+            }
+            match placement.upload_layer(g, w, il) {
+                Ok(ids) => {
+                    placement.layers[il] = Some(ids);
+                    placed += 1;
+                }
+                Err(_) => break,
+            }
+        }
+        placement.note(placed, n_layer);
+        placement
+    }
+
+    fn note(&self, placed: usize, n_layer: usize) {
+        let out = if self.output.is_some() {
+            " + output"
+        } else {
+            ""
+        };
+        self.backend
+            .set_placement_note(format!("{placed}/{n_layer} layers{out}"));
+    }
+
+    fn upload_one(&self, g: &Gguf, m: &Matrix) -> Result<TensorId, BackendError> {
+        if !self.backend.supports(m.info.ty) {
+            return Err(BackendError::Unsupported(format!(
+                "{} is {}",
+                m.info.name, m.info.ty
+            )));
+        }
+        let id = self.backend.upload(&m.info.name, m.weights(g))?;
+        // The device copy serves this matrix; its file pages need not stay resident.
+        g.release_pages(&m.info);
+        Ok(id)
+    }
+
+    fn upload_layer(
+        &self,
+        g: &Gguf,
+        w: &ModelWeights,
+        il: usize,
+    ) -> Result<LayerIds, BackendError> {
+        let l = &w.layers[il];
+        let mats = [&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down];
+        let mut ids = Vec::with_capacity(mats.len());
+        for m in mats {
+            match self.upload_one(g, m) {
+                Ok(id) => ids.push(id),
+                Err(e) => {
+                    // Leave nothing of a half-placed layer behind.
+                    ids.into_iter().for_each(|id| self.backend.free(id));
+                    return Err(e);
+                }
+            }
+        }
+        Ok(LayerIds {
+            qkv: [ids[0], ids[1], ids[2]],
+            wo: ids[3],
+            gate_up: [ids[4], ids[5]],
+            down: ids[6],
+        })
+    }
+
+    /// The layer's device tensors, unless it is on the CPU or the device failed.
+    pub fn layer(&self, il: usize) -> Option<&LayerIds> {
+        if self.failed.load(Ordering::Relaxed) {
+            return None;
+        }
+        self.layers.get(il).and_then(|l| l.as_ref())
+    }
+
+    pub fn output(&self) -> Option<TensorId> {
+        if self.failed.load(Ordering::Relaxed) {
+            return None;
+        }
+        self.output
+    }
+
+    pub fn n_layers_placed(&self) -> usize {
+        self.layers.iter().filter(|l| l.is_some()).count()
+    }
+
+    pub fn has_failed(&self) -> bool {
+        self.failed.load(Ordering::Relaxed)
+    }
+
+    /// Records a device failure: the rest of the run uses the CPU.
+    pub fn mark_failed(&self, err: &BackendError) {
+        if !self.failed.swap(true, Ordering::Relaxed) {
+            eprintln!("fish: GPU failed ({err}); continuing on the CPU");
+        }
+    }
+}
+
+impl Drop for GpuPlacement {
+    fn drop(&mut self) {
+        for ids in self.layers.iter().flatten() {
+            ids.all().into_iter().for_each(|id| self.backend.free(id));
+        }
+        if let Some(id) = self.output {
+            self.backend.free(id);
+        }
+    }
+}

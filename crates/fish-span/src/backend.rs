@@ -1,0 +1,147 @@
+//! Stage 1: each matmul group is one submit on the device through fish-vk.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use fish_core::backend::{BackendError, ComputeBackend, TensorId};
+use fish_gguf::GgmlType;
+use fish_quant::Weights;
+use fish_vk::{Gpu, TensorHandle, VkError};
+
+/// The device a backend runs on: the process-wide one (never torn down) or
+/// one it owns (released when the backend is dropped).
+enum Device {
+    Global(&'static Gpu),
+    Owned(Box<Gpu>),
+}
+
+pub struct VulkanBackend {
+    device: Device,
+    handles: Mutex<HashMap<u64, TensorHandle>>,
+    next_id: AtomicU64,
+    note: Mutex<String>,
+}
+
+/// The process-wide backend, unless FISH_GPU disables it or no device can be
+/// opened (then the reason, which `FISH_GPU_VERBOSE=1` also prints).
+pub fn open_global() -> Result<Arc<VulkanBackend>, String> {
+    if !fish_vk::enabled() {
+        return Err(fish_vk::status());
+    }
+    match fish_vk::global() {
+        Some(gpu) => Ok(Arc::new(VulkanBackend::new(Device::Global(gpu)))),
+        None => Err(fish_vk::status()),
+    }
+}
+
+fn map_err(e: VkError) -> BackendError {
+    match e {
+        VkError::Budget { .. } => BackendError::OutOfMemory(e.to_string()),
+        VkError::Unsupported(_) | VkError::Shape(_) => BackendError::Unsupported(e.to_string()),
+        other => BackendError::Device(other.to_string()),
+    }
+}
+
+impl VulkanBackend {
+    fn new(device: Device) -> VulkanBackend {
+        VulkanBackend {
+            device,
+            handles: Mutex::new(HashMap::new()),
+            next_id: AtomicU64::new(1),
+            note: Mutex::new(String::new()),
+        }
+    }
+
+    /// A backend on a device of its own, opened from the environment (tests).
+    pub fn open_owned() -> Result<VulkanBackend, String> {
+        let gpu = Gpu::open(&fish_vk::Config::from_env()).map_err(|e| e.to_string())?;
+        Ok(Self::new(Device::Owned(Box::new(gpu))))
+    }
+
+    pub fn gpu(&self) -> &Gpu {
+        match &self.device {
+            Device::Global(g) => g,
+            Device::Owned(g) => g,
+        }
+    }
+
+    fn handles(&self) -> MutexGuard<'_, HashMap<u64, TensorHandle>> {
+        self.handles.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn handle(&self, id: TensorId) -> Result<TensorHandle, BackendError> {
+        self.handles()
+            .get(&id.0)
+            .copied()
+            .ok_or_else(|| BackendError::Device(format!("tensor {} is not resident", id.0)))
+    }
+}
+
+impl ComputeBackend for VulkanBackend {
+    fn status(&self) -> String {
+        format!("ready: {}", self.gpu().info().name)
+    }
+
+    fn describe(&self) -> String {
+        let note = self.note.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        if note.is_empty() {
+            self.gpu().describe()
+        } else {
+            format!("{}; {note}", self.gpu().describe())
+        }
+    }
+
+    fn supports(&self, ty: GgmlType) -> bool {
+        fish_vk::supports(ty)
+    }
+
+    fn memory_free(&self) -> u64 {
+        self.gpu().memory_free()
+    }
+
+    fn upload(&self, _name: &str, w: Weights<'_>) -> Result<TensorId, BackendError> {
+        let h = self
+            .gpu()
+            .upload(w.ty, w.data, w.n_in, w.n_out)
+            .map_err(map_err)?;
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        self.handles().insert(id, h);
+        Ok(TensorId(id))
+    }
+
+    fn bytes_resident(&self) -> u64 {
+        self.gpu().bytes_resident()
+    }
+
+    fn free(&self, id: TensorId) {
+        if let Some(h) = self.handles().remove(&id.0) {
+            // A handle we hold is resident; a failure here means a lost device,
+            // which later calls report.
+            let _ = self.gpu().free(h);
+        }
+    }
+
+    fn matmul(&self, id: TensorId, x: &[f32], n_tok: usize) -> Result<Vec<f32>, BackendError> {
+        self.gpu()
+            .matmul(self.handle(id)?, x, n_tok)
+            .map_err(map_err)
+    }
+
+    fn matmul_group(
+        &self,
+        ids: &[TensorId],
+        x: &[f32],
+        n_tok: usize,
+    ) -> Result<Vec<Vec<f32>>, BackendError> {
+        let hs = ids
+            .iter()
+            .map(|&id| self.handle(id))
+            .collect::<Result<Vec<_>, _>>()?;
+        self.gpu().matmul_group(&hs, x, n_tok).map_err(map_err)
+    }
+
+    fn set_placement_note(&self, note: String) {
+        *self.note.lock().unwrap_or_else(|e| e.into_inner()) = note;
+    }
+}
