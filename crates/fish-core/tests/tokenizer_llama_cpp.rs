@@ -28,7 +28,7 @@ fn reference(name: &str) -> serde_json::Value {
 fn raw_prompt_matches_llama_cpp() {
     let r = reference("q4_1_capital_of_france.json");
     let (_, tok) = support::open(&support::smollm2_path());
-    assert_eq!(tok.model(), TokenizerModel::BytePairBpe);
+    assert_eq!(tok.model(), TokenizerModel::ByteLevelBpe);
     assert_eq!(tok.pre_tokenizer(), Some(PreTokenizerKind::StarCoder));
     assert_eq!(
         tok.n_vocab() as u64,

@@ -20,7 +20,7 @@ pub(crate) const ADD_SPACE_PREFIX: &str = "tokenizer.ggml.add_space_prefix";
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum TokenizerModel {
     /// Byte-level BPE with merges (`gpt2`).
-    BytePairBpe,
+    ByteLevelBpe,
     /// SentencePiece-style scored BPE with byte fallback (`llama`).
     SentencePiece,
 }
@@ -28,7 +28,7 @@ pub enum TokenizerModel {
 pub(crate) fn model(g: &Gguf) -> Result<TokenizerModel, TokenizerError> {
     match g.opt_str(MODEL)? {
         None => Err(TokenizerError::MissingKey { key: MODEL }),
-        Some("gpt2") => Ok(TokenizerModel::BytePairBpe),
+        Some("gpt2") => Ok(TokenizerModel::ByteLevelBpe),
         Some("llama") => Ok(TokenizerModel::SentencePiece),
         Some(other) => Err(TokenizerError::UnsupportedModel(other.to_string())),
     }
@@ -112,7 +112,7 @@ pub(crate) fn special_ids(
 ) -> Result<SpecialIds, TokenizerError> {
     let (bos, eos, unk) = match model {
         TokenizerModel::SentencePiece => (Some(1), Some(2), Some(0)),
-        TokenizerModel::BytePairBpe => (Some(11), Some(11), None),
+        TokenizerModel::ByteLevelBpe => (Some(11), Some(11), None),
     };
     Ok(SpecialIds {
         bos: special_id(g, "tokenizer.ggml.bos_token_id", bos, n_vocab)?,

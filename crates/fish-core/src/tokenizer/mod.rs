@@ -100,7 +100,7 @@ impl Tokenizer {
         let mut ids = metadata::special_ids(g, model, n)?;
         let pre_name = g.opt_str(metadata::PRE)?;
         let (engine, default_add_bos, default_space_prefix) = match model {
-            TokenizerModel::BytePairBpe => {
+            TokenizerModel::ByteLevelBpe => {
                 let merges = metadata::string_array(g, metadata::MERGES)?.ok_or(
                     TokenizerError::MissingKey {
                         key: metadata::MERGES,
@@ -284,7 +284,7 @@ impl Tokenizer {
 
     pub fn model(&self) -> TokenizerModel {
         match self.engine {
-            Engine::Bpe(_) => TokenizerModel::BytePairBpe,
+            Engine::Bpe(_) => TokenizerModel::ByteLevelBpe,
             Engine::Spm(_) => TokenizerModel::SentencePiece,
         }
     }
@@ -305,7 +305,12 @@ fn render_piece(vocab: &Vocab, engine: &Engine, id: u32, out: &mut Vec<u8>) {
         (TokenKind::UserDefined, _) => out.extend_from_slice(text.as_bytes()),
         (TokenKind::Normal, Engine::Bpe(bpe)) => bpe.byte_level().decode_into(text, out),
         (TokenKind::Normal, Engine::Spm(_)) => {
-            out.extend_from_slice(text.replace(SPACE_MARKER, " ").as_bytes())
+            let mut pieces = text.split(SPACE_MARKER);
+            out.extend_from_slice(pieces.next().unwrap_or_default().as_bytes());
+            for piece in pieces {
+                out.push(b' ');
+                out.extend_from_slice(piece.as_bytes());
+            }
         }
         (TokenKind::Byte, Engine::Spm(_)) => out.extend(parse_byte_token(text)),
         // Control, unknown, unused and undefined tokens print nothing.
