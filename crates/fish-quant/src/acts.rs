@@ -158,8 +158,9 @@ fn fill<A: ActFormat>(acts: &mut QuantizedActs, x: &[f32], n_in: usize) -> Resul
     Ok(())
 }
 
-/// The per-block scales of Q8_0 or Q8_1 activations as the tile kernels
-/// read them (see [`ActScale`]), into `out`; false for other formats.
+/// The per-block scales of Q8_0, Q8_1 or Q8_K activations as the tile
+/// kernels read them (see [`ActScale`]; Q8_K: `d` only), into `out`; false
+/// for other formats.
 pub(crate) fn tile_scales(acts: &QuantizedActs, out: &mut Vec<ActScale>) -> bool {
     out.clear();
     match &acts.data {
@@ -171,6 +172,7 @@ pub(crate) fn tile_scales(acts: &QuantizedActs, out: &mut Vec<ActScale>) -> bool
             d: b.d.to_f32(),
             aux: b.s.to_f32().to_bits(),
         })),
+        ActsData::Q8K(v) => out.extend(v.iter().map(|b| ActScale { d: b.d, aux: 0 })),
         _ => return false,
     }
     true

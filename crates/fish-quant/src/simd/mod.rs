@@ -15,6 +15,8 @@ mod avx2;
 mod avx512;
 #[cfg(target_arch = "x86_64")]
 mod kernels;
+#[cfg(target_arch = "x86_64")]
+mod ktiles;
 #[cfg(test)]
 mod tests;
 #[cfg(target_arch = "x86_64")]
@@ -152,6 +154,29 @@ pub(crate) struct TileKernels {
 /// Rows per tile of every tile kernel.
 pub(crate) const TILE_ROWS: usize = 4;
 
+/// How far ahead of the current tile's weights the kernels prefetch: rows
+/// are short (a SmolLM2 row is a few cache lines), so the hardware stream
+/// prefetcher sees too little of each to ramp up on its own.
+#[cfg(target_arch = "x86_64")]
+fn prefetch_distance(t: &Tile) -> usize {
+    (2 * TILE_ROWS * t.row_bytes).max(PREFETCH_MIN_BYTES)
+}
+
+/// Lower bound of [`prefetch_distance`]: about one memory latency of work.
+#[cfg(target_arch = "x86_64")]
+const PREFETCH_MIN_BYTES: usize = 8192;
+
+/// Prefetches `lines` cache lines from `p` on (no fault past the end).
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+fn prefetch_lines(p: *const u8, lines: usize) {
+    use core::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
+    for i in 0..lines {
+        // SAFETY: prefetching is a hint and never faults.
+        unsafe { _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(64 * i) as *const i8) };
+    }
+}
+
 /// The tile kernels for weights of type `ty`, if this CPU has them; the
 /// choice is made once per matmul call.
 pub(crate) fn tile_kernels(ty: GgmlType) -> Option<TileKernels> {
@@ -164,6 +189,18 @@ pub(crate) fn tile_kernels(ty: GgmlType) -> Option<TileKernels> {
             GgmlType::Q5_0 => fmt::Q5_0,
             GgmlType::Q5_1 => fmt::Q5_1,
             GgmlType::Q8_0 => fmt::Q8_0,
+            GgmlType::Q4_K | GgmlType::Q6_K => {
+                // SAFETY: the k-quant tiles need AVX-512 BW on top of VNNI.
+                return (simd_level() == SimdLevel::Avx512Vnni
+                    && is_x86_feature_detected!("avx512bw"))
+                .then(|| unsafe {
+                    if ty == GgmlType::Q4_K {
+                        ktiles::q4_k()
+                    } else {
+                        ktiles::q6_k()
+                    }
+                });
+            }
             _ => return None,
         };
         // SAFETY: each level's kernels are only returned when `simd_level`

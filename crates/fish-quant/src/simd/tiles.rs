@@ -150,7 +150,10 @@ macro_rules! define_tiles {
             let d_lane: [__m256i; 4] = core::array::from_fn(|r| _mm256_set1_epi32(2 * r as i32));
             let mut acc = [[_mm256_setzero_ps(); T]; 4];
             let mut mins = [_mm256_setzero_ps(); T];
+            // The tile reads 4 * bb bytes per block; prefetch as much further on.
+            let ahead = t.w.wrapping_add(crate::simd::prefetch_distance(t));
             for b in 0..t.apr {
+                crate::simd::prefetch_lines(ahead.wrapping_add(4 * bb * b), (4 * bb).div_ceil(64));
                 let wb = t.w.add(b * bb);
                 let dm = _mm256_cvtph_ps(_mm_i32gather_epi32::<1>(wb as *const i32, gather_idx));
                 let q: [__m256i; 4] = core::array::from_fn(|r| codes::<F>(w[r].add(b * bb)));
