@@ -25,5 +25,7 @@ for m in $FISH_TEST_MODELS; do scripts/fetch-model.sh "$m" >/dev/null; done
 # GPU tests run on lavapipe (Mesa's CPU Vulkan) and must fail, not skip, without a device.
 export FISH_GPU=cpu
 export FISH_REQUIRE_GPU=1
+# The validation layer checks every GPU test; they assert zero messages.
+export FISH_VK_VALIDATE=1
 export VK_DRIVER_FILES="${VK_DRIVER_FILES:-/usr/share/vulkan/icd.d/lvp_icd.x86_64.json}"
 cargo test --workspace --release --locked "$@"

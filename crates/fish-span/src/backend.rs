@@ -115,10 +115,15 @@ impl ComputeBackend for VulkanBackend {
     }
 
     fn free(&self, id: TensorId) {
-        if let Some(h) = self.handles().remove(&id.0) {
+        let mut handles = self.handles();
+        if let Some(h) = handles.remove(&id.0) {
             // A handle we hold is resident; a failure here means a lost device,
             // which later calls report.
             let _ = self.gpu().free(h);
+            if handles.is_empty() {
+                // Nothing of ours is resident: give the scratch back too.
+                self.gpu().release_scratch();
+            }
         }
     }
 

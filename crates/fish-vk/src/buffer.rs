@@ -40,15 +40,20 @@ impl Buffer {
             .size(size.max(16))
             .usage(usage)
             .sharing_mode(vk::SharingMode::EXCLUSIVE);
-        let flags = match kind {
-            MemoryKind::Device => AllocationCreateFlags::empty(),
-            MemoryKind::Upload => {
-                AllocationCreateFlags::HOST_ACCESS_SEQUENTIAL_WRITE | AllocationCreateFlags::MAPPED
-            }
-            MemoryKind::Readback => {
-                AllocationCreateFlags::HOST_ACCESS_RANDOM | AllocationCreateFlags::MAPPED
-            }
-        };
+        // Every buffer gets its own device memory: weights are large anyway, and
+        // freeing then returns the memory to the driver at once (pooled blocks
+        // would keep an empty block alive after a model is unloaded).
+        let flags = AllocationCreateFlags::DEDICATED_MEMORY
+            | match kind {
+                MemoryKind::Device => AllocationCreateFlags::empty(),
+                MemoryKind::Upload => {
+                    AllocationCreateFlags::HOST_ACCESS_SEQUENTIAL_WRITE
+                        | AllocationCreateFlags::MAPPED
+                }
+                MemoryKind::Readback => {
+                    AllocationCreateFlags::HOST_ACCESS_RANDOM | AllocationCreateFlags::MAPPED
+                }
+            };
         let usage = match kind {
             MemoryKind::Device => MemoryUsage::AutoPreferDevice,
             _ => MemoryUsage::Auto,

@@ -148,6 +148,23 @@ impl Gpu {
             .unwrap_or(0)
     }
 
+    /// Frees the scratch buffers (staging, x/y, readback) that matmuls and
+    /// uploads keep for reuse; the next call recreates them. Used when the
+    /// last model is unloaded, so the device holds nothing of ours.
+    pub fn release_scratch(&self) {
+        let mut exec = self.lock_exec();
+        let scratch = [
+            exec.staging.take(),
+            exec.x_dev.take(),
+            exec.y_dev.take(),
+            exec.readback.take(),
+        ];
+        drop(exec);
+        for buf in scratch.into_iter().flatten() {
+            self.release(buf);
+        }
+    }
+
     /// One line for stats, e.g. `vulkan NVIDIA H200: 2359 MB weights (196 tensors), ...`.
     pub fn describe(&self) -> String {
         let (n, bytes) = {
