@@ -1,8 +1,9 @@
 //! Activations converted once to a weight type's dot-product format.
 
+use crate::bits::F16Bits;
 use crate::blocks::{ActFormat, BlockQ8K, BlockQ8_0, BlockQ8_1};
 use crate::error::QuantError;
-use crate::simd::ActScale;
+use crate::simd::{quantize_q8_block, ActScale};
 use fish_gguf::GgmlType;
 use half::{bf16, f16};
 use rayon::prelude::*;
@@ -124,8 +125,8 @@ pub fn quantize_acts_into(
         GgmlType::F32 => fill::<f32>(acts, x, n_in)?,
         GgmlType::F16 => fill::<f16>(acts, x, n_in)?,
         GgmlType::BF16 => fill::<bf16>(acts, x, n_in)?,
-        GgmlType::Q8_0 => fill::<BlockQ8_0>(acts, x, n_in)?,
-        GgmlType::Q8_1 => fill::<BlockQ8_1>(acts, x, n_in)?,
+        GgmlType::Q8_0 => fill_with::<BlockQ8_0>(acts, x, n_in, q8_0_rows)?,
+        GgmlType::Q8_1 => fill_with::<BlockQ8_1>(acts, x, n_in, q8_1_rows)?,
         GgmlType::Q8_K => fill::<BlockQ8K>(acts, x, n_in)?,
         other => return Err(QuantError::Unsupported(other)),
     }
@@ -139,6 +140,45 @@ pub fn quantize_acts_into(
 const PARALLEL_ACTS_MIN: usize = 1 << 16;
 
 fn fill<A: ActFormat>(acts: &mut QuantizedActs, x: &[f32], n_in: usize) -> Result<(), QuantError> {
+    fill_with(acts, x, n_in, A::quantize_acts)
+}
+
+/// Q8_0 activations, SIMD per block where possible (bit-identical to
+/// `BlockQ8_0::quantize_acts`, which handles the other blocks).
+fn q8_0_rows(x: &[f32], out: &mut [BlockQ8_0]) {
+    for (b, x) in out.iter_mut().zip(x.chunks_exact(32)) {
+        match <&[f32; 32]>::try_from(x)
+            .ok()
+            .and_then(|xb| quantize_q8_block(xb, &mut b.qs))
+        {
+            Some((d, _)) => b.d = F16Bits::from_f32(d),
+            None => BlockQ8_0::quantize_acts(x, std::slice::from_mut(b)),
+        }
+    }
+}
+
+/// Q8_1 activations, like [`q8_0_rows`] plus `s = d * sum(qs)`.
+fn q8_1_rows(x: &[f32], out: &mut [BlockQ8_1]) {
+    for (b, x) in out.iter_mut().zip(x.chunks_exact(32)) {
+        match <&[f32; 32]>::try_from(x)
+            .ok()
+            .and_then(|xb| quantize_q8_block(xb, &mut b.qs))
+        {
+            Some((d, sum)) => {
+                b.d = F16Bits::from_f32(d);
+                b.s = F16Bits::from_f32(d * sum as f32);
+            }
+            None => BlockQ8_1::quantize_acts(x, std::slice::from_mut(b)),
+        }
+    }
+}
+
+fn fill_with<A: ActFormat>(
+    acts: &mut QuantizedActs,
+    x: &[f32],
+    n_in: usize,
+    quantize: fn(&[f32], &mut [A]),
+) -> Result<(), QuantError> {
     if !n_in.is_multiple_of(A::VALUES) {
         return Err(QuantError::PartialBlock {
             ty: A::TYPE,
@@ -151,9 +191,9 @@ fn fill<A: ActFormat>(acts: &mut QuantizedActs, x: &[f32], n_in: usize) -> Resul
         let per_row = n_in / A::VALUES;
         out.par_chunks_mut(per_row.max(1))
             .zip(x.par_chunks(n_in))
-            .for_each(|(o, x)| A::quantize_acts(x, o));
+            .for_each(|(o, x)| quantize(x, o));
     } else {
-        A::quantize_acts(x, out);
+        quantize(x, out);
     }
     Ok(())
 }

@@ -151,3 +151,51 @@ fn matmul_tiles_agree_with_portable_dot_products() {
         with_block_type!(ty, B => check_matmul_against_portable::<B>(), _ => unreachable!());
     }
 }
+
+/// The SIMD activation quantiser writes exactly the bytes of the portable
+/// one, including zero blocks, huge and tiny magnitudes, ties, and blocks
+/// with NaN or infinities (which it hands back to the portable code).
+#[test]
+fn simd_activation_quantisation_is_bit_identical() {
+    use crate::blocks::{BlockQ8_0, BlockQ8_1};
+    let mut x = pseudo_random(32 * 64, 5);
+    x[..32].fill(0.0);
+    for (i, v) in x[32..64].iter_mut().enumerate() {
+        *v = (i as f32 - 16.0) * 0.5; // many exact .5 ties after scaling
+    }
+    for v in &mut x[64..96] {
+        *v *= 1e30;
+    }
+    for v in &mut x[96..128] {
+        *v *= 1e-30;
+    }
+    x[130] = f32::NAN;
+    x[170] = f32::INFINITY;
+    x[200] = f32::NEG_INFINITY;
+    x[260] = f32::MAX;
+    for (dot, name) in [
+        (crate::GgmlType::Q8_0, "Q8_0"),
+        (crate::GgmlType::Q8_1, "Q8_1"),
+    ] {
+        let got = quantize_acts(dot, &x, 2, x.len() / 2).unwrap();
+        let got: &[u8] = match &got.data {
+            crate::acts::ActsData::Q8_0(v) => bytemuck::cast_slice(v),
+            crate::acts::ActsData::Q8_1(v) => bytemuck::cast_slice(v),
+            _ => unreachable!("{name} activations"),
+        };
+        let want: Vec<u8> = if dot == crate::GgmlType::Q8_0 {
+            let mut out = vec![BlockQ8_0::default(); x.len() / 32];
+            BlockQ8_0::quantize_acts(&x, &mut out);
+            bytemuck::cast_slice(&out).to_vec()
+        } else {
+            let mut out = vec![BlockQ8_1::default(); x.len() / 32];
+            BlockQ8_1::quantize_acts(&x, &mut out);
+            bytemuck::cast_slice(&out).to_vec()
+        };
+        assert_eq!(
+            got,
+            &want[..],
+            "{name} activations differ from the portable quantiser"
+        );
+    }
+}
