@@ -8,6 +8,7 @@ use super::config::{Activation, ModelConfig};
 use super::gpu::GpuPlacement;
 use super::kv_cache::KvCache;
 use super::ops::{self, RopeAngles};
+use super::swiglu::swiglu_row;
 use super::weights::{Matrix, ModelWeights};
 use super::Model;
 use crate::backend::TensorId;
@@ -68,18 +69,6 @@ fn project_one(
     Ok(ys.pop().expect("one matrix"))
 }
 
-fn dbg_dump(name: &str, il: usize, v: &[f32]) {
-    if let Ok(dir) = std::env::var("FISH_DUMP_DIR") {
-        let n = if il == usize::MAX {
-            name.to_string()
-        } else {
-            format!("{name}-{il}")
-        };
-        let bytes: Vec<u8> = v.iter().flat_map(|x| x.to_le_bytes()).collect();
-        std::fs::write(format!("{dir}/{n}.bin"), bytes).ok();
-    }
-}
-
 /// Runs `tokens` at positions `pos0..`, appending their keys/values to the
 /// cache, and returns logits (n_vocab per requested token).
 pub fn forward(
@@ -97,7 +86,6 @@ pub fn forward(
     cache.check_append(pos0, n_tok)?;
     let n_embd = cfg.n_embd;
     let mut x = embed(g, cfg, w, tokens)?;
-    dbg_dump("inp_embd", usize::MAX, &x);
 
     let rope = |base: f32| -> Vec<RopeAngles> {
         (0..n_tok)
@@ -116,7 +104,6 @@ pub fn forward(
         let swa = cfg.is_swa_layer(il);
         // Attention block.
         ops::rms_norm_into(&x, &lw.attn_norm, cfg.rms_eps, &mut xn);
-        dbg_dump("attn_norm", il, &xn);
         let on_gpu = gpu.and_then(|p| p.layer(il));
         let qkv = project(
             g,
@@ -163,9 +150,6 @@ pub fn forward(
                 &v[t * cfg.v_dim()..][..cfg.v_dim()],
             );
         }
-        dbg_dump("Qcur", il, &q);
-        dbg_dump("Kcur", il, &k);
-        dbg_dump("Vcur", il, &v);
         let shape = AttentionShape {
             n_head: cfg.n_head,
             n_head_kv: cfg.n_head_kv,
@@ -176,14 +160,11 @@ pub fn forward(
         };
         let mut attn = vec![0f32; n_tok * cfg.n_head * cfg.head_dim_v];
         attend(&shape, cache, il, &q, pos0, &mut attn);
-        dbg_dump("kqv_out", il, &attn);
         let mut o = project_one(g, gpu, on_gpu.map(|l| l.wo), &lw.wo, &attn, n_tok)?;
-        dbg_dump("attn_out", il, &o);
         if let Some(pn) = &lw.post_attn_norm {
             ops::rms_norm_rows(&mut o, pn, cfg.rms_eps);
         }
         ops::add_in_place(&mut x, &o);
-        dbg_dump("ffn_inp", il, &x);
 
         // Feed-forward block.
         ops::rms_norm_into(&x, &lw.ffn_norm, cfg.rms_eps, &mut xn);
@@ -197,24 +178,24 @@ pub fn forward(
             n_tok,
         )?;
         let [mut gate, up]: [Vec<f32>; 2] = gu.try_into().expect("two projections");
-        dbg_dump("ffn_norm", il, &xn);
-        dbg_dump("ffn_gate", il, &gate);
-        dbg_dump("ffn_up", il, &up);
-        let act = match cfg.activation {
-            Activation::SwiGlu => ops::silu,
-            Activation::GeGlu => ops::gelu,
-        };
-        for (gv, &uv) in gate.iter_mut().zip(&up) {
-            *gv = act(*gv) * uv;
+        match cfg.activation {
+            Activation::SwiGlu => {
+                let n_ff = lw.w_gate.n_out;
+                for (g_row, u_row) in gate.chunks_exact_mut(n_ff).zip(up.chunks_exact(n_ff)) {
+                    swiglu_row(g_row, u_row);
+                }
+            }
+            Activation::GeGlu => {
+                for (gv, &uv) in gate.iter_mut().zip(&up) {
+                    *gv = ops::gelu(*gv) * uv;
+                }
+            }
         }
-        dbg_dump("ffn_swiglu", il, &gate);
         let mut d = project_one(g, gpu, on_gpu.map(|l| l.down), &lw.w_down, &gate, n_tok)?;
-        dbg_dump("ffn_out", il, &d);
         if let Some(pn) = &lw.post_ffn_norm {
             ops::rms_norm_rows(&mut d, pn, cfg.rms_eps);
         }
         ops::add_in_place(&mut x, &d);
-        dbg_dump("l_out", il, &x);
     }
     cache.set_len(pos0 + n_tok);
 
@@ -225,10 +206,7 @@ pub fn forward(
     let n_rows = rows.len() / n_embd;
     let mut h = rows.to_vec();
     ops::rms_norm_rows(&mut h, &w.output_norm, cfg.rms_eps);
-    dbg_dump("result_norm", usize::MAX, &h);
-    let r = project_one(g, gpu, gpu.and_then(|p| p.output()), &w.output, &h, n_rows)?;
-    dbg_dump("result_output", usize::MAX, &r);
-    Ok(r)
+    project_one(g, gpu, gpu.and_then(|p| p.output()), &w.output, &h, n_rows)
 }
 
 /// Token embeddings (rows of token_embd), scaled for architectures that do so.

@@ -6,6 +6,7 @@ mod forward;
 pub mod gpu;
 pub mod kv_cache;
 pub mod ops;
+mod swiglu;
 pub mod weights;
 
 use std::path::Path;

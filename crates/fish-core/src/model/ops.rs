@@ -72,6 +72,11 @@ impl RopeAngles {
 
 /// Rotates the first `2 * angles.cos.len()` dimensions of each head in `x`
 /// (one token's heads, `head_dim` values each).
+///
+/// Each output is one fused multiply-add over one rounded product,
+/// `fma(x0, c, -(x1 * s))` and `fma(x0, s, x1 * c)`: that is what the C
+/// compiler makes of ggml's `x0*c - x1*s` and `x0*s + x1*c`, and the last
+/// bit matters because q and k go on to f16 and into the softmax.
 pub fn rope_heads(x: &mut [f32], head_dim: usize, style: RopeStyle, angles: &RopeAngles) {
     let half = angles.cos.len();
     for head in x.chunks_exact_mut(head_dim) {
@@ -82,8 +87,8 @@ pub fn rope_heads(x: &mut [f32], head_dim: usize, style: RopeStyle, angles: &Rop
             };
             let (x0, x1) = (head[a], head[b]);
             let (c, s) = (angles.cos[i], angles.sin[i]);
-            head[a] = x0 * c - x1 * s;
-            head[b] = x0 * s + x1 * c;
+            head[a] = x0.mul_add(c, -(x1 * s));
+            head[b] = x0.mul_add(s, x1 * c);
         }
     }
 }
@@ -104,9 +109,19 @@ mod tests {
     fn rope_at_position_zero_is_identity_and_preserves_norm() {
         let mut x: Vec<f32> = (0..8).map(|i| i as f32 - 3.5).collect();
         let orig = x.clone();
-        rope_heads(&mut x, 8, RopeStyle::Neox, &RopeAngles::new(0, 8, 10000.0, 1.0));
+        rope_heads(
+            &mut x,
+            8,
+            RopeStyle::Neox,
+            &RopeAngles::new(0, 8, 10000.0, 1.0),
+        );
         assert_eq!(x, orig);
-        rope_heads(&mut x, 8, RopeStyle::Adjacent, &RopeAngles::new(17, 8, 10000.0, 1.0));
+        rope_heads(
+            &mut x,
+            8,
+            RopeStyle::Adjacent,
+            &RopeAngles::new(17, 8, 10000.0, 1.0),
+        );
         let n0: f32 = orig.iter().map(|v| v * v).sum();
         let n1: f32 = x.iter().map(|v| v * v).sum();
         assert!((n0 - n1).abs() < 1e-4);
