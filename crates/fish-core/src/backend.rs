@@ -58,4 +58,65 @@ pub trait ComputeBackend: Send + Sync {
 
     /// A short note attached to `describe()` by the engine (layers placed).
     fn set_placement_note(&self, note: String);
+
+    /// The stage-2 interface, for backends that run whole layer spans.
+    fn as_span(&self) -> Option<&dyn SpanBackend> {
+        None
+    }
+}
+
+/// The norm vectors and biases of one layer, for a device span (the
+/// matrices are already resident as `LayerIds`).
+pub struct SpanLayer<'a> {
+    pub ids: &'a crate::model::gpu::LayerIds,
+    pub attn_norm: &'a [f32],
+    pub bq: Option<&'a [f32]>,
+    pub bk: Option<&'a [f32]>,
+    pub bv: Option<&'a [f32]>,
+    pub q_norm: Option<&'a [f32]>,
+    pub k_norm: Option<&'a [f32]>,
+    pub post_attn_norm: Option<&'a [f32]>,
+    pub ffn_norm: &'a [f32],
+    pub post_ffn_norm: Option<&'a [f32]>,
+}
+
+/// Everything a backend needs to run layers `first_layer..` of a model in
+/// one command buffer per forward (stage 2).
+pub struct SpanSpec<'a> {
+    pub cfg: &'a crate::model::ModelConfig,
+    pub first_layer: usize,
+    /// Layers `first_layer..cfg.n_layer`, in order.
+    pub layers: Vec<SpanLayer<'a>>,
+    /// The context size: the device KV never grows past it.
+    pub n_ctx: usize,
+}
+
+/// Stage 2: a contiguous range of layers resident on the device with an f16
+/// KV cache. Backends without spans keep the defaults (unsupported), and the
+/// engine uses stage 1.
+pub trait SpanBackend: ComputeBackend {
+    /// Prepares the span: norms/biases/RoPE table uploaded once, work arena
+    /// and an initial KV allocated. Returns the device bytes it reserved.
+    fn span_begin(&self, spec: &SpanSpec<'_>) -> Result<u64, BackendError>;
+
+    /// Makes room for `n_pos` positions in the device KV (grows on demand).
+    fn span_kv_reserve(&self, n_pos: usize) -> Result<(), BackendError>;
+
+    /// Positions held by the device KV.
+    fn span_kv_len(&self) -> usize;
+
+    /// Keeps positions `< n`.
+    fn span_kv_truncate(&self, n: usize);
+
+    /// Runs the span on `n_tok` tokens at positions `pos0..` in one submit:
+    /// `x` (n_tok x n_embd residual stream) in, the span's output out. Refused
+    /// when `pos0` would leave a gap in the device KV. On error `x` is untouched.
+    fn span_forward(&self, x: &mut [f32], n_tok: usize, pos0: usize) -> Result<(), BackendError>;
+
+    /// Releases the span's KV, arena and parameters.
+    fn span_end(&self);
+
+    /// The per-stage share of span time from the last forward, when profiling
+    /// (FISH_GPU_PROFILE=2) is on.
+    fn span_profile(&self) -> Option<String>;
 }
