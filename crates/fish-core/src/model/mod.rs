@@ -7,6 +7,7 @@ pub mod gpu;
 pub mod kv_cache;
 pub mod ops;
 mod swiglu;
+mod vec_math;
 pub mod weights;
 
 use std::path::Path;
