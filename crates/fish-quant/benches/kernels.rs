@@ -84,16 +84,30 @@ fn matvec(c: &mut Criterion) {
     g.finish();
 }
 
-/// Prefill: 64 tokens against a SmolLM2-sized projection (576 x 1536).
+/// Prefill: 64 tokens against a SmolLM2-sized projection (576 -> 1536, or
+/// 1536 -> 576 for the k-quants, whose rows are whole 256-value blocks).
+/// Throughput in weight-token products per second.
 fn prefill(c: &mut Criterion) {
-    let (n_in, n_out, n_tok) = (576, 1536, 64);
-    let src = data(n_in * n_out);
-    let x = data(n_in * n_tok);
+    let n_tok = 64;
     let mut g = c.benchmark_group("prefill64");
     g.measurement_time(Duration::from_secs(2))
         .warm_up_time(Duration::from_millis(500))
         .sample_size(20);
-    for ty in [GgmlType::Q4_1, GgmlType::Q8_0] {
+    for ty in [
+        GgmlType::Q4_1,
+        GgmlType::Q8_0,
+        GgmlType::Q4_K,
+        GgmlType::Q6_K,
+        GgmlType::Q5_0,
+        GgmlType::Q4_0,
+    ] {
+        let (n_in, n_out) = if ty.block_size() == 256 {
+            (1536, 576)
+        } else {
+            (576, 1536)
+        };
+        let src = data(n_in * n_out);
+        let x = data(n_in * n_tok);
         let w_bytes = quantized(ty, &src);
         let w = Weights::new(ty, &w_bytes, n_in, n_out).unwrap();
         let mut y = vec![0f32; n_out * n_tok];
