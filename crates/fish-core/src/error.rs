@@ -19,13 +19,20 @@ pub enum EngineError {
         expected: Vec<u64>,
     },
     #[error("tensor {name:?} has type {ty}, which the CPU kernels do not support")]
-    UnsupportedTensorType { name: String, ty: fish_gguf::GgmlType },
+    UnsupportedTensorType {
+        name: String,
+        ty: fish_gguf::GgmlType,
+    },
     #[error("inconsistent hyper-parameter: {0}")]
     BadHyperParameter(String),
     #[error("the prompt has {n_prompt} tokens but the context holds {n_ctx}")]
     PromptTooLong { n_prompt: usize, n_ctx: usize },
     #[error("position {pos} + {n_tok} tokens exceeds the context size {n_ctx}")]
-    ContextFull { pos: usize, n_tok: usize, n_ctx: usize },
+    ContextFull {
+        pos: usize,
+        n_tok: usize,
+        n_ctx: usize,
+    },
     #[error("token id {id} is outside the vocabulary of {n_vocab}")]
     BadToken { id: u32, n_vocab: usize },
     #[error("empty input: nothing to evaluate")]

@@ -85,7 +85,8 @@ impl Sampler {
         self.recent.push(token);
         let keep = self.cfg.repeat_last_n.max(1) * 4;
         if self.recent.len() > keep {
-            self.recent.drain(..self.recent.len() - self.cfg.repeat_last_n);
+            self.recent
+                .drain(..self.recent.len() - self.cfg.repeat_last_n);
         }
     }
 
@@ -98,7 +99,11 @@ impl Sampler {
         if self.cfg.is_greedy() {
             return vec![(argmax(&logits), 1.0)];
         }
-        let mut cand: Vec<(u32, f32)> = logits.iter().enumerate().map(|(i, &l)| (i as u32, l)).collect();
+        let mut cand: Vec<(u32, f32)> = logits
+            .iter()
+            .enumerate()
+            .map(|(i, &l)| (i as u32, l))
+            .collect();
         cand.sort_unstable_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
         if self.cfg.top_k > 0 && self.cfg.top_k < cand.len() {
             cand.truncate(self.cfg.top_k);
@@ -168,7 +173,10 @@ impl Sampler {
 
 fn softmax(cand: &[(u32, f32)], temperature: f32) -> Vec<f32> {
     let max = cand.iter().map(|c| c.1).fold(f32::NEG_INFINITY, f32::max);
-    let exps: Vec<f32> = cand.iter().map(|c| ((c.1 - max) / temperature).exp()).collect();
+    let exps: Vec<f32> = cand
+        .iter()
+        .map(|c| ((c.1 - max) / temperature).exp())
+        .collect();
     let sum: f32 = exps.iter().sum();
     exps.into_iter().map(|e| e / sum).collect()
 }
@@ -249,6 +257,9 @@ mod tests {
         let la: Vec<u32> = (0..50).map(|_| a.sample(&logits())).collect();
         let lb: Vec<u32> = (0..50).map(|_| b.sample(&logits())).collect();
         assert_eq!(la, lb);
-        assert!(la.iter().any(|&t| t != la[0]), "temperature 1.5 should vary");
+        assert!(
+            la.iter().any(|&t| t != la[0]),
+            "temperature 1.5 should vary"
+        );
     }
 }

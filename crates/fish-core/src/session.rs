@@ -73,7 +73,9 @@ impl<'m> Session<'m> {
         }
         let model = self.model;
         let cache = &mut self.cache;
-        let logits = self.pool.install(|| model.forward(cache, tokens, pos0, logits_for))?;
+        let logits = self
+            .pool
+            .install(|| model.forward(cache, tokens, pos0, logits_for))?;
         self.tokens.extend_from_slice(tokens);
         Ok(logits)
     }
@@ -90,7 +92,12 @@ impl<'m> Session<'m> {
                 n_ctx: self.cache.n_ctx(),
             });
         }
-        let common = self.tokens.iter().zip(prompt).take_while(|(a, b)| a == b).count();
+        let common = self
+            .tokens
+            .iter()
+            .zip(prompt)
+            .take_while(|(a, b)| a == b)
+            .count();
         // At least the last prompt token is evaluated, to produce its logits.
         let keep = common.min(prompt.len() - 1);
         self.truncate(keep);

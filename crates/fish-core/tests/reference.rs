@@ -31,16 +31,32 @@ fn raw_prompt_matches_llama_cpp_tokens_and_logits() {
     let mut session = Session::new(&model, 256, 2).expect("session");
 
     let logits = session.set_prompt(&prompt).expect("prompt");
-    let bytes = std::fs::read(common::repo_root().join("crates/fish-core/tests/data/reference/q4_1_france_last_logits.f32")).expect("logits file");
-    let reference: Vec<f32> = bytes.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect();
+    let bytes = std::fs::read(
+        common::repo_root()
+            .join("crates/fish-core/tests/data/reference/q4_1_france_last_logits.f32"),
+    )
+    .expect("logits file");
+    let reference: Vec<f32> = bytes
+        .chunks_exact(4)
+        .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+        .collect();
     assert_eq!(reference.len(), logits.len());
     let max_abs = reference.iter().fold(0f32, |m, v| m.max(v.abs()));
-    let max_diff = reference.iter().zip(&logits).fold(0f32, |m, (a, b)| m.max((a - b).abs()));
-    eprintln!("max |dlogit| {max_diff} (max |logit| {max_abs}, {:.3}%)", 100.0 * max_diff / max_abs);
+    let max_diff = reference
+        .iter()
+        .zip(&logits)
+        .fold(0f32, |m, (a, b)| m.max((a - b).abs()));
+    eprintln!(
+        "max |dlogit| {max_diff} (max |logit| {max_abs}, {:.3}%)",
+        100.0 * max_diff / max_abs
+    );
     assert_eq!(argmax(&logits), 7042, "\" Paris\"");
     let got = greedy(&mut session, &prompt, expected.len(), &[]);
     assert_eq!(got, expected);
-    assert!(max_diff <= 0.01 * max_abs, "logits differ by {max_diff} > 1% of {max_abs}");
+    assert!(
+        max_diff <= 0.01 * max_abs,
+        "logits differ by {max_diff} > 1% of {max_abs}"
+    );
 }
 
 #[test]
@@ -71,9 +87,12 @@ fn cached_prefix_gives_the_same_logits_as_a_fresh_run() {
     let model = Model::load(common::default_model()).expect("load");
     let mut a = Session::new(&model, 64, 2).expect("session");
     let mut b = Session::new(&model, 64, 2).expect("session");
-    a.set_prompt(&[504, 3575, 282, 4649, 314, 7042]).expect("first prompt");
+    a.set_prompt(&[504, 3575, 282, 4649, 314, 7042])
+        .expect("first prompt");
     // Shares 4 tokens with the cached context: only the tail is evaluated.
-    let reused = a.set_prompt(&[504, 3575, 282, 4649, 260]).expect("second prompt");
+    let reused = a
+        .set_prompt(&[504, 3575, 282, 4649, 260])
+        .expect("second prompt");
     let fresh = b.set_prompt(&[504, 3575, 282, 4649, 260]).expect("fresh");
     assert_eq!(reused, fresh);
     assert_eq!(a.tokens(), &[504, 3575, 282, 4649, 260]);

@@ -23,8 +23,12 @@ impl KvCache {
             n_ctx,
             k_dim,
             v_dim,
-            k: (0..n_layer).map(|_| vec![f16::ZERO; n_ctx * k_dim]).collect(),
-            v: (0..n_layer).map(|_| vec![f16::ZERO; n_ctx * v_dim]).collect(),
+            k: (0..n_layer)
+                .map(|_| vec![f16::ZERO; n_ctx * k_dim])
+                .collect(),
+            v: (0..n_layer)
+                .map(|_| vec![f16::ZERO; n_ctx * v_dim])
+                .collect(),
             len: 0,
         }
     }

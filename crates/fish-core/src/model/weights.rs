@@ -127,18 +127,50 @@ impl ModelWeights {
                 wq: l.matrix(&n("attn_q.weight"), cfg.n_embd, cfg.q_dim())?,
                 wk: l.matrix(&n("attn_k.weight"), cfg.n_embd, cfg.k_dim())?,
                 wv: l.matrix(&n("attn_v.weight"), cfg.n_embd, cfg.v_dim())?,
-                bq: if need_biases { Some(l.vector(&n("attn_q.bias"), cfg.q_dim())?) } else { l.opt_vector(&n("attn_q.bias"), cfg.q_dim())? },
-                bk: if need_biases { Some(l.vector(&n("attn_k.bias"), cfg.k_dim())?) } else { l.opt_vector(&n("attn_k.bias"), cfg.k_dim())? },
-                bv: if need_biases { Some(l.vector(&n("attn_v.bias"), cfg.v_dim())?) } else { l.opt_vector(&n("attn_v.bias"), cfg.v_dim())? },
-                q_norm: if need_qk_norm { Some(l.vector(&n("attn_q_norm.weight"), cfg.head_dim)?) } else { None },
-                k_norm: if need_qk_norm { Some(l.vector(&n("attn_k_norm.weight"), cfg.head_dim)?) } else { None },
-                wo: l.matrix(&n("attn_output.weight"), cfg.n_head * cfg.head_dim_v, cfg.n_embd)?,
-                post_attn_norm: if cfg.arch == Arch::Gemma3 { Some(l.vector(&n("post_attention_norm.weight"), cfg.n_embd)?) } else { None },
+                bq: if need_biases {
+                    Some(l.vector(&n("attn_q.bias"), cfg.q_dim())?)
+                } else {
+                    l.opt_vector(&n("attn_q.bias"), cfg.q_dim())?
+                },
+                bk: if need_biases {
+                    Some(l.vector(&n("attn_k.bias"), cfg.k_dim())?)
+                } else {
+                    l.opt_vector(&n("attn_k.bias"), cfg.k_dim())?
+                },
+                bv: if need_biases {
+                    Some(l.vector(&n("attn_v.bias"), cfg.v_dim())?)
+                } else {
+                    l.opt_vector(&n("attn_v.bias"), cfg.v_dim())?
+                },
+                q_norm: if need_qk_norm {
+                    Some(l.vector(&n("attn_q_norm.weight"), cfg.head_dim)?)
+                } else {
+                    None
+                },
+                k_norm: if need_qk_norm {
+                    Some(l.vector(&n("attn_k_norm.weight"), cfg.head_dim)?)
+                } else {
+                    None
+                },
+                wo: l.matrix(
+                    &n("attn_output.weight"),
+                    cfg.n_head * cfg.head_dim_v,
+                    cfg.n_embd,
+                )?,
+                post_attn_norm: if cfg.arch == Arch::Gemma3 {
+                    Some(l.vector(&n("post_attention_norm.weight"), cfg.n_embd)?)
+                } else {
+                    None
+                },
                 ffn_norm: l.vector(&n("ffn_norm.weight"), cfg.n_embd)?,
                 w_gate: l.matrix(&n("ffn_gate.weight"), cfg.n_embd, cfg.n_ff)?,
                 w_up: l.matrix(&n("ffn_up.weight"), cfg.n_embd, cfg.n_ff)?,
                 w_down: l.matrix(&n("ffn_down.weight"), cfg.n_ff, cfg.n_embd)?,
-                post_ffn_norm: if cfg.arch == Arch::Gemma3 { Some(l.vector(&n("post_ffw_norm.weight"), cfg.n_embd)?) } else { None },
+                post_ffn_norm: if cfg.arch == Arch::Gemma3 {
+                    Some(l.vector(&n("post_ffw_norm.weight"), cfg.n_embd)?)
+                } else {
+                    None
+                },
             };
             layers.push(layer);
         }

@@ -10,7 +10,11 @@ pub fn repo_root() -> PathBuf {
 /// The default model; scripts/test.sh fetches it, so its absence is a failure.
 pub fn default_model() -> PathBuf {
     let p = repo_root().join("models/SmolLM2-135M-Instruct.Q4_1.gguf");
-    assert!(p.exists(), "{} is missing: run scripts/fetch-model.sh", p.display());
+    assert!(
+        p.exists(),
+        "{} is missing: run scripts/fetch-model.sh",
+        p.display()
+    );
     p
 }
 
@@ -27,15 +31,24 @@ pub fn optional_model(key: &str, file: &str) -> Option<PathBuf> {
         "FISH_TEST_MODELS names {key} but {} is missing: run scripts/fetch-model.sh {key}",
         p.display()
     );
-    eprintln!("skipping: {} not fetched (scripts/fetch-model.sh {key})", p.display());
+    eprintln!(
+        "skipping: {} not fetched (scripts/fetch-model.sh {key})",
+        p.display()
+    );
     None
 }
 
 pub fn reference_json(name: &str) -> serde_json::Value {
-    let p = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/data/reference").join(name);
+    let p = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/data/reference")
+        .join(name);
     serde_json::from_slice(&std::fs::read(&p).expect("reference file")).expect("reference json")
 }
 
 pub fn ids(v: &serde_json::Value) -> Vec<u32> {
-    v.as_array().expect("id array").iter().map(|x| x.as_u64().expect("id") as u32).collect()
+    v.as_array()
+        .expect("id array")
+        .iter()
+        .map(|x| x.as_u64().expect("id") as u32)
+        .collect()
 }
