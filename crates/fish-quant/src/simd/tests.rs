@@ -199,3 +199,47 @@ fn simd_activation_quantisation_is_bit_identical() {
         );
     }
 }
+
+/// For the 32-value formats the tile kernels must give the per-row SIMD dot
+/// product bit for bit: both keep 8 f32 lanes of 4-byte integer sums, scale
+/// and add them block by block, then sum the lanes, as ggml's x86 kernels do.
+/// Results that go on to 8-bit activations must not depend on the kernel.
+fn check_tiles_match_row_dots_exactly<B: BlockFormat>() {
+    let n_in = 32 * 9;
+    for (n_out, n_tok) in [(1, 1), (6, 1), (13, 5), (64, 9)] {
+        let wf = pseudo_random(n_in * n_out, 3 + n_out as u32);
+        let w: Vec<B> = wf
+            .chunks(<B as BlockFormat>::VALUES)
+            .map(B::from_float)
+            .collect();
+        let bytes: &[u8] = bytemuck::cast_slice(&w);
+        let x = pseudo_random(n_in * n_tok, 11 + n_tok as u32);
+        let acts = quantize_acts(crate::dot_type(B::TYPE), &x, n_tok, n_in).unwrap();
+        let a: &[B::Act] = <B::Act as ActFormat>::view(&acts.data).unwrap();
+        let (bpr, apr) = (n_in / 32, a.len() / n_tok);
+        let mut y = vec![f32::NAN; n_out * n_tok];
+        let weights = crate::Weights::new(B::TYPE, bytes, n_in, n_out).unwrap();
+        crate::matmul_quantized(weights, &acts, &mut y).unwrap();
+        let dot = B::best_vec_dot();
+        for t in 0..n_tok {
+            for r in 0..n_out {
+                let want = dot(&w[r * bpr..(r + 1) * bpr], &a[t * apr..(t + 1) * apr]);
+                let got = y[t * n_out + r];
+                assert_eq!(
+                    got.to_bits(),
+                    want.to_bits(),
+                    "{:?} {n_out}x{n_tok} row {r} token {t}: {got} vs {want}",
+                    B::TYPE
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn matmul_tiles_match_row_dot_products_exactly() {
+    use crate::GgmlType::*;
+    for ty in [Q4_0, Q4_1, Q5_0, Q5_1, Q8_0] {
+        with_block_type!(ty, B => check_tiles_match_row_dots_exactly::<B>(), _ => unreachable!());
+    }
+}

@@ -161,12 +161,19 @@ macro_rules! define_tiles {
                     let s = &*sc[k].add(b);
                     let ab = a[k].add(b * (fmt::act_qs(F) + 32));
                     let av = _mm256_loadu_si256(ab.add(fmt::act_qs(F)) as *const __m256i);
+                    // Without a min the codes are stored as q + K; each lane
+                    // subtracts K times its own 4 activations, so that lane
+                    // sums are those of the signed products (q - K) * a, as in
+                    // ggml's kernels: the lanes are scaled and summed in f32,
+                    // and a different split between lanes rounds differently.
                     let init = if fmt::has_min(F) {
                         _mm256_setzero_si256()
                     } else {
-                        _mm256_zextsi128_si256(_mm_cvtsi32_si128(
-                            -fmt::code_offset(F) * s.aux as i32,
-                        ))
+                        let k = _mm256_set1_epi8(fmt::code_offset(F) as u8 as i8);
+                        _mm256_sub_epi32(
+                            _mm256_setzero_si256(),
+                            dot_acc(_mm256_setzero_si256(), k, av),
+                        )
                     };
                     let scale = if fmt::has_min(F) {
                         // (d_a, s_a) pairs: lanes 2r = d_w d_a, 2r + 1 = m_w s_a.
