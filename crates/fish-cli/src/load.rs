@@ -9,6 +9,7 @@ use fish_core::chat::ChatTemplate;
 use fish_core::model::{Model, PlacementLimits};
 use fish_core::tokenizer::Tokenizer;
 use fish_gguf::Gguf;
+use indicatif::{ProgressBar, ProgressStyle};
 
 use crate::args::GpuArgs;
 
@@ -26,6 +27,7 @@ pub fn load(path: &Path, gpu: &GpuArgs) -> Result<Loaded> {
     let gguf = Arc::new(Gguf::open(path).with_context(|| path.display().to_string())?);
     let tokenizer = Tokenizer::from_gguf(&gguf).context("tokenizer")?;
     let template = ChatTemplate::from_gguf(&gguf, &tokenizer).context("chat template")?;
+    warm_pages(&gguf);
     let mut model = Model::from_gguf(gguf).with_context(|| path.display().to_string())?;
     attach_gpu(
         &mut model,
@@ -45,7 +47,14 @@ pub fn load(path: &Path, gpu: &GpuArgs) -> Result<Loaded> {
 fn attach_gpu(model: &mut Model, limits: PlacementLimits) {
     let verbose = std::env::var("FISH_GPU_VERBOSE").is_ok_and(|v| v == "1");
     match fish_span::open_global() {
-        Ok(backend) => model.place_on(backend, limits),
+        Ok(backend) => {
+            let pb = bar(model.cfg.n_layer as u64, "uploading", Unit::Layers);
+            model.place_on_with_progress(backend, limits, &mut |p| {
+                pb.set_length(p.total as u64);
+                pb.set_position(p.done as u64);
+            });
+            pb.finish_and_clear();
+        }
         Err(reason) if verbose => eprintln!("fish: running on the CPU: {reason}"),
         Err(_) => {}
     }
@@ -53,3 +62,49 @@ fn attach_gpu(model: &mut Model, limits: PlacementLimits) {
 
 #[cfg(not(feature = "vulkan"))]
 fn attach_gpu(_model: &mut Model, _limits: PlacementLimits) {}
+
+/// Files at least this large get a progress bar while their pages are read in.
+const WARM_BAR_BYTES: u64 = 512 << 20;
+
+/// What a progress bar counts.
+enum Unit {
+    Bytes,
+    Layers,
+}
+
+fn bar(len: u64, what: &str, unit: Unit) -> ProgressBar {
+    // indicatif draws nothing when stderr is not a terminal.
+    let pb = ProgressBar::new(len);
+    let template = match unit {
+        Unit::Bytes => "{msg} [{bar:40}] {binary_bytes}/{binary_total_bytes}",
+        Unit::Layers => "{msg} [{bar:40}] {pos}/{len} layers",
+    };
+    let style =
+        ProgressStyle::with_template(template).unwrap_or_else(|_| ProgressStyle::default_bar());
+    pb.set_style(style);
+    pb.set_message(what.to_owned());
+    pb
+}
+
+/// Reads a large file's tensor pages in once, with a progress bar, so the
+/// first forward pass does not stall on page faults. Small files skip this:
+/// their pages come in quickly on first use.
+fn warm_pages(gguf: &Gguf) {
+    let total: u64 = gguf.tensors().iter().map(|t| t.n_bytes).sum();
+    if total < WARM_BAR_BYTES || !std::io::IsTerminal::is_terminal(&std::io::stderr()) {
+        return;
+    }
+    let pb = bar(total, "loading", Unit::Bytes);
+    let mut sum = 0u8;
+    for t in gguf.tensors() {
+        // One byte per page faults the whole page in.
+        sum = gguf
+            .tensor_data(t)
+            .iter()
+            .step_by(4096)
+            .fold(sum, |a, &b| a.wrapping_add(b));
+        pb.inc(t.n_bytes);
+    }
+    std::hint::black_box(sum);
+    pb.finish_and_clear();
+}

@@ -32,6 +32,13 @@ pub struct PlacementLimits {
     pub max_layers: Option<usize>,
 }
 
+/// Layers uploaded so far out of those requested (for a progress bar).
+#[derive(Clone, Copy, Debug)]
+pub struct PlacementProgress {
+    pub done: usize,
+    pub total: usize,
+}
+
 pub struct GpuPlacement {
     pub backend: Arc<dyn ComputeBackend>,
     /// Per layer; the placed ones form a suffix `first_layer..n_layer`.
@@ -49,6 +56,7 @@ impl GpuPlacement {
         g: &Gguf,
         w: &ModelWeights,
         limits: PlacementLimits,
+        progress: &mut dyn FnMut(PlacementProgress),
     ) -> GpuPlacement {
         let n_layer = w.layers.len();
         let mut placement = GpuPlacement {
@@ -64,6 +72,10 @@ impl GpuPlacement {
             return placement;
         }
         placement.output = placement.upload_one(g, &w.output).ok();
+        progress(PlacementProgress {
+            done: 0,
+            total: want_layers,
+        });
         let mut placed = 0;
         for il in (0..n_layer).rev() {
             if placed == want_layers {
@@ -73,6 +85,10 @@ impl GpuPlacement {
                 Ok(ids) => {
                     placement.layers[il] = Some(ids);
                     placed += 1;
+                    progress(PlacementProgress {
+                        done: placed,
+                        total: want_layers,
+                    });
                 }
                 Err(_) => break,
             }

@@ -5,6 +5,7 @@ pub mod config;
 mod forward;
 pub mod gpu;
 pub mod kv_cache;
+pub mod layer_range;
 pub mod ops;
 mod swiglu;
 mod vec_math;
@@ -19,7 +20,7 @@ use crate::backend::ComputeBackend;
 
 pub use config::{Activation, Arch, ModelConfig, RopeStyle};
 pub use forward::LogitsFor;
-pub use gpu::{GpuPlacement, PlacementLimits};
+pub use gpu::{GpuPlacement, PlacementLimits, PlacementProgress};
 pub use kv_cache::KvCache;
 pub use weights::{LayerWeights, Matrix, ModelWeights};
 
@@ -52,12 +53,23 @@ impl Model {
     /// Places the output projection and as many trailing layers as fit on
     /// the backend's device (replacing any earlier placement).
     pub fn place_on(&mut self, backend: Arc<dyn ComputeBackend>, limits: PlacementLimits) {
+        self.place_on_with_progress(backend, limits, &mut |_| {});
+    }
+
+    /// [`Model::place_on`], reporting each layer uploaded.
+    pub fn place_on_with_progress(
+        &mut self,
+        backend: Arc<dyn ComputeBackend>,
+        limits: PlacementLimits,
+        progress: &mut dyn FnMut(PlacementProgress),
+    ) {
         self.gpu = None;
         self.gpu = Some(GpuPlacement::place(
             backend,
             &self.gguf,
             &self.weights,
             limits,
+            progress,
         ));
     }
 
