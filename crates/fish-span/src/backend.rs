@@ -4,7 +4,7 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use fish_core::backend::{BackendError, ComputeBackend, TensorId};
+use fish_core::backend::{BackendError, ComputeBackend, SpanBackend, TensorId};
 use fish_gguf::GgmlType;
 use fish_quant::Weights;
 use fish_vk::{Gpu, TensorHandle, VkError};
@@ -21,6 +21,8 @@ pub struct VulkanBackend {
     handles: Mutex<HashMap<u64, TensorHandle>>,
     next_id: AtomicU64,
     note: Mutex<String>,
+    /// The stage-2 span, between span_begin and span_end.
+    pub(crate) span: Mutex<Option<fish_vk::Span>>,
 }
 
 /// The process-wide backend, unless FISH_GPU disables it or no device can be
@@ -35,7 +37,7 @@ pub fn open_global() -> Result<Arc<VulkanBackend>, String> {
     }
 }
 
-fn map_err(e: VkError) -> BackendError {
+pub(crate) fn map_err(e: VkError) -> BackendError {
     match e {
         VkError::Budget { .. } => BackendError::OutOfMemory(e.to_string()),
         VkError::Unsupported(_) | VkError::Shape(_) => BackendError::Unsupported(e.to_string()),
@@ -50,6 +52,7 @@ impl VulkanBackend {
             handles: Mutex::new(HashMap::new()),
             next_id: AtomicU64::new(1),
             note: Mutex::new(String::new()),
+            span: Mutex::new(None),
         }
     }
 
@@ -70,7 +73,7 @@ impl VulkanBackend {
         self.handles.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    fn handle(&self, id: TensorId) -> Result<TensorHandle, BackendError> {
+    pub(crate) fn handle(&self, id: TensorId) -> Result<TensorHandle, BackendError> {
         self.handles()
             .get(&id.0)
             .copied()
@@ -85,10 +88,13 @@ impl ComputeBackend for VulkanBackend {
 
     fn describe(&self) -> String {
         let note = self.note.lock().unwrap_or_else(|e| e.into_inner()).clone();
-        if note.is_empty() {
-            self.gpu().describe()
-        } else {
-            format!("{}; {note}", self.gpu().describe())
+        let mut line = self.gpu().describe();
+        if !note.is_empty() {
+            line = format!("{line}; {note}");
+        }
+        match self.span_note() {
+            Some(span) => format!("{line}; {span}"),
+            None => line,
         }
     }
 
@@ -148,5 +154,15 @@ impl ComputeBackend for VulkanBackend {
 
     fn set_placement_note(&self, note: String) {
         *self.note.lock().unwrap_or_else(|e| e.into_inner()) = note;
+    }
+
+    fn as_span(&self) -> Option<&dyn SpanBackend> {
+        Some(self)
+    }
+}
+
+impl Drop for VulkanBackend {
+    fn drop(&mut self) {
+        self.span_end();
     }
 }

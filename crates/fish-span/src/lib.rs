@@ -1,7 +1,9 @@
 //! fish-span: the GPU backend the engine sees. It implements fish-core's
-//! `ComputeBackend` over fish-vk: per-matmul offload (stage 1); the stage-2
-//! span scheduler builds on it.
+//! `ComputeBackend` over fish-vk: per-matmul offload (stage 1), and
+//! `SpanBackend`: a range of layers in one command buffer per forward
+//! (stage 2).
 
 mod backend;
+mod span;
 
 pub use backend::{open_global, VulkanBackend};

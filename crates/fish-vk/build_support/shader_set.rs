@@ -16,6 +16,15 @@ pub const KERNEL_TYPES: &[(&str, &str)] = &[
     ("Q6_K", "q6_k"),
 ];
 
+/// The span kernels (stage 2) as (module name, source file in shaders/).
+pub const SPAN_MODULES: &[(&str, &str)] = &[
+    ("span_rmsnorm", "span_rmsnorm.comp"),
+    ("span_add", "span_add.comp"),
+    ("span_act", "span_act.comp"),
+    ("span_rope", "span_rope.comp"),
+    ("span_attention", "span_attention.comp"),
+];
+
 /// Arguments every module is compiled with (part of the staleness hash).
 pub const GLSLC_ARGS: &[&str] = &["--target-env=vulkan1.1", "-O"];
 
@@ -45,6 +54,13 @@ pub fn shader_specs() -> Vec<ShaderSpec> {
             name: format!("tiled_{suffix}"),
             source: "matmul_tiled.comp",
             defines: vec![type_define],
+        });
+    }
+    for (name, source) in SPAN_MODULES {
+        specs.push(ShaderSpec {
+            name: name.to_string(),
+            source,
+            defines: Vec::new(),
         });
     }
     specs

@@ -50,11 +50,12 @@ impl Kernel {
 }
 
 /// One dispatch: a chunk of a tensor, its descriptor set and push constants.
-struct Dispatch {
-    pipeline: vk::Pipeline,
-    params: Params,
-    groups: (u32, u32),
-    weights: vk::Buffer,
+#[derive(Clone, Copy)]
+pub(crate) struct Dispatch {
+    pub(crate) pipeline: vk::Pipeline,
+    pub(crate) params: Params,
+    pub(crate) groups: (u32, u32),
+    pub(crate) weights: vk::Buffer,
 }
 
 impl Gpu {
@@ -259,6 +260,23 @@ impl Gpu {
         }
     }
 
+    /// The dispatches of a group of resident tensors on one input, outputs
+    /// laid out one after the other (shared by stage 1 and spans).
+    pub(crate) fn plan_handles(
+        &self,
+        handles: &[TensorHandle],
+        n_tok: usize,
+        kernel: Kernel,
+    ) -> Result<Vec<Dispatch>> {
+        check_group(handles, n_tok)?;
+        let tensors = self.lock_tensors();
+        let resident: Vec<&ResidentTensor> = handles
+            .iter()
+            .map(|h| tensors.get(&h.id()).ok_or(VkError::UnknownHandle(h.id())))
+            .collect::<Result<_>>()?;
+        self.plan(&resident, n_tok, kernel)
+    }
+
     /// The dispatches for `tensors`, their outputs laid out one after the other.
     fn plan(
         &self,
@@ -380,7 +398,7 @@ impl Gpu {
 
     /// Records the dispatches without barriers between them: they read the
     /// same x and write disjoint parts of y.
-    unsafe fn record_dispatches(
+    pub(crate) unsafe fn record_dispatches(
         &self,
         cmd: vk::CommandBuffer,
         dispatches: &[Dispatch],

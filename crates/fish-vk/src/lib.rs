@@ -15,6 +15,7 @@ mod instance;
 mod kernels;
 mod loader;
 mod pipeline;
+pub mod span;
 mod status;
 mod upload;
 
@@ -25,5 +26,9 @@ pub use error::{Result, VkError};
 pub use gpu::Gpu;
 pub use kernels::{supports, Kernel, MATVEC_MAX_TOKENS};
 pub use pipeline::{module_bytes, COMPILED_AT_BUILD};
+pub use span::{
+    Span, SpanActivation, SpanDesc, SpanLayerDesc, SpanRope, SpanShape, SpanStage,
+    SPAN_CHUNK_TOKENS,
+};
 pub use status::{enabled, global, status};
 pub use upload::{TensorHandle, ROW_MULTIPLE};

@@ -1,0 +1,181 @@
+//! Stage 2 for the engine: fish-core's `SpanSpec` turned into a fish-vk
+//! span (handles, RoPE tables computed as the CPU computes them), and the
+//! `SpanBackend` calls mapped onto it.
+
+use std::sync::MutexGuard;
+
+use fish_core::backend::{BackendError, SpanBackend, SpanSpec};
+use fish_core::model::ops::RopeAngles;
+use fish_core::model::{Activation, RopeStyle};
+use fish_vk::{Span, SpanActivation, SpanDesc, SpanLayerDesc, SpanRope, SpanShape};
+
+use crate::backend::{map_err, VulkanBackend};
+
+/// Whether FISH_GPU_PROFILE asks for the per-stage span profile (level 2+).
+fn profiling() -> bool {
+    std::env::var("FISH_GPU_PROFILE")
+        .ok()
+        .and_then(|v| v.trim().parse::<u32>().ok())
+        .is_some_and(|level| level >= 2)
+}
+
+/// For each position `0..n_ctx`, the (cos, sin) pairs of `RopeAngles`.
+fn rope_table(n_ctx: usize, n_rot: usize, base: f32, freq_scale: f32) -> Vec<f32> {
+    let mut table = Vec::with_capacity(n_ctx * n_rot);
+    for pos in 0..n_ctx {
+        let a = RopeAngles::new(pos, n_rot, base, freq_scale);
+        for (c, s) in a.cos.iter().zip(&a.sin) {
+            table.push(*c);
+            table.push(*s);
+        }
+    }
+    table
+}
+
+impl VulkanBackend {
+    fn span_slot(&self) -> MutexGuard<'_, Option<Span>> {
+        self.span.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// `span N layers, KV M MB f16` while a span is open.
+    pub(crate) fn span_note(&self) -> Option<String> {
+        self.span_slot().as_ref().map(|s| {
+            format!(
+                "span {} layers, KV {} MB f16",
+                s.n_layers(),
+                s.kv_bytes() >> 20
+            )
+        })
+    }
+
+    fn create_span(&self, spec: &SpanSpec<'_>) -> Result<Span, BackendError> {
+        let cfg = spec.cfg;
+        if spec.layers.is_empty() || spec.first_layer + spec.layers.len() != cfg.n_layer {
+            return Err(BackendError::Unsupported(format!(
+                "span of {} layers from layer {} of {}",
+                spec.layers.len(),
+                spec.first_layer,
+                cfg.n_layer
+            )));
+        }
+        let n_ctx = spec.n_ctx;
+        let swa: Vec<bool> = (0..spec.layers.len())
+            .map(|i| cfg.is_swa_layer(spec.first_layer + i))
+            .collect();
+        let mut tables = vec![rope_table(
+            n_ctx,
+            cfg.n_rot,
+            cfg.rope_base,
+            cfg.rope_freq_scale,
+        )];
+        if swa.iter().any(|&s| s) {
+            tables.push(rope_table(
+                n_ctx,
+                cfg.n_rot,
+                cfg.rope_base_swa,
+                cfg.rope_freq_scale,
+            ));
+        }
+        let mut layers = Vec::with_capacity(spec.layers.len());
+        for (l, &is_swa) in spec.layers.iter().zip(&swa) {
+            let ids = l.ids;
+            let [q, k, v] = ids.qkv;
+            let [g, u] = ids.gate_up;
+            layers.push(SpanLayerDesc {
+                qkv: [self.handle(q)?, self.handle(k)?, self.handle(v)?],
+                wo: self.handle(ids.wo)?,
+                gate_up: [self.handle(g)?, self.handle(u)?],
+                down: self.handle(ids.down)?,
+                attn_norm: l.attn_norm,
+                bq: l.bq,
+                bk: l.bk,
+                bv: l.bv,
+                q_norm: l.q_norm,
+                k_norm: l.k_norm,
+                post_attn_norm: l.post_attn_norm,
+                ffn_norm: l.ffn_norm,
+                post_ffn_norm: l.post_ffn_norm,
+                rope_table: usize::from(is_swa),
+                window: if is_swa { cfg.sliding_window } else { 0 },
+            });
+        }
+        let desc = SpanDesc {
+            shape: SpanShape {
+                n_embd: cfg.n_embd,
+                n_head: cfg.n_head,
+                n_head_kv: cfg.n_head_kv,
+                head_dim: cfg.head_dim,
+                head_dim_v: cfg.head_dim_v,
+                n_rot: cfg.n_rot,
+                rope: match cfg.rope_style {
+                    RopeStyle::Adjacent => SpanRope::Adjacent,
+                    RopeStyle::Neox => SpanRope::Neox,
+                },
+                activation: match cfg.activation {
+                    Activation::SwiGlu => SpanActivation::SwiGlu,
+                    Activation::GeGlu => SpanActivation::GeGlu,
+                },
+                rms_eps: cfg.rms_eps,
+                attn_scale: cfg.attn_scale,
+                n_ctx,
+            },
+            layers,
+            rope_tables: tables.iter().map(|t| &t[..]).collect(),
+        };
+        self.gpu().span_create(&desc, profiling()).map_err(map_err)
+    }
+}
+
+impl SpanBackend for VulkanBackend {
+    fn span_begin(&self, spec: &SpanSpec<'_>) -> Result<u64, BackendError> {
+        self.span_end();
+        let span = self.create_span(spec)?;
+        let bytes = span.device_bytes();
+        *self.span_slot() = Some(span);
+        Ok(bytes)
+    }
+
+    fn span_kv_reserve(&self, n_pos: usize) -> Result<(), BackendError> {
+        let mut slot = self.span_slot();
+        let span = slot
+            .as_mut()
+            .ok_or_else(|| BackendError::Unsupported("no span".into()))?;
+        self.gpu().span_reserve(span, n_pos).map_err(map_err)
+    }
+
+    fn span_kv_len(&self) -> usize {
+        self.span_slot().as_ref().map_or(0, |s| s.kv_len())
+    }
+
+    fn span_kv_truncate(&self, n: usize) {
+        if let Some(s) = self.span_slot().as_mut() {
+            s.kv_truncate(n);
+        }
+    }
+
+    fn span_forward(&self, x: &mut [f32], n_tok: usize, pos0: usize) -> Result<(), BackendError> {
+        let mut slot = self.span_slot();
+        let span = slot
+            .as_mut()
+            .ok_or_else(|| BackendError::Unsupported("no span".into()))?;
+        if pos0 > span.kv_len() {
+            return Err(BackendError::Unsupported(format!(
+                "position {pos0} would leave a gap after the {} positions in the device KV",
+                span.kv_len()
+            )));
+        }
+        self.gpu()
+            .span_forward(span, x, n_tok, pos0)
+            .map_err(map_err)
+    }
+
+    fn span_end(&self) {
+        if let Some(span) = self.span_slot().take() {
+            self.gpu().span_destroy(span);
+        }
+    }
+
+    fn span_profile(&self) -> Option<String> {
+        self.span_slot().as_ref().and_then(|s| s.profile())
+    }
+}

@@ -1,0 +1,277 @@
+//! Stage 2 on a real device (lavapipe in CI): the span's residual stream
+//! against the same layers run with stage-1 matmuls and CPU attention, over a
+//! prefill chunk and decode steps; the gap refusal; truncate-and-repeat; and
+//! all device memory freed after span_end and unload.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use fish_core::backend::{ComputeBackend, SpanLayer, SpanSpec};
+use fish_core::model::layer_range::{embed_tokens, forward_layers};
+use fish_core::model::{KvCache, Model, PlacementLimits};
+use fish_span::VulkanBackend;
+
+/// "The capital of France is Paris. It" and a few more tokens.
+const TOKENS: [u32; 11] = [504, 3575, 282, 4649, 314, 7042, 30, 657, 314, 253, 1789];
+const N_CTX: usize = 160;
+
+fn model_path(file: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../../models")
+        .join(file)
+}
+
+/// A device, or None (skip) — but a failure when FISH_REQUIRE_GPU=1 (CI).
+fn backend() -> Option<Arc<VulkanBackend>> {
+    match VulkanBackend::open_owned() {
+        Ok(b) => Some(Arc::new(b)),
+        Err(e) if std::env::var("FISH_REQUIRE_GPU").is_ok_and(|v| v == "1") => {
+            panic!("FISH_REQUIRE_GPU=1 but no Vulkan device: {e}")
+        }
+        Err(e) => {
+            eprintln!("skipping: no Vulkan device ({e})");
+            None
+        }
+    }
+}
+
+/// The model with its last `n` layers placed, and the first placed layer.
+fn placed(gpu: &Arc<VulkanBackend>, file: &str, n: usize) -> (Model, usize) {
+    let mut model = Model::load(model_path(file)).expect("load");
+    model.place_on(
+        gpu.clone(),
+        PlacementLimits {
+            max_layers: Some(n),
+        },
+    );
+    let placement = model.gpu.as_ref().expect("placed");
+    assert_eq!(placement.n_layers_placed(), n, "{file}: layers placed");
+    let first = model.cfg.n_layer - n;
+    (model, first)
+}
+
+/// Opens the span over the placed layers.
+fn begin_span(gpu: &VulkanBackend, model: &Model, first: usize) -> u64 {
+    let placement = model.gpu.as_ref().expect("placed");
+    let layers = (first..model.cfg.n_layer)
+        .map(|il| {
+            let w = &model.weights.layers[il];
+            SpanLayer {
+                ids: placement.layer(il).expect("layer placed"),
+                attn_norm: &w.attn_norm,
+                bq: w.bq.as_deref(),
+                bk: w.bk.as_deref(),
+                bv: w.bv.as_deref(),
+                q_norm: w.q_norm.as_deref(),
+                k_norm: w.k_norm.as_deref(),
+                post_attn_norm: w.post_attn_norm.as_deref(),
+                ffn_norm: &w.ffn_norm,
+                post_ffn_norm: w.post_ffn_norm.as_deref(),
+            }
+        })
+        .collect();
+    let spec = SpanSpec {
+        cfg: &model.cfg,
+        first_layer: first,
+        layers,
+        n_ctx: N_CTX,
+    };
+    gpu.as_span()
+        .expect("spans")
+        .span_begin(&spec)
+        .expect("span_begin")
+}
+
+/// Runs tokens through the layers below the span (CPU) and, as the
+/// reference, through the span's layers (stage-1 matmuls, CPU attention).
+struct Reference<'a> {
+    model: &'a Model,
+    first: usize,
+    below: KvCache,
+    above: KvCache,
+}
+
+impl<'a> Reference<'a> {
+    fn new(model: &'a Model, first: usize) -> Self {
+        Reference {
+            model,
+            first,
+            below: model.new_cache(N_CTX),
+            above: model.new_cache(N_CTX),
+        }
+    }
+
+    /// (the span's input, the reference output) for `tokens` at `pos0`.
+    fn step(&mut self, tokens: &[u32], pos0: usize) -> (Vec<f32>, Vec<f32>) {
+        let mut x = embed_tokens(self.model, tokens).expect("embed");
+        forward_layers(self.model, &mut self.below, &mut x, pos0, 0..self.first).expect("below");
+        let input = x.clone();
+        let n_layer = self.model.cfg.n_layer;
+        forward_layers(
+            self.model,
+            &mut self.above,
+            &mut x,
+            pos0,
+            self.first..n_layer,
+        )
+        .expect("reference");
+        (input, x)
+    }
+}
+
+/// max |a - b| / max |b|.
+fn relative_error(a: &[f32], b: &[f32]) -> f32 {
+    assert_eq!(a.len(), b.len());
+    let max_abs = b.iter().fold(0f32, |m, v| m.max(v.abs()));
+    let d = a.iter().zip(b).fold(0f32, |m, (x, y)| m.max((x - y).abs()));
+    d / max_abs
+}
+
+/// Prefill of `n_prefill` tokens then single-token decode steps through the
+/// span; each output against the reference. Returns the worst error.
+fn span_vs_reference(gpu: &VulkanBackend, model: &Model, first: usize, n_prefill: usize) -> f32 {
+    let span = gpu.as_span().expect("spans");
+    let tokens: Vec<u32> = (0..n_prefill + 4)
+        .map(|i| TOKENS[i % TOKENS.len()])
+        .collect();
+    let mut reference = Reference::new(model, first);
+    let (input, want) = reference.step(&tokens[..n_prefill], 0);
+    let mut x = input;
+    span.span_forward(&mut x, n_prefill, 0).expect("prefill");
+    let mut worst = relative_error(&x, &want);
+    assert_eq!(span.span_kv_len(), n_prefill);
+    for pos in n_prefill..tokens.len() {
+        let (input, want) = reference.step(&tokens[pos..pos + 1], pos);
+        let mut x = input;
+        span.span_forward(&mut x, 1, pos).expect("decode");
+        worst = worst.max(relative_error(&x, &want));
+    }
+    assert_eq!(span.span_kv_len(), tokens.len());
+    worst
+}
+
+fn check_model(file: &str, n_layers: usize) {
+    let Some(gpu) = backend() else { return };
+    let (model, first) = placed(&gpu, file, n_layers);
+    for n_prefill in [7, 70] {
+        let bytes = begin_span(&gpu, &model, first);
+        assert!(bytes > 0);
+        assert!(gpu.describe().contains(&format!("span {n_layers} layers")));
+        let worst = span_vs_reference(&gpu, &model, first, n_prefill);
+        eprintln!(
+            "{file}: span vs stage 1 + CPU over {n_layers} layers, prefill {n_prefill} + 4 decode steps: max |dx| {:.4}% of max |x|",
+            worst * 100.0
+        );
+        assert!(worst < 0.01, "{file}: max |dx| {:.3}%", worst * 100.0);
+        gpu.as_span().unwrap().span_end();
+    }
+    assert_eq!(gpu.gpu().validation_messages(), 0);
+}
+
+#[test]
+fn span_matches_the_layers_with_stage1_matmuls_on_smollm2() {
+    check_model("SmolLM2-135M-Instruct.Q4_1.gguf", 5);
+}
+
+/// Optional models (scripts/fetch-model.sh): run when present, required when
+/// listed in FISH_TEST_MODELS.
+fn optional_model(key: &str, file: &str) -> bool {
+    let listed = std::env::var("FISH_TEST_MODELS").is_ok_and(|v| v.split(' ').any(|m| m == key));
+    let present = model_path(file).exists();
+    assert!(present || !listed, "{file} is listed but missing");
+    if !present {
+        eprintln!("skipping: {file} is not fetched");
+    }
+    present
+}
+
+#[test]
+fn span_matches_on_qwen2_with_biases_and_neox_rope() {
+    let file = "qwen2.5-coder-0.5b-instruct.gguf";
+    if optional_model("qwen05", file) {
+        check_model(file, 4);
+    }
+}
+
+#[test]
+fn span_matches_on_gemma3_with_qk_norms_post_norms_and_geglu() {
+    let file = "gemma-3-270m-q4_k_m.gguf";
+    if optional_model("gemma3", file) {
+        check_model(file, 6);
+    }
+}
+
+#[test]
+fn a_gap_is_refused_and_truncate_then_reforward_repeats() {
+    let Some(gpu) = backend() else { return };
+    let (model, first) = placed(&gpu, "SmolLM2-135M-Instruct.Q4_1.gguf", 4);
+    begin_span(&gpu, &model, first);
+    let span = gpu.as_span().unwrap();
+    let mut reference = Reference::new(&model, first);
+    let (input, _) = reference.step(&TOKENS[..7], 0);
+    let mut x = input.clone();
+    span.span_forward(&mut x, 7, 0).expect("prefill");
+
+    // Position 9 would leave 7 and 8 empty.
+    let n_embd = model.cfg.n_embd;
+    let mut probe = input[..2 * n_embd].to_vec();
+    let before = probe.clone();
+    assert!(span.span_forward(&mut probe, 2, 9).is_err());
+    assert_eq!(probe, before, "x untouched by a refused forward");
+    assert_eq!(span.span_kv_len(), 7);
+
+    // Dropping positions 4.. and evaluating tokens 4..7 again reproduces them.
+    span.span_kv_truncate(4);
+    assert_eq!(span.span_kv_len(), 4);
+    let tail = input[4 * n_embd..].to_vec();
+    let mut again = tail.clone();
+    span.span_forward(&mut again, 3, 4).expect("re-forward");
+    span.span_kv_truncate(4);
+    let mut third = tail;
+    span.span_forward(&mut third, 3, 4).expect("re-forward");
+    assert_eq!(again, third, "the same positions give the same output");
+    let err = relative_error(&again, &x[4 * n_embd..]);
+    assert!(err < 1e-4, "re-forward vs prefill rows: {err}");
+    span.span_end();
+    assert_eq!(span.span_kv_len(), 0);
+    assert_eq!(gpu.gpu().validation_messages(), 0);
+}
+
+#[test]
+fn the_kv_grows_on_demand_within_the_context() {
+    let Some(gpu) = backend() else { return };
+    let (model, first) = placed(&gpu, "SmolLM2-135M-Instruct.Q4_1.gguf", 2);
+    let reserved = begin_span(&gpu, &model, first);
+    let span = gpu.as_span().unwrap();
+    span.span_kv_reserve(N_CTX)
+        .expect("reserve the whole context");
+    assert!(span.span_kv_reserve(N_CTX + 1).is_err(), "never past n_ctx");
+    let mut x = vec![0.5f32; model.cfg.n_embd];
+    span.span_forward(&mut x, 1, 0).expect("forward");
+    assert!(x.iter().all(|v| v.is_finite()));
+    assert!(gpu.describe().contains("span 2 layers, KV"));
+    span.span_end();
+    assert!(reserved > 0);
+    assert_eq!(gpu.gpu().validation_messages(), 0);
+}
+
+#[test]
+fn span_end_and_unload_free_all_device_memory() {
+    let Some(gpu) = backend() else { return };
+    let (resident0, allocs0, free0) = (
+        gpu.bytes_resident(),
+        gpu.gpu().allocation_count(),
+        gpu.memory_free(),
+    );
+    let (model, first) = placed(&gpu, "SmolLM2-135M-Instruct.Q4_1.gguf", 3);
+    begin_span(&gpu, &model, first);
+    let span = gpu.as_span().unwrap();
+    let mut x = vec![0.25f32; 9 * model.cfg.n_embd];
+    span.span_forward(&mut x, 9, 0).expect("forward");
+    span.span_end();
+    drop(model);
+    assert_eq!(gpu.bytes_resident(), resident0);
+    assert_eq!(gpu.gpu().allocation_count(), allocs0);
+    assert_eq!(gpu.memory_free(), free0);
+    assert_eq!(gpu.gpu().validation_messages(), 0);
+}

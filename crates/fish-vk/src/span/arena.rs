@@ -1,0 +1,138 @@
+//! The span's work arena: the residual stream x for every token of a
+//! forward, the per-chunk buffers between kernels, and the host-visible
+//! buffers that carry x in and out.
+
+use super::desc::{LayerTensors, SpanShape};
+use super::SPAN_CHUNK_TOKENS;
+use crate::buffer::{Buffer, MemoryKind};
+use crate::error::Result;
+use crate::gpu::Gpu;
+
+/// Tokens the residual stream is first sized for (it grows on demand).
+const INITIAL_TOKENS: usize = 256;
+
+pub(crate) struct Arena {
+    /// Residual stream: `x_tokens` x n_embd f32.
+    pub x: Buffer,
+    pub x_tokens: usize,
+    /// Normed input of the q/k/v and gate/up matmuls: chunk x n_embd.
+    pub xn: Buffer,
+    /// q | k | v of a chunk, each block token-major.
+    pub qkv: Buffer,
+    /// Attention output of a chunk: chunk x n_head * head_dim_v.
+    pub attn: Buffer,
+    /// wo and down outputs of a chunk: chunk x n_embd.
+    pub o: Buffer,
+    /// gate | up of a chunk; the activation writes into the gate half.
+    pub gate_up: Buffer,
+    /// Host-visible copies of x (in and out), sized like `x`.
+    pub upload: Buffer,
+    pub readback: Buffer,
+}
+
+fn f32_bytes(n: usize) -> u64 {
+    (n as u64 * 4).next_multiple_of(16)
+}
+
+impl Arena {
+    pub fn new(gpu: &Gpu, shape: &SpanShape, layers: &[LayerTensors]) -> Result<Arena> {
+        let c = SPAN_CHUNK_TOKENS;
+        let n_ff = layers.iter().map(|l| l.n_ff).max().unwrap_or(0);
+        let sizes = [
+            (INITIAL_TOKENS * shape.n_embd, MemoryKind::Device),
+            (c * shape.n_embd, MemoryKind::Device),
+            (
+                c * (shape.q_dim() + shape.k_dim() + shape.v_dim()),
+                MemoryKind::Device,
+            ),
+            (c * shape.attn_dim(), MemoryKind::Device),
+            (c * shape.n_embd, MemoryKind::Device),
+            (c * 2 * n_ff, MemoryKind::Device),
+            (INITIAL_TOKENS * shape.n_embd, MemoryKind::Upload),
+            (INITIAL_TOKENS * shape.n_embd, MemoryKind::Readback),
+        ];
+        let mut bufs = Vec::with_capacity(sizes.len());
+        for (n, kind) in sizes {
+            match gpu.alloc(f32_bytes(n), kind) {
+                Ok(b) => bufs.push(b),
+                Err(e) => {
+                    bufs.into_iter().for_each(|b| gpu.release(b));
+                    return Err(e);
+                }
+            }
+        }
+        let mut it = bufs.into_iter();
+        let mut next = || it.next().expect("one buffer per size");
+        Ok(Arena {
+            x: next(),
+            x_tokens: INITIAL_TOKENS,
+            xn: next(),
+            qkv: next(),
+            attn: next(),
+            o: next(),
+            gate_up: next(),
+            upload: next(),
+            readback: next(),
+        })
+    }
+
+    /// Makes x and its host copies hold `n_tok` tokens; true when the device
+    /// buffer was replaced (descriptor sets binding it are then stale).
+    pub fn fit_tokens(&mut self, gpu: &Gpu, shape: &SpanShape, n_tok: usize) -> Result<bool> {
+        if n_tok <= self.x_tokens {
+            return Ok(false);
+        }
+        let bytes = f32_bytes(n_tok * shape.n_embd);
+        let x = gpu.alloc(bytes, MemoryKind::Device)?;
+        let upload = match gpu.alloc(bytes, MemoryKind::Upload) {
+            Ok(b) => b,
+            Err(e) => {
+                gpu.release(x);
+                return Err(e);
+            }
+        };
+        let readback = match gpu.alloc(bytes, MemoryKind::Readback) {
+            Ok(b) => b,
+            Err(e) => {
+                gpu.release(x);
+                gpu.release(upload);
+                return Err(e);
+            }
+        };
+        gpu.release(std::mem::replace(&mut self.x, x));
+        gpu.release(std::mem::replace(&mut self.upload, upload));
+        gpu.release(std::mem::replace(&mut self.readback, readback));
+        self.x_tokens = n_tok;
+        Ok(true)
+    }
+
+    /// Device bytes (the host-visible copies are not counted).
+    pub fn bytes(&self) -> u64 {
+        [
+            &self.x,
+            &self.xn,
+            &self.qkv,
+            &self.attn,
+            &self.o,
+            &self.gate_up,
+        ]
+        .iter()
+        .map(|b| b.size)
+        .sum()
+    }
+
+    pub fn release(self, gpu: &Gpu) {
+        for b in [
+            self.x,
+            self.xn,
+            self.qkv,
+            self.attn,
+            self.o,
+            self.gate_up,
+            self.upload,
+            self.readback,
+        ] {
+            gpu.release(b);
+        }
+    }
+}

@@ -1,0 +1,204 @@
+//! The span's descriptor sets, written once and reused by every forward
+//! until a buffer they bind is replaced (x or the KV grew).
+
+use super::arena::Arena;
+use super::desc::LayerTensors;
+use super::kv::KvCache;
+use super::params::Params;
+use super::pipelines::{SpanPipelines, SPAN_BINDINGS};
+use crate::error::{Result, VkCall};
+use crate::gpu::Gpu;
+use crate::kernels::Kernel;
+use crate::upload::TensorHandle;
+use ash::vk;
+
+/// The sets of one matmul group: one per dispatch, in plan order.
+pub(crate) struct MatmulSets {
+    pub handles: Vec<TensorHandle>,
+    pub sets: Vec<vk::DescriptorSet>,
+}
+
+/// One layer's sets.
+pub(crate) struct LayerSets {
+    pub qkv: MatmulSets,
+    pub wo: MatmulSets,
+    pub gate_up: MatmulSets,
+    pub down: MatmulSets,
+    /// qkv, K, V, params.
+    pub rope: vk::DescriptorSet,
+    /// qkv, K, V, attn.
+    pub attention: vk::DescriptorSet,
+}
+
+pub(crate) struct Bindings {
+    pool: vk::DescriptorPool,
+    /// x -> xn (rmsnorm).
+    pub norm_x: vk::DescriptorSet,
+    /// qkv in place (q/k norms, biases).
+    pub qkv_self: vk::DescriptorSet,
+    /// x += o (residual add).
+    pub add_o: vk::DescriptorSet,
+    /// x += norm(o) (post-norms).
+    pub norm_o_into_x: vk::DescriptorSet,
+    /// gate/up in place (activation).
+    pub act: vk::DescriptorSet,
+    pub layers: Vec<LayerSets>,
+}
+
+/// The span's buffers, for writing the sets.
+pub(crate) struct SpanBuffers<'a> {
+    pub arena: &'a Arena,
+    pub kv: &'a KvCache,
+    pub params: &'a Params,
+}
+
+impl Bindings {
+    pub fn build(
+        gpu: &Gpu,
+        pipelines: &SpanPipelines,
+        layers: &[LayerTensors],
+        bufs: &SpanBuffers<'_>,
+    ) -> Result<Bindings> {
+        // Plans for one token tell how many dispatches (tensor chunks) each group has.
+        let groups: Vec<[Vec<TensorHandle>; 4]> = layers
+            .iter()
+            .map(|l| [l.qkv.to_vec(), vec![l.wo], l.gate_up.to_vec(), vec![l.down]])
+            .collect();
+        let mut weights: Vec<[Vec<vk::Buffer>; 4]> = Vec::with_capacity(layers.len());
+        for g in &groups {
+            let mut w: [Vec<vk::Buffer>; 4] = Default::default();
+            for (slot, handles) in w.iter_mut().zip(g) {
+                *slot = gpu
+                    .plan_handles(handles, 1, Kernel::Auto)?
+                    .iter()
+                    .map(|d| d.weights)
+                    .collect();
+            }
+            weights.push(w);
+        }
+        let n_matmul: usize = weights.iter().flatten().map(Vec::len).sum();
+        let n_span = 5 + 2 * layers.len();
+        let pool = create_pool(gpu, n_matmul + n_span)?;
+        let built = Self::write(gpu, pool, pipelines, &groups, &weights, bufs);
+        if built.is_err() {
+            // SAFETY: no set of this pool was used.
+            unsafe { gpu.device.destroy_descriptor_pool(pool, None) };
+        }
+        built
+    }
+
+    fn write(
+        gpu: &Gpu,
+        pool: vk::DescriptorPool,
+        pipelines: &SpanPipelines,
+        groups: &[[Vec<TensorHandle>; 4]],
+        weights: &[[Vec<vk::Buffer>; 4]],
+        bufs: &SpanBuffers<'_>,
+    ) -> Result<Bindings> {
+        let a = bufs.arena;
+        let p = bufs.params.buffer.raw;
+        let span_set = |b: [vk::Buffer; 4]| -> Result<vk::DescriptorSet> {
+            let set = allocate(gpu, pool, pipelines.set_layout)?;
+            write_set(gpu, set, &b);
+            Ok(set)
+        };
+        let matmul_sets = |handles: &[TensorHandle],
+                           w: &[vk::Buffer],
+                           x: vk::Buffer,
+                           y: vk::Buffer|
+         -> Result<MatmulSets> {
+            let sets = w
+                .iter()
+                .map(|&wb| {
+                    let set = allocate(gpu, pool, gpu.pipelines.set_layout)?;
+                    write_set(gpu, set, &[wb, x, y]);
+                    Ok(set)
+                })
+                .collect::<Result<_>>()?;
+            Ok(MatmulSets {
+                handles: handles.to_vec(),
+                sets,
+            })
+        };
+        let mut layers = Vec::with_capacity(groups.len());
+        for (il, (g, w)) in groups.iter().zip(weights).enumerate() {
+            let (k, v) = (bufs.kv.k[il].raw, bufs.kv.v[il].raw);
+            layers.push(LayerSets {
+                qkv: matmul_sets(&g[0], &w[0], a.xn.raw, a.qkv.raw)?,
+                wo: matmul_sets(&g[1], &w[1], a.attn.raw, a.o.raw)?,
+                gate_up: matmul_sets(&g[2], &w[2], a.xn.raw, a.gate_up.raw)?,
+                down: matmul_sets(&g[3], &w[3], a.gate_up.raw, a.o.raw)?,
+                rope: span_set([a.qkv.raw, k, v, p])?,
+                attention: span_set([a.qkv.raw, k, v, a.attn.raw])?,
+            });
+        }
+        Ok(Bindings {
+            pool,
+            norm_x: span_set([a.x.raw, a.xn.raw, p, p])?,
+            qkv_self: span_set([a.qkv.raw, a.qkv.raw, p, p])?,
+            add_o: span_set([a.x.raw, a.o.raw, p, p])?,
+            norm_o_into_x: span_set([a.o.raw, a.x.raw, p, p])?,
+            act: span_set([a.gate_up.raw; SPAN_BINDINGS as usize])?,
+            layers,
+        })
+    }
+
+    pub fn destroy(self, device: &ash::Device) {
+        // SAFETY: callers hold the exec lock or know no forward is pending.
+        unsafe { device.destroy_descriptor_pool(self.pool, None) };
+    }
+}
+
+fn create_pool(gpu: &Gpu, n_sets: usize) -> Result<vk::DescriptorPool> {
+    let sizes = [vk::DescriptorPoolSize {
+        ty: vk::DescriptorType::STORAGE_BUFFER,
+        descriptor_count: SPAN_BINDINGS * n_sets as u32,
+    }];
+    let info = vk::DescriptorPoolCreateInfo::default()
+        .max_sets(n_sets as u32)
+        .pool_sizes(&sizes);
+    // SAFETY: valid create info on a live device.
+    unsafe { gpu.device.create_descriptor_pool(&info, None) }.call("vkCreateDescriptorPool")
+}
+
+fn allocate(
+    gpu: &Gpu,
+    pool: vk::DescriptorPool,
+    layout: vk::DescriptorSetLayout,
+) -> Result<vk::DescriptorSet> {
+    let layouts = [layout];
+    let info = vk::DescriptorSetAllocateInfo::default()
+        .descriptor_pool(pool)
+        .set_layouts(&layouts);
+    // SAFETY: the pool was sized for every set the span allocates.
+    let sets =
+        unsafe { gpu.device.allocate_descriptor_sets(&info) }.call("vkAllocateDescriptorSets")?;
+    Ok(sets[0])
+}
+
+/// Binds `buffers` (whole) to bindings 0.. of `set`.
+fn write_set(gpu: &Gpu, set: vk::DescriptorSet, buffers: &[vk::Buffer]) {
+    let infos: Vec<[vk::DescriptorBufferInfo; 1]> = buffers
+        .iter()
+        .map(|&buffer| {
+            [vk::DescriptorBufferInfo {
+                buffer,
+                offset: 0,
+                range: vk::WHOLE_SIZE,
+            }]
+        })
+        .collect();
+    let writes: Vec<_> = infos
+        .iter()
+        .enumerate()
+        .map(|(b, info)| {
+            vk::WriteDescriptorSet::default()
+                .dst_set(set)
+                .dst_binding(b as u32)
+                .descriptor_type(vk::DescriptorType::STORAGE_BUFFER)
+                .buffer_info(info)
+        })
+        .collect();
+    // SAFETY: the set is new and not in use.
+    unsafe { gpu.device.update_descriptor_sets(&writes, &[]) };
+}

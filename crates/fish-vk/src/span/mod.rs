@@ -1,0 +1,167 @@
+//! Stage 2: a contiguous range of layers run entirely on the device, one
+//! command buffer and one fence per forward.
+//!
+//! A `Span` owns what the range needs besides the resident weights: the
+//! parameters (norm vectors, biases, RoPE tables; uploaded once), the work
+//! arena (the residual stream and per-chunk buffers), an f16 KV cache per
+//! layer that grows on demand up to the context, the span pipelines and the
+//! descriptor sets that bind all of it. Like `Buffer`, a `Span` does not free
+//! itself: its owner hands it back with `Gpu::span_destroy`.
+
+mod arena;
+mod bindings;
+mod desc;
+mod forward;
+mod kv;
+mod params;
+mod pipelines;
+mod profile;
+mod record;
+
+pub use desc::{SpanActivation, SpanDesc, SpanLayerDesc, SpanRope, SpanShape};
+pub use profile::SpanStage;
+
+use crate::error::Result;
+use crate::gpu::Gpu;
+use arena::Arena;
+use bindings::Bindings;
+use kv::KvCache;
+use params::Params;
+use pipelines::SpanPipelines;
+use profile::Profiler;
+
+/// Tokens per chunk: the work buffers hold this many, and the tiled matmul
+/// covers one chunk with one tile along the tokens.
+pub const SPAN_CHUNK_TOKENS: usize = 64;
+
+/// The device resources of one span (see the module docs).
+pub struct Span {
+    shape: SpanShape,
+    layers: Vec<desc::LayerTensors>,
+    params: Params,
+    arena: Arena,
+    kv: KvCache,
+    pipelines: SpanPipelines,
+    bindings: Option<Bindings>,
+    profiler: Option<Profiler>,
+}
+
+impl Span {
+    /// Positions held by the device KV.
+    pub fn kv_len(&self) -> usize {
+        self.kv.len
+    }
+
+    /// Positions the device KV has room for before it must grow.
+    pub fn kv_capacity(&self) -> usize {
+        self.kv.capacity
+    }
+
+    /// Keeps positions `< n`.
+    pub fn kv_truncate(&mut self, n: usize) {
+        self.kv.len = self.kv.len.min(n);
+    }
+
+    /// Layers in the span.
+    pub fn n_layers(&self) -> usize {
+        self.layers.len()
+    }
+
+    /// Device bytes the span holds (parameters, arena and KV).
+    pub fn device_bytes(&self) -> u64 {
+        self.params.bytes() + self.arena.bytes() + self.kv.bytes()
+    }
+
+    /// Device bytes of the KV cache alone.
+    pub fn kv_bytes(&self) -> u64 {
+        self.kv.bytes()
+    }
+
+    /// The per-stage share of GPU time of the last forward, when the span was
+    /// created with profiling on.
+    pub fn profile(&self) -> Option<String> {
+        self.profiler.as_ref().and_then(|p| p.summary())
+    }
+}
+
+impl Gpu {
+    /// Uploads the span's parameters and allocates its arena and an initial
+    /// KV; with `profile`, every forward records per-stage timestamps.
+    pub fn span_create(&self, desc: &SpanDesc<'_>, profile: bool) -> Result<Span> {
+        let layers = desc.validate()?;
+        let pipelines = SpanPipelines::new(&self.device)?;
+        let (params, arena, kv) = match self.span_memory(desc, &layers) {
+            Ok(parts) => parts,
+            Err(e) => {
+                pipelines.destroy(&self.device);
+                return Err(e);
+            }
+        };
+        let profiler = if profile {
+            self.info.timestamp_period_ns.map(Profiler::new)
+        } else {
+            None
+        };
+        Ok(Span {
+            shape: desc.shape.clone(),
+            layers,
+            params,
+            arena,
+            kv,
+            pipelines,
+            bindings: None,
+            profiler,
+        })
+    }
+
+    /// Parameters, arena and initial KV; on failure nothing stays allocated.
+    fn span_memory(
+        &self,
+        desc: &SpanDesc<'_>,
+        layers: &[desc::LayerTensors],
+    ) -> Result<(Params, Arena, KvCache)> {
+        let params = Params::upload(self, desc)?;
+        let arena = match Arena::new(self, &desc.shape, layers) {
+            Ok(a) => a,
+            Err(e) => {
+                params.release(self);
+                return Err(e);
+            }
+        };
+        match KvCache::new(self, &desc.shape, layers.len()) {
+            Ok(kv) => Ok((params, arena, kv)),
+            Err(e) => {
+                params.release(self);
+                arena.release(self);
+                Err(e)
+            }
+        }
+    }
+
+    /// Makes room for `n_pos` positions in the span's KV (never past n_ctx).
+    pub fn span_reserve(&self, span: &mut Span, n_pos: usize) -> Result<()> {
+        if span.kv.reserve(self, &span.shape, n_pos)? {
+            // The KV buffers changed: the sets that bound them are stale.
+            if let Some(b) = span.bindings.take() {
+                b.destroy(&self.device);
+            }
+        }
+        Ok(())
+    }
+
+    /// Releases everything the span holds on the device.
+    pub fn span_destroy(&self, span: Span) {
+        // Forwards wait for their fences; holding the exec lock means none runs.
+        let _idle = self.lock_exec();
+        if let Some(b) = span.bindings {
+            b.destroy(&self.device);
+        }
+        if let Some(p) = span.profiler {
+            p.destroy(&self.device);
+        }
+        span.pipelines.destroy(&self.device);
+        span.params.release(self);
+        span.arena.release(self);
+        span.kv.release(self);
+    }
+}

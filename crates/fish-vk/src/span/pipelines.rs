@@ -1,0 +1,149 @@
+//! The span kernels' pipelines: one layout (four storage buffers, up to
+//! PUSH_WORDS words of push constants) shared by every span module.
+
+use crate::error::{Result, VkCall, VkError};
+use crate::pipeline::module_bytes;
+use ash::vk;
+
+/// Push-constant words every span kernel may use.
+pub(crate) const PUSH_WORDS: usize = 16;
+/// Storage buffers per span descriptor set.
+pub(crate) const SPAN_BINDINGS: u32 = 4;
+
+/// The span kernels, by module.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum SpanKernel {
+    RmsNorm,
+    Add,
+    Act,
+    Rope,
+    Attention,
+}
+
+impl SpanKernel {
+    const ALL: [SpanKernel; 5] = [
+        SpanKernel::RmsNorm,
+        SpanKernel::Add,
+        SpanKernel::Act,
+        SpanKernel::Rope,
+        SpanKernel::Attention,
+    ];
+
+    fn module(self) -> &'static str {
+        match self {
+            SpanKernel::RmsNorm => "span_rmsnorm",
+            SpanKernel::Add => "span_add",
+            SpanKernel::Act => "span_act",
+            SpanKernel::Rope => "span_rope",
+            SpanKernel::Attention => "span_attention",
+        }
+    }
+}
+
+pub(crate) struct SpanPipelines {
+    pub set_layout: vk::DescriptorSetLayout,
+    pub layout: vk::PipelineLayout,
+    modules: Vec<vk::ShaderModule>,
+    pipelines: Vec<vk::Pipeline>,
+}
+
+impl SpanPipelines {
+    pub fn new(device: &ash::Device) -> Result<SpanPipelines> {
+        let bindings: Vec<_> = (0..SPAN_BINDINGS)
+            .map(|b| {
+                vk::DescriptorSetLayoutBinding::default()
+                    .binding(b)
+                    .descriptor_type(vk::DescriptorType::STORAGE_BUFFER)
+                    .descriptor_count(1)
+                    .stage_flags(vk::ShaderStageFlags::COMPUTE)
+            })
+            .collect();
+        let info = vk::DescriptorSetLayoutCreateInfo::default().bindings(&bindings);
+        // SAFETY: valid create infos on a live device.
+        let set_layout = unsafe { device.create_descriptor_set_layout(&info, None) }
+            .call("vkCreateDescriptorSetLayout")?;
+        let mut out = SpanPipelines {
+            set_layout,
+            layout: vk::PipelineLayout::null(),
+            modules: Vec::new(),
+            pipelines: Vec::new(),
+        };
+        let ranges = [vk::PushConstantRange::default()
+            .stage_flags(vk::ShaderStageFlags::COMPUTE)
+            .size((PUSH_WORDS * 4) as u32)];
+        let set_layouts = [set_layout];
+        let info = vk::PipelineLayoutCreateInfo::default()
+            .set_layouts(&set_layouts)
+            .push_constant_ranges(&ranges);
+        // SAFETY: as above.
+        match unsafe { device.create_pipeline_layout(&info, None) } {
+            Ok(l) => out.layout = l,
+            Err(result) => {
+                out.destroy(device);
+                return Err(VkError::Vulkan {
+                    call: "vkCreatePipelineLayout",
+                    result,
+                });
+            }
+        }
+        for k in SpanKernel::ALL {
+            if let Err(e) = out.build(device, k) {
+                out.destroy(device);
+                return Err(e);
+            }
+        }
+        Ok(out)
+    }
+
+    fn build(&mut self, device: &ash::Device, kernel: SpanKernel) -> Result<()> {
+        let name = kernel.module();
+        let bytes = module_bytes(name).ok_or_else(|| VkError::Shader(name.to_string()))?;
+        let code = ash::util::read_spv(&mut std::io::Cursor::new(bytes))
+            .map_err(|_| VkError::Shader(name.to_string()))?;
+        let info = vk::ShaderModuleCreateInfo::default().code(&code);
+        // SAFETY: embedded SPIR-V compiled for this layout.
+        let module =
+            unsafe { device.create_shader_module(&info, None) }.call("vkCreateShaderModule")?;
+        self.modules.push(module);
+        let stage = vk::PipelineShaderStageCreateInfo::default()
+            .stage(vk::ShaderStageFlags::COMPUTE)
+            .module(module)
+            .name(c"main");
+        let create = [vk::ComputePipelineCreateInfo::default()
+            .stage(stage)
+            .layout(self.layout)];
+        // SAFETY: as above.
+        let pipeline =
+            unsafe { device.create_compute_pipelines(vk::PipelineCache::null(), &create, None) }
+                .map_err(|(_, result)| VkError::Vulkan {
+                    call: "vkCreateComputePipelines",
+                    result,
+                })?[0];
+        self.pipelines.push(pipeline);
+        Ok(())
+    }
+
+    pub fn get(&self, kernel: SpanKernel) -> vk::Pipeline {
+        let i = SpanKernel::ALL
+            .iter()
+            .position(|k| *k == kernel)
+            .expect("every kernel is in ALL");
+        self.pipelines[i]
+    }
+
+    pub fn destroy(&self, device: &ash::Device) {
+        // SAFETY: no command buffer using them is pending (callers wait).
+        unsafe {
+            for &p in &self.pipelines {
+                device.destroy_pipeline(p, None);
+            }
+            for &m in &self.modules {
+                device.destroy_shader_module(m, None);
+            }
+            if self.layout != vk::PipelineLayout::null() {
+                device.destroy_pipeline_layout(self.layout, None);
+            }
+            device.destroy_descriptor_set_layout(self.set_layout, None);
+        }
+    }
+}

@@ -1,0 +1,137 @@
+//! FISH_GPU_PROFILE=2: a timestamp after every stage of a span forward, and
+//! the share of GPU time each kind of stage took.
+
+use crate::error::{Result, VkCall};
+use ash::vk;
+
+/// The kinds of span stages the profile reports.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SpanStage {
+    Matvec,
+    RmsNorm,
+    Attention,
+    ActMul,
+    Add,
+    /// RoPE and the KV store run as one fused kernel.
+    RopeKvStore,
+}
+
+impl SpanStage {
+    const ALL: [SpanStage; 6] = [
+        SpanStage::Matvec,
+        SpanStage::RmsNorm,
+        SpanStage::Attention,
+        SpanStage::ActMul,
+        SpanStage::Add,
+        SpanStage::RopeKvStore,
+    ];
+
+    pub fn label(self) -> &'static str {
+        match self {
+            SpanStage::Matvec => "matvec",
+            SpanStage::RmsNorm => "rmsnorm",
+            SpanStage::Attention => "attention",
+            SpanStage::ActMul => "act*mul",
+            SpanStage::Add => "add",
+            SpanStage::RopeKvStore => "RoPE+KV store",
+        }
+    }
+}
+
+pub(crate) struct Profiler {
+    pool: vk::QueryPool,
+    capacity: u32,
+    period_ns: f64,
+    /// The stage that ended at each timestamp after the first, in order.
+    pub marks: Vec<SpanStage>,
+    /// Nanoseconds per stage kind of the last forward.
+    last: Option<Vec<(SpanStage, f64)>>,
+}
+
+impl Profiler {
+    pub fn new(period_ns: f64) -> Profiler {
+        Profiler {
+            pool: vk::QueryPool::null(),
+            capacity: 0,
+            period_ns,
+            marks: Vec::new(),
+            last: None,
+        }
+    }
+
+    /// Makes the query pool hold `n` timestamps.
+    pub fn ensure(&mut self, device: &ash::Device, n: u32) -> Result<()> {
+        if n <= self.capacity {
+            return Ok(());
+        }
+        let info = vk::QueryPoolCreateInfo::default()
+            .query_type(vk::QueryType::TIMESTAMP)
+            .query_count(n);
+        // SAFETY: valid create info; the old pool is unused (forwards wait).
+        let pool = unsafe { device.create_query_pool(&info, None) }.call("vkCreateQueryPool")?;
+        self.destroy_pool(device);
+        self.pool = pool;
+        self.capacity = n;
+        Ok(())
+    }
+
+    pub fn capacity(&self) -> u32 {
+        self.capacity
+    }
+
+    pub fn pool(&self) -> vk::QueryPool {
+        self.pool
+    }
+
+    /// Reads the timestamps of the finished forward and sums them per stage.
+    pub fn collect(&mut self, device: &ash::Device) -> Result<()> {
+        let n = self.marks.len() + 1;
+        let mut ticks = vec![0u64; n];
+        // SAFETY: the finished submission wrote queries 0..n.
+        unsafe {
+            device.get_query_pool_results(
+                self.pool,
+                0,
+                &mut ticks,
+                vk::QueryResultFlags::TYPE_64 | vk::QueryResultFlags::WAIT,
+            )
+        }
+        .call("vkGetQueryPoolResults")?;
+        let mut per_stage: Vec<(SpanStage, f64)> =
+            SpanStage::ALL.iter().map(|&s| (s, 0.0)).collect();
+        for (i, stage) in self.marks.iter().enumerate() {
+            let ns = ticks[i + 1].wrapping_sub(ticks[i]) as f64 * self.period_ns;
+            if let Some(slot) = per_stage.iter_mut().find(|(s, _)| s == stage) {
+                slot.1 += ns;
+            }
+        }
+        self.last = Some(per_stage);
+        Ok(())
+    }
+
+    /// e.g. `span 1.92 ms: matvec 92.6%, rmsnorm 2.3%, ...`.
+    pub fn summary(&self) -> Option<String> {
+        let stages = self.last.as_ref()?;
+        let total: f64 = stages.iter().map(|(_, ns)| ns).sum();
+        if total <= 0.0 {
+            return None;
+        }
+        let parts: Vec<String> = stages
+            .iter()
+            .map(|(s, ns)| format!("{} {:.1}%", s.label(), 100.0 * ns / total))
+            .collect();
+        Some(format!("span {:.3} ms: {}", total / 1e6, parts.join(", ")))
+    }
+
+    fn destroy_pool(&mut self, device: &ash::Device) {
+        if self.pool != vk::QueryPool::null() {
+            // SAFETY: no pending submission uses the pool.
+            unsafe { device.destroy_query_pool(self.pool, None) };
+            self.pool = vk::QueryPool::null();
+        }
+    }
+
+    pub fn destroy(mut self, device: &ash::Device) {
+        self.destroy_pool(device);
+    }
+}

@@ -1,0 +1,345 @@
+//! Records one span forward into a command buffer: per layer, per chunk of
+//! at most SPAN_CHUNK_TOKENS tokens, the stages of a transformer layer with
+//! a compute->compute barrier only between dependent stages.
+
+use super::bindings::{Bindings, MatmulSets};
+use super::desc::{LayerTensors, SpanActivation, SpanRope, SpanShape};
+use super::params::{LayerParams, Params};
+use super::pipelines::{SpanKernel, SpanPipelines, PUSH_WORDS};
+use super::profile::{Profiler, SpanStage};
+use crate::error::{Result, VkError};
+use crate::gpu::Gpu;
+use crate::kernels::{Dispatch, Kernel};
+use ash::vk;
+
+/// Workgroup width of the elementwise kernels (span_add, span_act).
+const ELEMENTWISE_WG: u32 = 256;
+
+/// One chunk of a forward: its tokens and the matmul dispatches per layer
+/// (q/k/v, wo, gate/up, down).
+pub(crate) struct Chunk {
+    pub tok0: usize,
+    pub n: usize,
+    pub matmuls: Vec<[Vec<Dispatch>; 4]>,
+}
+
+/// Plans the matmuls of every chunk; the dispatches must match the sets
+/// written at binding time (same tensors, same chunks).
+pub(crate) fn plan_chunks(
+    gpu: &Gpu,
+    layers: &[LayerTensors],
+    bindings: &Bindings,
+    n_tok: usize,
+    chunk_tokens: usize,
+) -> Result<Vec<Chunk>> {
+    let mut chunks: Vec<Chunk> = Vec::new();
+    for tok0 in (0..n_tok).step_by(chunk_tokens) {
+        let n = chunk_tokens.min(n_tok - tok0);
+        // Chunks of equal size share the plan.
+        let same = chunks.iter().find(|c| c.n == n).map(|c| &c.matmuls);
+        let matmuls = match same {
+            Some(m) => m.clone(),
+            None => layers
+                .iter()
+                .zip(&bindings.layers)
+                .map(|(_, ls)| {
+                    Ok([
+                        plan_group(gpu, &ls.qkv, n)?,
+                        plan_group(gpu, &ls.wo, n)?,
+                        plan_group(gpu, &ls.gate_up, n)?,
+                        plan_group(gpu, &ls.down, n)?,
+                    ])
+                })
+                .collect::<Result<_>>()?,
+        };
+        chunks.push(Chunk { tok0, n, matmuls });
+    }
+    Ok(chunks)
+}
+
+fn plan_group(gpu: &Gpu, sets: &MatmulSets, n_tok: usize) -> Result<Vec<Dispatch>> {
+    let plan = gpu.plan_handles(&sets.handles, n_tok, Kernel::Auto)?;
+    if plan.len() != sets.sets.len() {
+        return Err(VkError::Input(
+            "span matmul plan does not match its descriptor sets".into(),
+        ));
+    }
+    Ok(plan)
+}
+
+/// What a recording needs besides the command buffer.
+pub(crate) struct Recording<'a> {
+    pub gpu: &'a Gpu,
+    pub shape: &'a SpanShape,
+    pub layers: &'a [LayerTensors],
+    pub params: &'a Params,
+    pub pipelines: &'a SpanPipelines,
+    pub bindings: &'a Bindings,
+    pub chunks: &'a [Chunk],
+    pub pos0: usize,
+}
+
+/// Records stages, ending each with a barrier (and a timestamp when profiling).
+struct Recorder<'a> {
+    d: &'a ash::Device,
+    cmd: vk::CommandBuffer,
+    pipelines: &'a SpanPipelines,
+    profiler: Option<&'a mut Profiler>,
+}
+
+impl Recorder<'_> {
+    unsafe fn dispatch(
+        &self,
+        kernel: SpanKernel,
+        set: vk::DescriptorSet,
+        push: &[u32],
+        groups: (u32, u32),
+    ) {
+        debug_assert!(push.len() <= PUSH_WORDS);
+        let bytes: Vec<u8> = push.iter().flat_map(|w| w.to_le_bytes()).collect();
+        let d = self.d;
+        d.cmd_bind_pipeline(
+            self.cmd,
+            vk::PipelineBindPoint::COMPUTE,
+            self.pipelines.get(kernel),
+        );
+        d.cmd_bind_descriptor_sets(
+            self.cmd,
+            vk::PipelineBindPoint::COMPUTE,
+            self.pipelines.layout,
+            0,
+            &[set],
+            &[],
+        );
+        d.cmd_push_constants(
+            self.cmd,
+            self.pipelines.layout,
+            vk::ShaderStageFlags::COMPUTE,
+            0,
+            &bytes,
+        );
+        d.cmd_dispatch(self.cmd, groups.0, groups.1, 1);
+    }
+
+    /// Ends a stage: later stages see its writes.
+    unsafe fn end(&mut self, stage: SpanStage) {
+        compute_barrier(self.d, self.cmd);
+        if let Some(p) = self.profiler.as_deref_mut() {
+            p.marks.push(stage);
+            let at = p.marks.len() as u32;
+            self.d.cmd_write_timestamp(
+                self.cmd,
+                vk::PipelineStageFlags::BOTTOM_OF_PIPE,
+                p.pool(),
+                at,
+            );
+        }
+    }
+}
+
+unsafe fn compute_barrier(d: &ash::Device, cmd: vk::CommandBuffer) {
+    let mb = [vk::MemoryBarrier::default()
+        .src_access_mask(vk::AccessFlags::SHADER_WRITE | vk::AccessFlags::SHADER_READ)
+        .dst_access_mask(vk::AccessFlags::SHADER_READ | vk::AccessFlags::SHADER_WRITE)];
+    d.cmd_pipeline_barrier(
+        cmd,
+        vk::PipelineStageFlags::COMPUTE_SHADER,
+        vk::PipelineStageFlags::COMPUTE_SHADER,
+        vk::DependencyFlags::empty(),
+        &mb,
+        &[],
+        &[],
+    );
+}
+
+/// A 2D grid of 256-wide workgroups covering `count` elements.
+fn elementwise_groups(count: usize) -> (u32, u32) {
+    let groups = (count as u32).div_ceil(ELEMENTWISE_WG).max(1);
+    let gx = groups.min(65535);
+    (gx, groups.div_ceil(gx))
+}
+
+/// Upper bound of the timestamps one forward writes (for the query pool).
+pub(crate) fn max_timestamps(n_layers: usize, n_chunks: usize) -> u32 {
+    // At most 16 stages per layer and chunk, plus the first timestamp.
+    (n_layers * n_chunks * 16 + 1) as u32
+}
+
+impl Recording<'_> {
+    /// Records every layer of every chunk. Called inside the submission.
+    pub unsafe fn record(&self, cmd: vk::CommandBuffer, profiler: Option<&mut Profiler>) {
+        let d = &self.gpu.device;
+        if let Some(p) = &profiler {
+            d.cmd_reset_query_pool(cmd, p.pool(), 0, p.capacity());
+            d.cmd_write_timestamp(cmd, vk::PipelineStageFlags::TOP_OF_PIPE, p.pool(), 0);
+        }
+        let mut r = Recorder {
+            d,
+            cmd,
+            pipelines: self.pipelines,
+            profiler,
+        };
+        if let Some(p) = r.profiler.as_deref_mut() {
+            p.marks.clear();
+        }
+        for (il, layer) in self.layers.iter().enumerate() {
+            for chunk in self.chunks {
+                self.record_layer(&mut r, il, layer, chunk);
+            }
+        }
+    }
+
+    unsafe fn record_layer(
+        &self,
+        r: &mut Recorder<'_>,
+        il: usize,
+        layer: &LayerTensors,
+        chunk: &Chunk,
+    ) {
+        let s = self.shape;
+        let lp: &LayerParams = &self.params.layers[il];
+        let sets = &self.bindings.layers[il];
+        let b = self.bindings;
+        let n = chunk.n;
+        let x_off = (chunk.tok0 * s.n_embd) as u32;
+        let pos_base = (self.pos0 + chunk.tok0) as u32;
+        let (q_dim, k_dim, v_dim) = (s.q_dim(), s.k_dim(), s.v_dim());
+        let k_off = (n * q_dim) as u32;
+        let v_off = (n * (q_dim + k_dim)) as u32;
+
+        // Attention block.
+        self.norm(r, b.norm_x, n, s.n_embd, x_off, 0, lp.attn_norm, 0);
+        r.end(SpanStage::RmsNorm);
+        self.matmul(r, &chunk.matmuls[il][0], &sets.qkv.sets);
+        r.end(SpanStage::Matvec);
+        let biases = [
+            (lp.bq, 0, q_dim),
+            (lp.bk, k_off, k_dim),
+            (lp.bv, v_off, v_dim),
+        ];
+        if biases.iter().any(|(b, _, _)| b.is_some()) {
+            for (w_off, dst_off, dim) in biases {
+                if let Some(w_off) = w_off {
+                    let count = n * dim;
+                    let (gx, gy) = elementwise_groups(count);
+                    let push = [count as u32, dst_off, 0, dim as u32, w_off, gx];
+                    r.dispatch(SpanKernel::Add, b.qkv_self, &push, (gx, gy));
+                }
+            }
+            r.end(SpanStage::Add);
+        }
+        if lp.q_norm.is_some() || lp.k_norm.is_some() {
+            if let Some(w) = lp.q_norm {
+                self.norm(r, b.qkv_self, n * s.n_head, s.head_dim, 0, 0, w, 0);
+            }
+            if let Some(w) = lp.k_norm {
+                self.norm(
+                    r,
+                    b.qkv_self,
+                    n * s.n_head_kv,
+                    s.head_dim,
+                    k_off,
+                    k_off,
+                    w,
+                    0,
+                );
+            }
+            r.end(SpanStage::RmsNorm);
+        }
+        let rope = [
+            pos_base,
+            q_dim as u32,
+            k_dim as u32,
+            v_dim as u32,
+            s.head_dim as u32,
+            s.n_rot as u32,
+            u32::from(s.rope == SpanRope::Neox),
+            self.params.rope_tables[layer.rope_table],
+            k_off,
+            v_off,
+        ];
+        r.dispatch(SpanKernel::Rope, sets.rope, &rope, (n as u32, 1));
+        r.end(SpanStage::RopeKvStore);
+        let attention = [
+            pos_base,
+            s.n_head as u32,
+            s.n_head_kv as u32,
+            s.head_dim as u32,
+            s.head_dim_v as u32,
+            k_dim as u32,
+            v_dim as u32,
+            layer.window as u32,
+            s.attn_scale.to_bits(),
+        ];
+        r.dispatch(
+            SpanKernel::Attention,
+            sets.attention,
+            &attention,
+            (s.n_head as u32, n as u32),
+        );
+        r.end(SpanStage::Attention);
+        self.matmul(r, &chunk.matmuls[il][1], &sets.wo.sets);
+        r.end(SpanStage::Matvec);
+        self.residual(r, n, x_off, lp.post_attn_norm);
+
+        // Feed-forward block.
+        self.norm(r, b.norm_x, n, s.n_embd, x_off, 0, lp.ffn_norm, 0);
+        r.end(SpanStage::RmsNorm);
+        self.matmul(r, &chunk.matmuls[il][2], &sets.gate_up.sets);
+        r.end(SpanStage::Matvec);
+        let count = n * layer.n_ff;
+        let (gx, gy) = elementwise_groups(count);
+        let gelu = u32::from(s.activation == SpanActivation::GeGlu);
+        r.dispatch(SpanKernel::Act, b.act, &[count as u32, gelu, gx], (gx, gy));
+        r.end(SpanStage::ActMul);
+        self.matmul(r, &chunk.matmuls[il][3], &sets.down.sets);
+        r.end(SpanStage::Matvec);
+        self.residual(r, n, x_off, lp.post_ffn_norm);
+    }
+
+    /// x += o, or x += norm(o) * w with a post-norm (one dispatch either way).
+    unsafe fn residual(&self, r: &mut Recorder<'_>, n: usize, x_off: u32, post_norm: Option<u32>) {
+        let b = self.bindings;
+        let n_embd = self.shape.n_embd;
+        match post_norm {
+            Some(w) => {
+                self.norm(r, b.norm_o_into_x, n, n_embd, 0, x_off, w, 1);
+                r.end(SpanStage::RmsNorm);
+            }
+            None => {
+                let count = n * n_embd;
+                let (gx, gy) = elementwise_groups(count);
+                let push = [count as u32, x_off, 0, 0, 0, gx];
+                r.dispatch(SpanKernel::Add, b.add_o, &push, (gx, gy));
+                r.end(SpanStage::Add);
+            }
+        }
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn norm(
+        &self,
+        r: &mut Recorder<'_>,
+        set: vk::DescriptorSet,
+        rows: usize,
+        width: usize,
+        src_off: u32,
+        dst_off: u32,
+        w_off: u32,
+        accumulate: u32,
+    ) {
+        let push = [
+            width as u32,
+            src_off,
+            dst_off,
+            w_off,
+            self.shape.rms_eps.to_bits(),
+            accumulate,
+        ];
+        r.dispatch(SpanKernel::RmsNorm, set, &push, (rows as u32, 1));
+    }
+
+    unsafe fn matmul(&self, r: &mut Recorder<'_>, plan: &[Dispatch], sets: &[vk::DescriptorSet]) {
+        self.gpu.record_dispatches(r.cmd, plan, sets);
+    }
+}
