@@ -17,7 +17,10 @@ unsafe fn dpbusd_acc(acc: __m256i, x: __m256i, y: __m256i) -> __m256i {
 
 super::kernels::define_kernels!("avx2,fma,f16c,avx512f,avx512vl,avx512vnni", dpbusd_sum);
 
-/// Multi-row tiles: 4 rows x 4 tokens of accumulators fit the 32 registers.
+/// The 256-bit tiles at this level: the matmul runs the 512-bit tiles of
+/// `tiles512`, which use `codes` from here and are tested bit for bit
+/// against these.
+#[cfg_attr(not(test), allow(dead_code))]
 pub mod tiles {
     super::super::tiles::define_tiles!(
         "avx2,fma,f16c,avx512f,avx512vl,avx512vnni",

@@ -23,6 +23,8 @@ mod quant_acts;
 mod tests;
 #[cfg(target_arch = "x86_64")]
 mod tiles;
+#[cfg(target_arch = "x86_64")]
+mod tiles512;
 
 use fish_gguf::GgmlType;
 
@@ -153,6 +155,20 @@ pub(crate) struct TileKernels {
     pub max_tok: usize,
 }
 
+/// The AVX-512 VNNI tiles of a 32-value format: 512-bit vectors holding
+/// two rows, bit-identical to the 256-bit tiles.
+///
+/// # Safety
+/// The CPU must have AVX-512 F/VL/VNNI, FMA and F16C.
+#[cfg(target_arch = "x86_64")]
+unsafe fn avx512_tiles<const F: u8>() -> TileKernels {
+    TileKernels {
+        one: tiles512::tile::<F, 1>,
+        many: tiles512::tile::<F, 4>,
+        max_tok: 4,
+    }
+}
+
 /// Rows per tile of every tile kernel.
 pub(crate) const TILE_ROWS: usize = 4;
 
@@ -213,11 +229,11 @@ pub(crate) fn tile_kernels(ty: GgmlType) -> Option<TileKernels> {
         // detected its features.
         unsafe {
             match (simd_level(), f) {
-                (SimdLevel::Avx512Vnni, fmt::Q4_0) => Some(avx512::tiles::tiles::<{ fmt::Q4_0 }>()),
-                (SimdLevel::Avx512Vnni, fmt::Q4_1) => Some(avx512::tiles::tiles::<{ fmt::Q4_1 }>()),
-                (SimdLevel::Avx512Vnni, fmt::Q5_0) => Some(avx512::tiles::tiles::<{ fmt::Q5_0 }>()),
-                (SimdLevel::Avx512Vnni, fmt::Q5_1) => Some(avx512::tiles::tiles::<{ fmt::Q5_1 }>()),
-                (SimdLevel::Avx512Vnni, _) => Some(avx512::tiles::tiles::<{ fmt::Q8_0 }>()),
+                (SimdLevel::Avx512Vnni, fmt::Q4_0) => Some(avx512_tiles::<{ fmt::Q4_0 }>()),
+                (SimdLevel::Avx512Vnni, fmt::Q4_1) => Some(avx512_tiles::<{ fmt::Q4_1 }>()),
+                (SimdLevel::Avx512Vnni, fmt::Q5_0) => Some(avx512_tiles::<{ fmt::Q5_0 }>()),
+                (SimdLevel::Avx512Vnni, fmt::Q5_1) => Some(avx512_tiles::<{ fmt::Q5_1 }>()),
+                (SimdLevel::Avx512Vnni, _) => Some(avx512_tiles::<{ fmt::Q8_0 }>()),
                 (SimdLevel::Avx2, fmt::Q4_0) => Some(avx2::tiles::tiles::<{ fmt::Q4_0 }>()),
                 (SimdLevel::Avx2, fmt::Q4_1) => Some(avx2::tiles::tiles::<{ fmt::Q4_1 }>()),
                 (SimdLevel::Avx2, fmt::Q5_0) => Some(avx2::tiles::tiles::<{ fmt::Q5_0 }>()),

@@ -93,13 +93,20 @@ fn best_kernels_agree_for_every_type() {
 /// portable dot product per row and token, over shapes that leave partial
 /// row groups and token groups, with 1 and 2 threads.
 fn check_matmul_against_portable<B: BlockFormat>() {
-    // An odd number of 32-value blocks; two super-blocks for the k-quants.
-    let n_in = if <B as BlockFormat>::VALUES > 32 {
-        512
+    // An odd and an even number of 32-value blocks (the 512-bit tiles take
+    // blocks in pairs); two and three super-blocks for the k-quants (with
+    // one, the min term can cancel most of a row and the bound below,
+    // relative to the block results, gets tighter than f32 rounding).
+    let n_ins = if <B as BlockFormat>::VALUES > 32 {
+        [512, 768]
     } else {
-        32 * 9
+        [32 * 9, 32 * 10]
     };
-    for (n_out, n_tok) in [(1, 1), (3, 1), (7, 2), (13, 5), (64, 9), (301, 4)] {
+    let shapes = [(1, 1), (3, 1), (7, 2), (13, 5), (64, 9), (301, 4)];
+    for (n_in, (n_out, n_tok)) in n_ins
+        .into_iter()
+        .flat_map(|n_in| shapes.map(|shape| (n_in, shape)))
+    {
         let wf = pseudo_random(n_in * n_out, n_out as u32);
         let w: Vec<B> = wf
             .chunks(<B as BlockFormat>::VALUES)
@@ -242,4 +249,69 @@ fn matmul_tiles_match_row_dot_products_exactly() {
     for ty in [Q4_0, Q4_1, Q5_0, Q5_1, Q8_0] {
         with_block_type!(ty, B => check_tiles_match_row_dots_exactly::<B>(), _ => unreachable!());
     }
+}
+
+/// The 512-bit tiles (two rows per vector) give exactly the bits of the
+/// 256-bit tiles, for one token and for batches, full and partial tiles.
+#[test]
+#[cfg(target_arch = "x86_64")]
+fn wide_tiles_are_bit_identical_to_256_bit_tiles() {
+    use crate::blocks::{BlockQ4_0, BlockQ4_1, BlockQ5_0, BlockQ5_1, BlockQ8_0};
+    use tiles::fmt;
+    if detect() != SimdLevel::Avx512Vnni {
+        return;
+    }
+    fn check<B: BlockFormat, const F: u8>() {
+        let (n_in, n_tok) = (32 * 10, 4);
+        for rows in [4, 3, 1] {
+            let wf = pseudo_random(n_in * rows, 3 + rows as u32);
+            let w: Vec<B> = wf
+                .chunks(<B as BlockFormat>::VALUES)
+                .map(B::from_float)
+                .collect();
+            let x = pseudo_random(n_in * n_tok, 11);
+            let acts = quantize_acts(crate::dot_type(B::TYPE), &x, n_tok, n_in).unwrap();
+            let mut scales = Vec::new();
+            assert!(crate::acts::tile_scales(&acts, &mut scales));
+            let a: &[B::Act] = <B::Act as ActFormat>::view(&acts.data).unwrap();
+            let apr = n_in / 32;
+            let narrow = unsafe { avx512::tiles::tiles::<F>() };
+            for (toks, wide, slim) in [
+                (1, tiles512::tile::<F, 1> as TileFn, narrow.one),
+                (n_tok, tiles512::tile::<F, 4>, narrow.many),
+            ] {
+                let mut y = [vec![0f32; 16], vec![0f32; 16]];
+                for (kernel, y) in [wide, slim].into_iter().zip(&mut y) {
+                    let tile = Tile {
+                        w: bytemuck::cast_slice::<B, u8>(&w).as_ptr(),
+                        row_bytes: apr * size_of::<B>(),
+                        rows,
+                        a: bytemuck::cast_slice::<B::Act, u8>(a).as_ptr(),
+                        act_row_bytes: apr * size_of::<B::Act>(),
+                        scales: scales.as_ptr(),
+                        apr,
+                        toks,
+                        y: y.as_mut_ptr(),
+                        y_stride: 4,
+                    };
+                    // SAFETY: AVX-512 VNNI was detected; the tile covers
+                    // `rows` rows, `toks` tokens and 16 outputs.
+                    unsafe { kernel(&tile) };
+                }
+                let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+                assert_eq!(
+                    bits(&y[0]),
+                    bits(&y[1]),
+                    "{:?} rows {rows} toks {toks}",
+                    B::TYPE
+                );
+                assert!(y[0][..rows].iter().all(|v| *v != 0.0), "{:?}", B::TYPE);
+            }
+        }
+    }
+    check::<BlockQ4_0, { fmt::Q4_0 }>();
+    check::<BlockQ4_1, { fmt::Q4_1 }>();
+    check::<BlockQ5_0, { fmt::Q5_0 }>();
+    check::<BlockQ5_1, { fmt::Q5_1 }>();
+    check::<BlockQ8_0, { fmt::Q8_0 }>();
 }

@@ -10,10 +10,10 @@
 //! scalar f16 conversions and no loop-carried chain besides the
 //! accumulators.
 //!
-//! Numerics are the per-block ones of the portable code: for every block
-//! the exact integer sum (the codes' offset `-K * sum(a)` is folded into the
-//! integer accumulator before the products are added), scaled by
-//! `d_w * d_a`; min terms `m_w * s_a` are accumulated separately.
+//! Numerics are those of the row kernels, bit for bit: for every block the
+//! exact integer lane sums (the codes' offset enters each lane as `-K` times
+//! its own activations), scaled by `d_w * d_a` with one fused multiply-add
+//! per block; min terms `m_w * s_a` are accumulated separately.
 
 /// The layout of one 32-value weight format, as a const generic selector.
 pub(crate) mod fmt {
@@ -112,7 +112,7 @@ macro_rules! define_tiles {
         /// The 32 unsigned codes of the block at `p`.
         #[target_feature(enable = $features)]
         #[inline]
-        unsafe fn codes<const F: u8>(p: *const u8) -> __m256i {
+        pub(crate) unsafe fn codes<const F: u8>(p: *const u8) -> __m256i {
             match F {
                 fmt::Q4_0 => nibbles(p.add(2)),
                 fmt::Q4_1 => nibbles(p.add(4)),
