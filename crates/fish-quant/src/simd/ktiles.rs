@@ -8,7 +8,9 @@
 //! in f32, as in the portable code. Q4_K's min terms
 //! `d_a * dmin * sum_g m[g] * bsum[g]` are exact integer sums per block,
 //! scaled and accumulated separately; Q6_K's code offset 32 enters the
-//! integer sum as `-32 * sc[g] * bsum[g]`.
+//! integer sum as `-32 * sum_g sc[g] * bsum[g]` in lane 0. Lane for lane,
+//! the sums and their f32 scaling are those of the row kernels, so the
+//! results are bit-identical to them.
 
 use crate::blocks::{BlockQ4K, BlockQ6K, BlockQ8K};
 use crate::simd::{prefetch_distance, prefetch_lines, Tile, TileKernels};
@@ -121,7 +123,9 @@ unsafe fn q4_k_tile<const T: usize>(t: &Tile) {
             let s = msum[k];
             let per_row = _mm_hadd_epi32(_mm_hadd_epi32(s[0], s[1]), _mm_hadd_epi32(s[2], s[3]));
             let dmin = _mm256_castps256_ps128(_mm256_permutevar8x32_ps(da[k], dmin_lanes));
-            mins[k] = _mm_fmadd_ps(dmin, _mm_cvtepi32_ps(per_row), mins[k]);
+            // Product, then sum, rounded apart: the row kernel's
+            // `mins += d_a * dmin * summ`.
+            mins[k] = _mm_add_ps(mins[k], _mm_mul_ps(dmin, _mm_cvtepi32_ps(per_row)));
         }
     }
     store(t, toks, &acc, Some(&mins));
@@ -159,11 +163,16 @@ unsafe fn q6_k_tile<const T: usize>(t: &Tile) {
         for r in 0..4 {
             let blk = &*(rw.w[r].add(b * BB) as *const BlockQ6K);
             let sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128(blk.scales.as_ptr() as *const __m128i));
-            // sum (q - 32) a = sum q a - 32 sum a; the group sums of a are the bsums.
-            let neg32 = _mm256_sub_epi16(_mm256_setzero_si256(), _mm256_slli_epi16(sc16, 5));
+            // sum (q - 32) a = sum q a - 32 sum a; the group sums of a are the
+            // bsums. The whole offset goes into lane 0, as in the row kernel,
+            // so the lanes (scaled and summed in f32) match it bit for bit.
             let mut isum: [__m256i; T] = core::array::from_fn(|k| {
                 let bsums = _mm256_loadu_si256(ab[k].bsums.as_ptr() as *const __m256i);
-                _mm256_madd_epi16(neg32, bsums)
+                let o = _mm256_madd_epi16(sc16, bsums);
+                let o = _mm_add_epi32(_mm256_castsi256_si128(o), _mm256_extracti128_si256(o, 1));
+                let o = _mm_add_epi32(o, _mm_shuffle_epi32(o, 0b01_00_11_10));
+                let o = _mm_add_epi32(o, _mm_shuffle_epi32(o, 0b10_11_00_01));
+                _mm256_zextsi128_si256(_mm_cvtsi32_si128(-32 * _mm_cvtsi128_si32(o)))
             });
             for n in 0..2 {
                 let ql0 = _mm256_loadu_si256(blk.ql.as_ptr().add(64 * n) as *const __m256i);

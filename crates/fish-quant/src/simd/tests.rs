@@ -212,7 +212,12 @@ fn simd_activation_quantisation_is_bit_identical() {
 /// and add them block by block, then sum the lanes, as ggml's x86 kernels do.
 /// Results that go on to 8-bit activations must not depend on the kernel.
 fn check_tiles_match_row_dots_exactly<B: BlockFormat>() {
-    let n_in = 32 * 9;
+    // An odd number of 32-value blocks; two super-blocks for the k-quants.
+    let n_in = if <B as BlockFormat>::VALUES > 32 {
+        512
+    } else {
+        32 * 9
+    };
     for (n_out, n_tok) in [(1, 1), (6, 1), (13, 5), (64, 9)] {
         let wf = pseudo_random(n_in * n_out, 3 + n_out as u32);
         let w: Vec<B> = wf
@@ -223,7 +228,7 @@ fn check_tiles_match_row_dots_exactly<B: BlockFormat>() {
         let x = pseudo_random(n_in * n_tok, 11 + n_tok as u32);
         let acts = quantize_acts(crate::dot_type(B::TYPE), &x, n_tok, n_in).unwrap();
         let a: &[B::Act] = <B::Act as ActFormat>::view(&acts.data).unwrap();
-        let (bpr, apr) = (n_in / 32, a.len() / n_tok);
+        let (bpr, apr) = (n_in / <B as BlockFormat>::VALUES, a.len() / n_tok);
         let mut y = vec![f32::NAN; n_out * n_tok];
         let weights = crate::Weights::new(B::TYPE, bytes, n_in, n_out).unwrap();
         crate::matmul_quantized(weights, &acts, &mut y).unwrap();
@@ -246,7 +251,7 @@ fn check_tiles_match_row_dots_exactly<B: BlockFormat>() {
 #[test]
 fn matmul_tiles_match_row_dot_products_exactly() {
     use crate::GgmlType::*;
-    for ty in [Q4_0, Q4_1, Q5_0, Q5_1, Q8_0] {
+    for ty in [Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q6_K] {
         with_block_type!(ty, B => check_tiles_match_row_dots_exactly::<B>(), _ => unreachable!());
     }
 }
