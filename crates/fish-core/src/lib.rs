@@ -5,6 +5,7 @@
 //! backend is handed in as a trait object; this crate knows no Vulkan.
 
 pub mod backend;
+pub mod batch;
 pub mod error;
 pub mod model;
 
@@ -13,4 +14,6 @@ pub mod chat;
 pub mod generate;
 pub mod sampling;
 pub mod session;
+pub mod spec_controller;
+pub mod speculative;
 pub mod tokenizer;

@@ -78,18 +78,66 @@ pub fn forward(
     pos0: usize,
     logits_for: LogitsFor,
 ) -> Result<Vec<f32>> {
-    let (g, cfg, w, gpu) = (&*model.gguf, &model.cfg, &model.weights, model.gpu.as_ref());
     let n_tok = tokens.len();
     if n_tok == 0 {
         return Err(EngineError::EmptyInput);
     }
     cache.check_append(pos0, n_tok)?;
+    let n_embd = model.cfg.n_embd;
+    let mut x = embed(&model.gguf, &model.cfg, &model.weights, tokens)?;
+    let positions: Vec<usize> = (pos0..pos0 + n_tok).collect();
+    run_layers(model, &mut x, &positions, &mut OneSequence { cache, pos0 })?;
+    cache.set_len(pos0 + n_tok);
+
+    let rows = match logits_for {
+        LogitsFor::Last => &x[(n_tok - 1) * n_embd..],
+        LogitsFor::All => &x[..],
+    };
+    output_logits(model, rows)
+}
+
+/// Where a batch's keys and values go and where its queries attend: one
+/// cache for consecutive positions ([`forward`]) or one cache per row
+/// (batched decode of independent sequences).
+pub(super) trait KvSite {
+    /// Stores row `t`'s keys and values in layer `il`.
+    fn store(&mut self, il: usize, t: usize, k: &[f32], v: &[f32]);
+    /// Attention of every row's query (`q`: n_tok rows) into `out`.
+    fn attend(&self, shape: &AttentionShape, il: usize, q: &[f32], out: &mut [f32]);
+}
+
+/// One sequence: row `t` sits at position `pos0 + t` of `cache`.
+struct OneSequence<'a> {
+    cache: &'a mut KvCache,
+    pos0: usize,
+}
+
+impl KvSite for OneSequence<'_> {
+    fn store(&mut self, il: usize, t: usize, k: &[f32], v: &[f32]) {
+        self.cache.store(il, self.pos0 + t, k, v);
+    }
+
+    fn attend(&self, shape: &AttentionShape, il: usize, q: &[f32], out: &mut [f32]) {
+        attend(shape, self.cache, il, q, self.pos0, out);
+    }
+}
+
+/// Runs every layer over the hidden states `x` (one row per entry of
+/// `positions`, the RoPE position of that row), with keys and values kept by `kv`.
+pub(super) fn run_layers(
+    model: &Model,
+    x: &mut [f32],
+    positions: &[usize],
+    kv: &mut dyn KvSite,
+) -> Result<()> {
+    let (g, cfg, w, gpu) = (&*model.gguf, &model.cfg, &model.weights, model.gpu.as_ref());
+    let n_tok = positions.len();
     let n_embd = cfg.n_embd;
-    let mut x = embed(g, cfg, w, tokens)?;
 
     let rope = |base: f32| -> Vec<RopeAngles> {
-        (0..n_tok)
-            .map(|t| RopeAngles::new(pos0 + t, cfg.n_rot, base, cfg.rope_freq_scale))
+        positions
+            .iter()
+            .map(|&p| RopeAngles::new(p, cfg.n_rot, base, cfg.rope_freq_scale))
             .collect()
     };
     let angles_global = rope(cfg.rope_base);
@@ -103,7 +151,7 @@ pub fn forward(
     for (il, lw) in w.layers.iter().enumerate() {
         let swa = cfg.is_swa_layer(il);
         // Attention block.
-        ops::rms_norm_into(&x, &lw.attn_norm, cfg.rms_eps, &mut xn);
+        ops::rms_norm_into(x, &lw.attn_norm, cfg.rms_eps, &mut xn);
         let on_gpu = gpu.and_then(|p| p.layer(il));
         let qkv = project(
             g,
@@ -143,9 +191,9 @@ pub fn forward(
                 cfg.rope_style,
                 &angles[t],
             );
-            cache.store(
+            kv.store(
                 il,
-                pos0 + t,
+                t,
                 &k[t * cfg.k_dim()..][..cfg.k_dim()],
                 &v[t * cfg.v_dim()..][..cfg.v_dim()],
             );
@@ -159,15 +207,15 @@ pub fn forward(
             window: if swa { cfg.sliding_window } else { 0 },
         };
         let mut attn = vec![0f32; n_tok * cfg.n_head * cfg.head_dim_v];
-        attend(&shape, cache, il, &q, pos0, &mut attn);
+        kv.attend(&shape, il, &q, &mut attn);
         let mut o = project_one(g, gpu, on_gpu.map(|l| l.wo), &lw.wo, &attn, n_tok)?;
         if let Some(pn) = &lw.post_attn_norm {
             ops::rms_norm_rows(&mut o, pn, cfg.rms_eps);
         }
-        ops::add_in_place(&mut x, &o);
+        ops::add_in_place(x, &o);
 
         // Feed-forward block.
-        ops::rms_norm_into(&x, &lw.ffn_norm, cfg.rms_eps, &mut xn);
+        ops::rms_norm_into(x, &lw.ffn_norm, cfg.rms_eps, &mut xn);
         let on_gpu = gpu.and_then(|p| p.layer(il));
         let gu = project(
             g,
@@ -195,22 +243,27 @@ pub fn forward(
         if let Some(pn) = &lw.post_ffn_norm {
             ops::rms_norm_rows(&mut d, pn, cfg.rms_eps);
         }
-        ops::add_in_place(&mut x, &d);
+        ops::add_in_place(x, &d);
     }
-    cache.set_len(pos0 + n_tok);
+    Ok(())
+}
 
-    let rows = match logits_for {
-        LogitsFor::Last => &x[(n_tok - 1) * n_embd..],
-        LogitsFor::All => &x[..],
-    };
-    let n_rows = rows.len() / n_embd;
+/// Final norm and output projection of hidden-state `rows` (n_vocab logits each).
+pub(super) fn output_logits(model: &Model, rows: &[f32]) -> Result<Vec<f32>> {
+    let (g, cfg, w, gpu) = (&*model.gguf, &model.cfg, &model.weights, model.gpu.as_ref());
+    let n_rows = rows.len() / cfg.n_embd;
     let mut h = rows.to_vec();
     ops::rms_norm_rows(&mut h, &w.output_norm, cfg.rms_eps);
     project_one(g, gpu, gpu.and_then(|p| p.output()), &w.output, &h, n_rows)
 }
 
 /// Token embeddings (rows of token_embd), scaled for architectures that do so.
-fn embed(g: &Gguf, cfg: &ModelConfig, w: &ModelWeights, tokens: &[u32]) -> Result<Vec<f32>> {
+pub(super) fn embed(
+    g: &Gguf,
+    cfg: &ModelConfig,
+    w: &ModelWeights,
+    tokens: &[u32],
+) -> Result<Vec<f32>> {
     let n_embd = cfg.n_embd;
     let m = &w.token_embd;
     let data = g.tensor_data(&m.info);

@@ -3,10 +3,12 @@
 mod attention;
 pub mod config;
 mod forward;
+pub mod forward_batch;
 pub mod gpu;
 pub mod kv_cache;
 pub mod layer_range;
 pub mod ops;
+mod span_run;
 mod swiglu;
 mod vec_math;
 pub mod weights;
@@ -67,6 +69,7 @@ impl Model {
         self.gpu = Some(GpuPlacement::place(
             backend,
             &self.gguf,
+            &self.cfg,
             &self.weights,
             limits,
             progress,
@@ -96,6 +99,9 @@ impl Model {
         pos0: usize,
         logits_for: LogitsFor,
     ) -> Result<Vec<f32>> {
+        if let Some((run, span)) = self.gpu.as_ref().and_then(|p| p.span()) {
+            return span_run::forward_with_span(self, run, span, cache, tokens, pos0, logits_for);
+        }
         forward::forward(self, cache, tokens, pos0, logits_for)
     }
 }
