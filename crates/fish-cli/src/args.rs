@@ -73,3 +73,37 @@ impl GpuArgs {
         })
     }
 }
+
+/// Speculative decoding: a draft model and how many tokens it proposes per round.
+#[derive(Args, Clone, Debug)]
+pub struct SpecArgs {
+    /// A draft model for speculative decoding (it must share the model's vocabulary).
+    #[arg(long = "model-draft", visible_alias = "md")]
+    pub model_draft: Option<std::path::PathBuf>,
+    /// Fixed number of tokens drafted per round (default 3).
+    #[arg(long = "spec-draft-n", conflicts_with = "spec_draft_adaptive")]
+    pub spec_draft_n: Option<usize>,
+    /// Size each draft from the measured acceptance (between --spec-draft-n-min and -max).
+    #[arg(long = "spec-draft-adaptive")]
+    pub spec_draft_adaptive: bool,
+    /// Floor of the adaptive draft length.
+    #[arg(long = "spec-draft-n-min", default_value_t = 1)]
+    pub spec_draft_n_min: usize,
+    /// Ceiling of the adaptive draft length.
+    #[arg(long = "spec-draft-n-max", default_value_t = fish_core::spec_controller::DEFAULT_N_MAX)]
+    pub spec_draft_n_max: usize,
+}
+
+impl SpecArgs {
+    pub fn policy(&self) -> fish_core::spec_controller::DraftLength {
+        use fish_core::spec_controller::DraftLength;
+        if self.spec_draft_adaptive {
+            DraftLength::Adaptive {
+                n_min: self.spec_draft_n_min,
+                n_max: self.spec_draft_n_max,
+            }
+        } else {
+            DraftLength::Fixed(self.spec_draft_n.unwrap_or(3))
+        }
+    }
+}

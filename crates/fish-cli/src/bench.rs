@@ -6,6 +6,7 @@ use std::time::Instant;
 
 use anyhow::Result;
 use clap::Args;
+use fish_core::batch::BatchSession;
 use fish_core::model::LogitsFor;
 use fish_core::session::Session;
 use serde_json::json;
@@ -26,6 +27,10 @@ pub struct BenchArgs {
     /// Measured repetitions (one extra warm-up run is discarded).
     #[arg(short = 'r', long = "repetitions", default_value_t = 5)]
     reps: usize,
+    /// Also decode B independent sequences together (one forward per step)
+    /// and report their aggregate tok/s: B sequences x n tokens / time.
+    #[arg(long = "batch")]
+    batch: Option<usize>,
     #[command(flatten)]
     threads: ThreadArgs,
     #[command(flatten)]
@@ -107,6 +112,10 @@ pub fn run(args: &BenchArgs) -> Result<()> {
         });
     }
 
+    if let (Some(b), true) = (args.batch, args.n_gen > 0) {
+        rows.push(batched_decode(args, model, b)?);
+    }
+
     let mut out = std::io::stdout().lock();
     if args.json {
         let v: Vec<_> = rows
@@ -134,4 +143,31 @@ pub fn run(args: &BenchArgs) -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// Aggregate decode speed of `n_seq` sequences stepped together: each step
+/// feeds one token to every sequence in one forward.
+fn batched_decode(args: &BenchArgs, model: &fish_core::model::Model, n_seq: usize) -> Result<Row> {
+    anyhow::ensure!(n_seq > 0, "--batch must be at least 1");
+    let mut batch = BatchSession::new(model, n_seq, args.n_gen, args.threads.resolve())?;
+    let toks = bench_tokens(args.n_gen * n_seq, model.cfg.n_vocab);
+    let mut speeds = Vec::new();
+    for rep in 0..=args.reps {
+        for s in 0..n_seq {
+            batch.truncate(s, 0)?;
+        }
+        let t0 = Instant::now();
+        for step in toks.chunks_exact(n_seq) {
+            batch.step_all(step)?;
+        }
+        if rep > 0 {
+            speeds.push((args.n_gen * n_seq) as f64 / t0.elapsed().as_secs_f64());
+        }
+    }
+    let (mean, sd) = mean_sd(&speeds);
+    Ok(Row {
+        test: format!("tg{} x{n_seq}", args.n_gen),
+        mean,
+        sd,
+    })
 }

@@ -8,10 +8,13 @@ use clap::Args;
 use fish_core::chat::{ChatMessage, RenderOptions};
 use fish_core::generate::{generate, Flow, GenerateOptions, GenerationStats};
 use fish_core::session::Session;
+use fish_core::speculative::{
+    check_vocab, generate_speculative, SpeculativeOptions, SpeculativeStats,
+};
 use fish_core::tokenizer::EncodeOptions;
 use serde_json::json;
 
-use crate::args::{GpuArgs, SamplingArgs, ThreadArgs};
+use crate::args::{GpuArgs, SamplingArgs, SpecArgs, ThreadArgs};
 use crate::load::{load, Loaded};
 
 #[derive(Args)]
@@ -36,6 +39,8 @@ pub struct RunArgs {
     gpu: GpuArgs,
     #[command(flatten)]
     sampling: SamplingArgs,
+    #[command(flatten)]
+    spec: SpecArgs,
     /// Apply the model's chat template; with no prompt, chat interactively.
     #[arg(long)]
     chat: bool,
@@ -62,6 +67,16 @@ pub fn run(args: &RunArgs) -> Result<()> {
     };
     let loaded = load(&args.model, &args.gpu)?;
     let mut session = Session::new(&loaded.model, n_ctx(args, &loaded), args.threads.resolve())?;
+    let draft = load_draft(args, &loaded)?;
+    let mut draft_session = match &draft {
+        Some(d) => Some(Session::new(
+            &d.model,
+            n_ctx(args, &loaded),
+            args.threads.resolve(),
+        )?),
+        None => None,
+    };
+    let draft = draft_session.as_mut();
     match prompt {
         Some(p) => {
             let text = if args.chat {
@@ -69,9 +84,9 @@ pub fn run(args: &RunArgs) -> Result<()> {
             } else {
                 p
             };
-            one_shot(args, &loaded, &mut session, &text)
+            one_shot(args, &loaded, &mut session, draft, &text)
         }
-        None if args.chat => interactive(args, &loaded, &mut session),
+        None if args.chat => interactive(args, &loaded, &mut session, draft),
         None => bail!("no prompt: give -p PROMPT, -f FILE, or --chat for an interactive chat"),
     }
 }
@@ -96,19 +111,27 @@ fn options(args: &RunArgs, session: &Session<'_>, n_prompt: usize) -> GenerateOp
     }
 }
 
-fn one_shot(args: &RunArgs, loaded: &Loaded, session: &mut Session<'_>, text: &str) -> Result<()> {
+fn one_shot(
+    args: &RunArgs,
+    loaded: &Loaded,
+    session: &mut Session<'_>,
+    draft: Option<&mut Session<'_>>,
+    text: &str,
+) -> Result<()> {
     let tok = &loaded.tokenizer;
     let prompt = tok.encode(text, EncodeOptions::PROMPT);
     let opts = options(args, session, prompt.len());
     let mut generated = Vec::new();
     let mut out = std::io::stdout().lock();
     let mut stream = tok.stream();
-    let stats = generate(
+    let (stats, spec) = generate_with(
         session,
+        draft,
         &prompt,
         &opts,
+        args,
         |t| tok.is_eog(t),
-        |t| {
+        &mut |t| {
             generated.push(t);
             if !args.json {
                 let piece = stream.push(t).unwrap_or_default();
@@ -134,12 +157,20 @@ fn one_shot(args: &RunArgs, loaded: &Loaded, session: &mut Session<'_>, text: &s
                 "gen_tok_per_s": stats.gen_tok_per_s(),
             },
             "gpu": loaded.model.gpu_describe(),
+            "speculative": spec.as_ref().map(|s| json!({
+                "drafted": s.n_drafted,
+                "accepted": s.n_accepted,
+                "acceptance_rate": s.acceptance_rate(),
+                "mean_draft_len": s.mean_draft_len(),
+                "tokens_per_target_forward": s.tokens_per_target_forward(),
+            })),
         });
         writeln!(out, "{v}")?;
     } else {
         write!(out, "{}", stream.finish())?;
         writeln!(out)?;
         print_stats(loaded, session, &stats);
+        print_spec_stats(spec.as_ref());
     }
     Ok(())
 }
@@ -160,7 +191,12 @@ fn print_stats(loaded: &Loaded, session: &Session<'_>, s: &GenerationStats) {
     }
 }
 
-fn interactive(args: &RunArgs, loaded: &Loaded, session: &mut Session<'_>) -> Result<()> {
+fn interactive(
+    args: &RunArgs,
+    loaded: &Loaded,
+    session: &mut Session<'_>,
+    mut draft: Option<&mut Session<'_>>,
+) -> Result<()> {
     let tok = &loaded.tokenizer;
     let mut messages: Vec<ChatMessage> = Vec::new();
     let stdin = std::io::stdin();
@@ -189,12 +225,14 @@ fn interactive(args: &RunArgs, loaded: &Loaded, session: &mut Session<'_>) -> Re
         let opts = options(args, session, prompt.len());
         let mut reply = Vec::new();
         let mut stream = tok.stream();
-        let stats = generate(
+        let (stats, spec) = generate_with(
             session,
+            draft.as_deref_mut(),
             &prompt,
             &opts,
+            args,
             |t| tok.is_eog(t),
-            |t| {
+            &mut |t| {
                 reply.push(t);
                 let piece = stream.push(t).unwrap_or_default();
                 let _ = out.write_all(piece.as_bytes()).and_then(|_| out.flush());
@@ -203,6 +241,55 @@ fn interactive(args: &RunArgs, loaded: &Loaded, session: &mut Session<'_>) -> Re
         )?;
         writeln!(out, "{}", stream.finish())?;
         print_stats(loaded, session, &stats);
+        print_spec_stats(spec.as_ref());
         messages.push(ChatMessage::new("assistant", tok.decode(&reply)?));
+    }
+}
+
+/// Loads the draft model of `--model-draft` and checks that it pairs with the model.
+fn load_draft(args: &RunArgs, target: &Loaded) -> Result<Option<Loaded>> {
+    let Some(path) = &args.spec.model_draft else {
+        return Ok(None);
+    };
+    let draft = load(path, &args.gpu)?;
+    check_vocab(&target.tokenizer, &draft.tokenizer)
+        .with_context(|| format!("draft model {}", path.display()))?;
+    Ok(Some(draft))
+}
+
+/// Plain generation, or speculative generation when a draft session is given.
+fn generate_with(
+    session: &mut Session<'_>,
+    draft: Option<&mut Session<'_>>,
+    prompt: &[u32],
+    opts: &GenerateOptions,
+    args: &RunArgs,
+    is_eog: impl Fn(u32) -> bool,
+    on_token: &mut dyn FnMut(u32) -> Flow,
+) -> Result<(GenerationStats, Option<SpeculativeStats>)> {
+    match draft {
+        None => Ok((generate(session, prompt, opts, is_eog, on_token)?, None)),
+        Some(draft) => {
+            let spec_opts = SpeculativeOptions {
+                n_predict: opts.n_predict,
+                sampler: opts.sampler.clone(),
+                draft: args.spec.policy(),
+            };
+            let s = generate_speculative(session, draft, prompt, &spec_opts, is_eog, on_token)?;
+            Ok((s.generation.clone(), Some(s)))
+        }
+    }
+}
+
+fn print_spec_stats(spec: Option<&SpeculativeStats>) {
+    if let Some(s) = spec {
+        eprintln!(
+            "speculative: drafted {}, accepted {} ({:.1}%) | mean draft length {:.2} | {:.2} tokens per target forward",
+            s.n_drafted,
+            s.n_accepted,
+            s.acceptance_rate() * 100.0,
+            s.mean_draft_len(),
+            s.tokens_per_target_forward(),
+        );
     }
 }
