@@ -4,7 +4,9 @@ mod args;
 mod bench;
 mod info;
 mod load;
+mod mix;
 mod perplexity;
+mod quantize;
 mod run;
 mod synth;
 
@@ -35,6 +37,8 @@ enum Command {
     Synth(synth::SynthArgs),
     /// Print a model's metadata and tensor table.
     Info(info::InfoArgs),
+    /// Rewrite a model's weights in another type or mix, like llama-quantize.
+    Quantize(quantize::QuantizeArgs),
 }
 
 fn main() -> ExitCode {
@@ -45,6 +49,7 @@ fn main() -> ExitCode {
         Command::Perplexity(args) => perplexity::run(&args),
         Command::Synth(args) => synth::run(&args),
         Command::Info(args) => info::run(&args),
+        Command::Quantize(args) => quantize::run(&args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

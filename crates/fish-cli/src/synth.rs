@@ -6,10 +6,12 @@ use std::fs::File;
 use std::io::{BufWriter, Write};
 use std::path::PathBuf;
 
-use anyhow::{bail, Context, Result};
+use anyhow::{Context, Result};
 use clap::{Args, ValueEnum};
 use fish_gguf::{GgmlType, GgufWriter, TensorSpec, Value};
 use rayon::prelude::*;
+
+use crate::mix::{fit_row, Mix, Role};
 
 #[derive(Clone, Copy, Debug, ValueEnum)]
 pub enum Shape {
@@ -74,7 +76,8 @@ pub struct SynthArgs {
     /// The model shape.
     #[arg(long)]
     shape: Shape,
-    /// Weight type or mix: f32, f16, bf16, q4_0, q4_1, q5_0, q5_1, q8_0, q4_k, q5_k, q6_k, q4_k_m.
+    /// Weight type or mix: f32, f16, bf16, q4_0, q4_1, q5_0, q5_1, q8_0, q2_k, q3_k, q4_k, q5_k,
+    /// q6_k, q4_k_s, q4_k_m, q5_k_m.
     #[arg(long = "type")]
     ty: String,
     /// Seed for the random weights.
@@ -84,69 +87,18 @@ pub struct SynthArgs {
     out: PathBuf,
 }
 
-/// Types `fish_quant::quantize_row` writes that the kernels also read.
-const QUANTIZABLE: [GgmlType; 11] = [
-    GgmlType::F32,
-    GgmlType::F16,
-    GgmlType::BF16,
-    GgmlType::Q4_0,
-    GgmlType::Q4_1,
-    GgmlType::Q5_0,
-    GgmlType::Q5_1,
-    GgmlType::Q8_0,
-    GgmlType::Q4_K,
-    GgmlType::Q5_K,
-    GgmlType::Q6_K,
-];
-
-/// The weight types of one model: a plain type everywhere, or llama.cpp's Q4_K_M mix.
-#[derive(Clone, Copy)]
-enum Mix {
-    Plain(GgmlType),
-    Q4KM,
-}
-
-impl Mix {
-    fn parse(s: &str) -> Result<Mix> {
-        if s.eq_ignore_ascii_case("q4_k_m") {
-            return Ok(Mix::Q4KM);
-        }
-        match GgmlType::from_name(s) {
-            Some(t) if QUANTIZABLE.contains(&t) => Ok(Mix::Plain(t)),
-            _ => bail!("unsupported --type {s:?} (f32, f16, bf16, q4_0, q4_1, q5_0, q5_1, q8_0, q4_k, q5_k, q6_k, q4_k_m)"),
-        }
-    }
-
-    /// The type of tensor `name` (layer `il` of `n_layer`).
-    fn type_for(self, name: &str, il: Option<usize>, n_layer: usize) -> GgmlType {
-        match self {
-            Mix::Plain(t) => t,
-            Mix::Q4KM => {
-                let more_bits = il.is_some_and(|i| {
-                    i < n_layer / 8 || i >= 7 * n_layer / 8 || (i - n_layer / 8) % 3 == 2
-                });
-                if name == "output.weight"
-                    || (more_bits
-                        && (name.ends_with("attn_v.weight") || name.ends_with("ffn_down.weight")))
-                {
-                    GgmlType::Q6_K
-                } else {
-                    GgmlType::Q4_K
-                }
-            }
-        }
-    }
-}
-
-/// K-quants need rows of whole 256-value blocks; fall back like llama-quantize.
-fn fit_row(ty: GgmlType, n_in: usize) -> GgmlType {
-    if n_in.is_multiple_of(ty.block_size()) {
-        return ty;
-    }
-    match ty {
-        GgmlType::Q4_K => GgmlType::Q5_0,
-        GgmlType::Q5_K => GgmlType::Q5_1,
-        _ => GgmlType::Q8_0,
+/// The type of tensor `name` (layer `il` of `n_layer`). A plain type applies
+/// to every matrix, the output too; mixes follow llama-quantize's rules.
+fn type_for(mix: Mix, name: &str, n_in: usize, il: Option<usize>, n_layer: usize) -> GgmlType {
+    match mix {
+        Mix::Plain(t) => fit_row(t, n_in),
+        _ => mix.tensor_type(&Role {
+            name,
+            row_len: n_in,
+            rank: il.unwrap_or(0),
+            n_of_kind: n_layer,
+            tied_output: false,
+        }),
     }
 }
 
@@ -276,7 +228,7 @@ pub fn run(args: &SynthArgs) -> Result<()> {
         let ty = if dims.len() == 1 {
             GgmlType::F32
         } else {
-            fit_row(mix.type_for(&name, il, d.n_layer), dims[0])
+            type_for(mix, &name, dims[0], il, d.n_layer)
         };
         let dims: Vec<u64> = dims.iter().map(|&x| x as u64).collect();
         w.tensor(TensorSpec::new(name, &dims, ty));
