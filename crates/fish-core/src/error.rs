@@ -35,6 +35,10 @@ pub enum EngineError {
     },
     #[error("token id {id} is outside the vocabulary of {n_vocab}")]
     BadToken { id: u32, n_vocab: usize },
+    /// The device span cannot continue this sequence (another sequence used
+    /// it, or the device failed): the session replays its tokens.
+    #[error("the GPU span needs the sequence replayed")]
+    SpanReplay,
     #[error("empty input: nothing to evaluate")]
     EmptyInput,
     #[error("tokenizer: {0}")]

@@ -73,9 +73,22 @@ impl<'m> Session<'m> {
         }
         let model = self.model;
         let cache = &mut self.cache;
-        let logits = self
-            .pool
-            .install(|| model.forward(cache, tokens, pos0, logits_for))?;
+        let history = &self.tokens;
+        let logits =
+            self.pool
+                .install(|| match model.forward(cache, tokens, pos0, logits_for) {
+                    // The GPU span lost this sequence's earlier positions (another
+                    // sequence used it, or the device failed and the layers moved to
+                    // the CPU): rebuild every position, then evaluate the new tokens.
+                    Err(EngineError::SpanReplay) => {
+                        cache.truncate(0);
+                        if !history.is_empty() {
+                            model.forward(cache, history, 0, LogitsFor::Last)?;
+                        }
+                        model.forward(cache, tokens, pos0, logits_for)
+                    }
+                    other => other,
+                })?;
         self.tokens.extend_from_slice(tokens);
         Ok(logits)
     }

@@ -32,7 +32,9 @@ fn default_model() -> PathBuf {
 }
 
 /// A device, or None (skip) — but a failure when FISH_REQUIRE_GPU=1 (CI).
+/// Spans are turned off: these tests are about per-matmul offload.
 fn backend() -> Option<Arc<VulkanBackend>> {
+    std::env::set_var("FISH_GPU_SPAN", "0");
     match VulkanBackend::open_owned() {
         Ok(b) => Some(Arc::new(b)),
         Err(e) if std::env::var("FISH_REQUIRE_GPU").is_ok_and(|v| v == "1") => {

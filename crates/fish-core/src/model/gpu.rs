@@ -6,8 +6,10 @@ use std::sync::Arc;
 
 use fish_gguf::Gguf;
 
+use super::config::ModelConfig;
+use super::span_run::SpanRun;
 use super::weights::{Matrix, ModelWeights};
-use crate::backend::{BackendError, ComputeBackend, TensorId};
+use crate::backend::{BackendError, ComputeBackend, SpanBackend, SpanLayer, SpanSpec, TensorId};
 
 /// The device copies of one layer's projections, grouped by shared input.
 pub struct LayerIds {
@@ -44,6 +46,8 @@ pub struct GpuPlacement {
     /// Per layer; the placed ones form a suffix `first_layer..n_layer`.
     layers: Vec<Option<LayerIds>>,
     pub output: Option<TensorId>,
+    /// Stage 2 over the placed layers, when the backend runs spans.
+    span: Option<SpanRun>,
     /// Set after a device failure: everything runs on the CPU from then on.
     failed: AtomicBool,
 }
@@ -54,6 +58,7 @@ impl GpuPlacement {
     pub fn place(
         backend: Arc<dyn ComputeBackend>,
         g: &Gguf,
+        cfg: &ModelConfig,
         w: &ModelWeights,
         limits: PlacementLimits,
         progress: &mut dyn FnMut(PlacementProgress),
@@ -63,12 +68,13 @@ impl GpuPlacement {
             backend,
             layers: (0..n_layer).map(|_| None).collect(),
             output: None,
+            span: None,
             failed: AtomicBool::new(false),
         };
         let want_layers = limits.max_layers.unwrap_or(n_layer).min(n_layer);
         // With zero layers requested, nothing goes to the device (as llama.cpp's -ngl 0).
         if want_layers == 0 {
-            placement.note(0, n_layer);
+            placement.note(n_layer);
             return placement;
         }
         placement.output = placement.upload_one(g, &w.output).ok();
@@ -93,18 +99,97 @@ impl GpuPlacement {
                 Err(_) => break,
             }
         }
-        placement.note(placed, n_layer);
+        if placed > 0 && spans_enabled() {
+            placement.begin_span(cfg, w);
+        }
+        placement.note(n_layer);
         placement
     }
 
-    fn note(&self, placed: usize, n_layer: usize) {
+    /// Starts a device span over the placed layers; when the device declines
+    /// for lack of memory, retries with one layer fewer (freeing it).
+    fn begin_span(&mut self, cfg: &ModelConfig, w: &ModelWeights) {
+        let Some(span) = self.backend.as_span() else {
+            return;
+        };
+        loop {
+            let Some(first) = self.layers.iter().position(|l| l.is_some()) else {
+                return;
+            };
+            let spec = self.span_spec(cfg, w, first);
+            match span.span_begin(&spec) {
+                Ok(_) => {
+                    self.span = Some(SpanRun::new(first));
+                    return;
+                }
+                Err(BackendError::OutOfMemory(_)) if first + 1 < self.layers.len() => {
+                    if let Some(ids) = self.layers[first].take() {
+                        ids.all().into_iter().for_each(|id| self.backend.free(id));
+                    }
+                }
+                Err(e) => {
+                    if std::env::var("FISH_GPU_VERBOSE").is_ok_and(|v| v == "1") {
+                        eprintln!("fish: no GPU span ({e}); layers run per matmul");
+                    }
+                    return;
+                }
+            }
+        }
+    }
+
+    fn span_spec<'a>(
+        &'a self,
+        cfg: &'a ModelConfig,
+        w: &'a ModelWeights,
+        first: usize,
+    ) -> SpanSpec<'a> {
+        let layers = (first..w.layers.len())
+            .filter_map(|il| {
+                let lw = &w.layers[il];
+                Some(SpanLayer {
+                    ids: self.layers[il].as_ref()?,
+                    attn_norm: &lw.attn_norm,
+                    bq: lw.bq.as_deref(),
+                    bk: lw.bk.as_deref(),
+                    bv: lw.bv.as_deref(),
+                    q_norm: lw.q_norm.as_deref(),
+                    k_norm: lw.k_norm.as_deref(),
+                    post_attn_norm: lw.post_attn_norm.as_deref(),
+                    ffn_norm: &lw.ffn_norm,
+                    post_ffn_norm: lw.post_ffn_norm.as_deref(),
+                })
+            })
+            .collect();
+        SpanSpec {
+            cfg,
+            first_layer: first,
+            layers,
+            // The device KV grows on demand; this only caps it.
+            n_ctx: cfg.n_ctx_train,
+        }
+    }
+
+    fn note(&self, n_layer: usize) {
+        let placed = self.n_layers_placed();
         let out = if self.output.is_some() {
             " + output"
         } else {
             ""
         };
+        let span = match &self.span {
+            Some(s) => format!("; span {} layers", n_layer - s.first_layer),
+            None => String::new(),
+        };
         self.backend
-            .set_placement_note(format!("{placed}/{n_layer} layers{out}"));
+            .set_placement_note(format!("{placed}/{n_layer} layers{out}{span}"));
+    }
+
+    /// The running span and its backend, unless there is none or the device failed.
+    pub fn span(&self) -> Option<(&SpanRun, &dyn SpanBackend)> {
+        if self.failed.load(Ordering::Relaxed) {
+            return None;
+        }
+        Some((self.span.as_ref()?, self.backend.as_span()?))
     }
 
     fn upload_one(&self, g: &Gguf, m: &Matrix) -> Result<TensorId, BackendError> {
@@ -178,8 +263,18 @@ impl GpuPlacement {
     }
 }
 
+/// Spans are on unless FISH_GPU_SPAN=0 (then stage 1 only).
+fn spans_enabled() -> bool {
+    !std::env::var("FISH_GPU_SPAN").is_ok_and(|v| matches!(v.trim(), "0" | "off" | "false" | "no"))
+}
+
 impl Drop for GpuPlacement {
     fn drop(&mut self) {
+        if self.span.is_some() {
+            if let Some(span) = self.backend.as_span() {
+                span.span_end();
+            }
+        }
         for ids in self.layers.iter().flatten() {
             ids.all().into_iter().for_each(|id| self.backend.free(id));
         }

@@ -1,15 +1,23 @@
 //! The CPU KV cache: f16 keys and values per layer, as llama.cpp's default
-//! cache type, sized for the context at creation.
+//! cache type. A layer's storage is allocated on its first store, so layers
+//! that run in a device span never take CPU memory.
+
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use half::f16;
 
 use crate::error::{EngineError, Result};
 
+/// Source of cache identities (0 is never handed out).
+static NEXT_ID: AtomicU64 = AtomicU64::new(1);
+
 pub struct KvCache {
+    /// Unique per cache: tells whose positions a device span holds.
+    id: u64,
     n_ctx: usize,
     k_dim: usize,
     v_dim: usize,
-    /// Per layer: `n_ctx * k_dim` keys, position-major.
+    /// Per layer: `n_ctx * k_dim` keys, position-major (empty until first stored).
     k: Vec<Vec<f16>>,
     v: Vec<Vec<f16>>,
     /// Positions `< len` hold valid entries.
@@ -17,20 +25,22 @@ pub struct KvCache {
 }
 
 impl KvCache {
-    /// `layers` lists which layers keep a CPU cache (the others get none).
+    /// A cache for `n_ctx` positions of `n_layer` layers; memory is taken per
+    /// layer when that layer first stores.
     pub fn new(n_layer: usize, n_ctx: usize, k_dim: usize, v_dim: usize) -> KvCache {
         KvCache {
+            id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
             n_ctx,
             k_dim,
             v_dim,
-            k: (0..n_layer)
-                .map(|_| vec![f16::ZERO; n_ctx * k_dim])
-                .collect(),
-            v: (0..n_layer)
-                .map(|_| vec![f16::ZERO; n_ctx * v_dim])
-                .collect(),
+            k: vec![Vec::new(); n_layer],
+            v: vec![Vec::new(); n_layer],
             len: 0,
         }
+    }
+
+    pub fn id(&self) -> u64 {
+        self.id
     }
 
     pub fn n_ctx(&self) -> usize {
@@ -64,6 +74,10 @@ impl KvCache {
 
     /// Stores one token's keys and values at `pos` of layer `il`.
     pub fn store(&mut self, il: usize, pos: usize, k: &[f32], v: &[f32]) {
+        if self.k[il].is_empty() {
+            self.k[il] = vec![f16::ZERO; self.n_ctx * self.k_dim];
+            self.v[il] = vec![f16::ZERO; self.n_ctx * self.v_dim];
+        }
         let kd = &mut self.k[il][pos * self.k_dim..(pos + 1) * self.k_dim];
         for (d, &s) in kd.iter_mut().zip(k) {
             *d = f16::from_f32(s);
@@ -94,8 +108,8 @@ impl KvCache {
         self.v_dim
     }
 
-    /// Bytes held by the cache.
+    /// Bytes held by the cache (allocated layers only).
     pub fn bytes(&self) -> usize {
-        self.k.len() * self.n_ctx * (self.k_dim + self.v_dim) * 2
+        self.k.iter().chain(&self.v).map(|l| l.len() * 2).sum()
     }
 }
