@@ -189,6 +189,9 @@ fn print_stats(loaded: &Loaded, session: &Session<'_>, s: &GenerationStats) {
     if let Some(gpu) = loaded.model.gpu_describe() {
         eprintln!("gpu: {gpu}");
     }
+    if let Some(profile) = loaded.model.gpu_profile() {
+        eprintln!("span profile: {profile}");
+    }
 }
 
 fn interactive(

@@ -1,5 +1,7 @@
 //! The CPU forward pass: all tokens of a batch go through each matmul together.
 
+use std::ops::Range;
+
 use fish_gguf::Gguf;
 use fish_quant::{dot_type, matmul_quantized, quantize_acts};
 
@@ -86,7 +88,13 @@ pub fn forward(
     let n_embd = model.cfg.n_embd;
     let mut x = embed(&model.gguf, &model.cfg, &model.weights, tokens)?;
     let positions: Vec<usize> = (pos0..pos0 + n_tok).collect();
-    run_layers(model, &mut x, &positions, &mut OneSequence { cache, pos0 })?;
+    run_layers(
+        model,
+        &mut x,
+        &positions,
+        &mut OneSequence { cache, pos0 },
+        0..model.cfg.n_layer,
+    )?;
     cache.set_len(pos0 + n_tok);
 
     let rows = match logits_for {
@@ -107,9 +115,9 @@ pub(super) trait KvSite {
 }
 
 /// One sequence: row `t` sits at position `pos0 + t` of `cache`.
-struct OneSequence<'a> {
-    cache: &'a mut KvCache,
-    pos0: usize,
+pub(super) struct OneSequence<'a> {
+    pub cache: &'a mut KvCache,
+    pub pos0: usize,
 }
 
 impl KvSite for OneSequence<'_> {
@@ -122,13 +130,14 @@ impl KvSite for OneSequence<'_> {
     }
 }
 
-/// Runs every layer over the hidden states `x` (one row per entry of
+/// Runs `layers` over the hidden states `x` (one row per entry of
 /// `positions`, the RoPE position of that row), with keys and values kept by `kv`.
 pub(super) fn run_layers(
     model: &Model,
     x: &mut [f32],
     positions: &[usize],
     kv: &mut dyn KvSite,
+    layers: Range<usize>,
 ) -> Result<()> {
     let (g, cfg, w, gpu) = (&*model.gguf, &model.cfg, &model.weights, model.gpu.as_ref());
     let n_tok = positions.len();
@@ -148,7 +157,13 @@ pub(super) fn run_layers(
     };
 
     let mut xn = vec![0f32; n_tok * n_embd];
-    for (il, lw) in w.layers.iter().enumerate() {
+    for (il, lw) in w
+        .layers
+        .iter()
+        .enumerate()
+        .take(layers.end)
+        .skip(layers.start)
+    {
         let swa = cfg.is_swa_layer(il);
         // Attention block.
         ops::rms_norm_into(x, &lw.attn_norm, cfg.rms_eps, &mut xn);

@@ -72,6 +72,7 @@ pub fn forward_batch(
             caches,
             positions: &positions,
         },
+        0..model.cfg.n_layer,
     )?;
     for (c, &p) in caches.iter_mut().zip(&positions) {
         c.set_len(p + 1);

@@ -86,6 +86,13 @@ impl Model {
         self.gpu.as_ref().map(|p| p.backend.describe())
     }
 
+    /// The span's per-stage time shares from its last forward, when the
+    /// backend profiles (FISH_GPU_PROFILE=2).
+    pub fn gpu_profile(&self) -> Option<String> {
+        let (_, span) = self.gpu.as_ref()?.span()?;
+        span.span_profile()
+    }
+
     /// A KV cache for `n_ctx` positions of every layer.
     pub fn new_cache(&self, n_ctx: usize) -> KvCache {
         KvCache::new(self.cfg.n_layer, n_ctx, self.cfg.k_dim(), self.cfg.v_dim())
