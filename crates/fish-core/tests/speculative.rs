@@ -216,6 +216,56 @@ fn greedy_with_requantised_draft_equals_plain_greedy() {
         }
     }
     assert!(rejected_somewhere, "the re-quantised draft never disagreed");
+
+    // The same two sessions across prompts: each run starts from whatever the
+    // previous one left in both caches (prefix reuse, rejected drafts dropped).
+    let mut ts = Session::new(&target, N_CTX, 2).expect("target session");
+    let mut ds = Session::new(&draft, N_CTX, 2).expect("draft session");
+    let adaptive = greedy_opts(
+        24,
+        DraftLength::Adaptive {
+            n_min: 2,
+            n_max: 16,
+        },
+    );
+    for text in [PROSE, JSON, PROSE] {
+        let prompt = tok.encode(text, EncodeOptions::PROMPT);
+        let mut got = Vec::new();
+        generate_speculative(
+            &mut ts,
+            &mut ds,
+            &prompt,
+            &adaptive,
+            |t| tok.is_eog(t),
+            |t| {
+                got.push(t);
+                Flow::Continue
+            },
+        )
+        .expect("speculative generation");
+        assert_eq!(
+            got,
+            plain(&target, &prompt, 24, &tok),
+            "reused sessions on {text:?}"
+        );
+    }
+
+    // Sampling with rejections: reproducible for a seed, and within the limit.
+    let sampled = SpeculativeOptions {
+        n_predict: 32,
+        sampler: SamplerConfig {
+            temperature: 1.0,
+            seed: 3,
+            ..Default::default()
+        },
+        draft: DraftLength::Fixed(4),
+    };
+    let prompt = tok.encode(PROSE, EncodeOptions::PROMPT);
+    let (a, stats) = speculative(&target, &draft, &prompt, &sampled, &tok);
+    let (b, _) = speculative(&target, &draft, &prompt, &sampled, &tok);
+    assert_eq!(a, b, "same seed, same tokens");
+    assert!(a.len() <= 32 && !a.is_empty());
+    assert!(stats.n_accepted < stats.n_drafted, "{stats:?}");
 }
 
 #[test]
