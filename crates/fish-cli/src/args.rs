@@ -81,16 +81,28 @@ pub struct SpecArgs {
     #[arg(long = "model-draft", visible_alias = "md")]
     pub model_draft: Option<std::path::PathBuf>,
     /// Fixed number of tokens drafted per round (default 3).
-    #[arg(long = "spec-draft-n", conflicts_with = "spec_draft_adaptive")]
+    #[arg(
+        long = "spec-draft-n",
+        conflicts_with = "spec_draft_adaptive",
+        requires = "model_draft"
+    )]
     pub spec_draft_n: Option<usize>,
     /// Size each draft from the measured acceptance (between --spec-draft-n-min and -max).
-    #[arg(long = "spec-draft-adaptive")]
+    #[arg(long = "spec-draft-adaptive", requires = "model_draft")]
     pub spec_draft_adaptive: bool,
     /// Floor of the adaptive draft length.
-    #[arg(long = "spec-draft-n-min", default_value_t = 1)]
+    #[arg(
+        long = "spec-draft-n-min",
+        default_value_t = 1,
+        requires = "spec_draft_adaptive"
+    )]
     pub spec_draft_n_min: usize,
     /// Ceiling of the adaptive draft length.
-    #[arg(long = "spec-draft-n-max", default_value_t = fish_core::spec_controller::DEFAULT_N_MAX)]
+    #[arg(
+        long = "spec-draft-n-max",
+        default_value_t = fish_core::spec_controller::DEFAULT_N_MAX,
+        requires = "spec_draft_adaptive"
+    )]
     pub spec_draft_n_max: usize,
 }
 
