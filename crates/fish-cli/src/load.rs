@@ -69,6 +69,8 @@ const WARM_BAR_BYTES: u64 = 512 << 20;
 /// What a progress bar counts.
 enum Unit {
     Bytes,
+    // Only GPU placement counts layers.
+    #[cfg_attr(not(feature = "vulkan"), allow(dead_code))]
     Layers,
 }
 
