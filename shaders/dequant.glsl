@@ -1,17 +1,20 @@
 // Weight decoding shared by every matmul kernel.
 //
-// Weights are bound as a plain uint[] (no 8/16-bit storage feature is needed):
-// bytes are extracted with shifts, and blocks whose size is not a multiple of
-// four (18, 22, 34, 210 bytes) are read with funnel-shifted 32-bit loads.
-// Every row starts on a 16-byte boundary (the upload pads the row stride), so
-// the byte address of a block is row_base + block * BLOCK_BYTES.
+// Weights are bound as a plain uint[] (no 8/16-bit storage feature is needed)
+// and unpacked with shifts. Every row starts on a 16-byte boundary (the upload
+// pads the row stride). Rows are stored in the device layout that upload()
+// writes (docs/GPU.md, "Device weight layout"): F32, F16, Q4_K and Q5_K rows
+// keep the GGUF bytes; the other types are split per row into a 16-byte
+// aligned array of quants followed by the small per-block fields, e.g. a
+// Q4_0 row of nb blocks is qs[nb][16] then d[nb] (same size as the GGUF row).
 //
 // The include site defines exactly one TYPE_X and declares
 //     layout(std430, binding = 0) readonly buffer Weights { uint w[]; };
-// before including this file. Each type provides
-//     BLOCK_VALUES, BLOCK_BYTES and
-//     void dequant8(uint block_byte, uint k, out vec4 lo, out vec4 hi)
-// which decodes values 8k .. 8k+7 of the block starting at byte block_byte.
+// (and common.glsl's push constants: n_in gives the blocks per row) before
+// including this file. Each type provides BLOCK_VALUES, BLOCK_BYTES and
+//     void dequant8(uint row_byte, uint blk, uint k, out vec4 lo, out vec4 hi)
+// which decodes values 8k .. 8k+7 of block blk of the row starting at byte
+// row_byte.
 
 // The 32-bit word starting at any even byte address (funnel shift across two words).
 uint load_u32(uint byte_addr) {
@@ -58,11 +61,14 @@ uint spread4(uint b) {
     return (b & 1u) | ((b & 2u) << 7) | ((b & 4u) << 14) | ((b & 8u) << 21);
 }
 
+// Blocks per row (BLOCK_VALUES is defined below, before any use).
+#define blocks_per_row() (p.n_in / BLOCK_VALUES)
+
 #if defined(TYPE_F32)
 #define BLOCK_VALUES 8u
 #define BLOCK_BYTES 32u
-void dequant8(uint block_byte, uint k, out vec4 lo, out vec4 hi) {
-    uint i = block_byte >> 2;
+void dequant8(uint row_byte, uint blk, uint k, out vec4 lo, out vec4 hi) {
+    uint i = (row_byte + blk * BLOCK_BYTES) >> 2;
     lo = uintBitsToFloat(uvec4(w[i], w[i + 1u], w[i + 2u], w[i + 3u]));
     hi = uintBitsToFloat(uvec4(w[i + 4u], w[i + 5u], w[i + 6u], w[i + 7u]));
 }
@@ -70,21 +76,22 @@ void dequant8(uint block_byte, uint k, out vec4 lo, out vec4 hi) {
 #elif defined(TYPE_F16)
 #define BLOCK_VALUES 8u
 #define BLOCK_BYTES 16u
-void dequant8(uint block_byte, uint k, out vec4 lo, out vec4 hi) {
-    uint i = block_byte >> 2;
+void dequant8(uint row_byte, uint blk, uint k, out vec4 lo, out vec4 hi) {
+    uint i = (row_byte + blk * BLOCK_BYTES) >> 2;
     lo = vec4(unpackHalf2x16(w[i]), unpackHalf2x16(w[i + 1u]));
     hi = vec4(unpackHalf2x16(w[i + 2u]), unpackHalf2x16(w[i + 3u]));
 }
 
 #elif defined(TYPE_Q4_0)
-// f16 d; qs[16]: value j = d * ((qs[j] & 15) - 8), value j + 16 = d * ((qs[j] >> 4) - 8).
+// Device row: qs[nb][16], d[nb] (f16). qs[j] & 15 is value j, qs[j] >> 4
+// value j + 16; value = d * (q - 8).
 #define BLOCK_VALUES 32u
 #define BLOCK_BYTES 18u
-void dequant8(uint block_byte, uint k, out vec4 lo, out vec4 hi) {
-    float d = load_f16(block_byte);
-    uint q = block_byte + 2u + (k & 1u) * 8u;
-    uint a = load_u32(q);
-    uint b = load_u32(q + 4u);
+void dequant8(uint row_byte, uint blk, uint k, out vec4 lo, out vec4 hi) {
+    float d = load_f16(row_byte + 16u * blocks_per_row() + 2u * blk);
+    uint q = (row_byte + 16u * blk) / 4u + (k & 1u) * 2u;
+    uint a = w[q];
+    uint b = w[q + 1u];
     if (k >= 2u) {
         a >>= 4;
         b >>= 4;
@@ -94,12 +101,12 @@ void dequant8(uint block_byte, uint k, out vec4 lo, out vec4 hi) {
 }
 
 #elif defined(TYPE_Q4_1)
-// f16 d, f16 m; qs[16]: value = d * q + m.
+// Device row: qs[nb][16], (d, m)[nb] (f16 pairs); value = d * q + m.
 #define BLOCK_VALUES 32u
 #define BLOCK_BYTES 20u
-void dequant8(uint block_byte, uint k, out vec4 lo, out vec4 hi) {
-    vec2 dm = unpackHalf2x16(w[block_byte >> 2]);
-    uint q = (block_byte >> 2) + 1u + (k & 1u) * 2u;
+void dequant8(uint row_byte, uint blk, uint k, out vec4 lo, out vec4 hi) {
+    vec2 dm = unpackHalf2x16(w[(row_byte + 16u * blocks_per_row()) / 4u + blk]);
+    uint q = (row_byte + 16u * blk) / 4u + (k & 1u) * 2u;
     uint a = w[q];
     uint b = w[q + 1u];
     if (k >= 2u) {
@@ -110,61 +117,66 @@ void dequant8(uint block_byte, uint k, out vec4 lo, out vec4 hi) {
     hi = dm.x * bytes4(b & 0x0f0f0f0fu) + dm.y;
 }
 
-#elif defined(TYPE_Q5_0)
-// f16 d; qh (32 high bits); qs[16]: value = d * ((nibble | high bit << 4) - 16).
+#elif defined(TYPE_Q5_0) || defined(TYPE_Q5_1)
+// Device row: qs[nb][16], qh'[nb] (u32), then d[nb] (Q5_0, f16) or
+// (d, m)[nb] (Q5_1, f16 pairs). qh' holds the fifth bit of value 4c + i
+// (c, i < 4) at bit 8i + c and of value 16 + 4c + i at bit 8i + 4 + c, so
+// that one shift lines up the fifth bits of qs word c with its nibbles
+// (see qh5_lo / qh5_hi). Q5_0: value = d * (q - 16); Q5_1: d * q + m.
 #define BLOCK_VALUES 32u
+#if defined(TYPE_Q5_0)
 #define BLOCK_BYTES 22u
-void dequant8(uint block_byte, uint k, out vec4 lo, out vec4 hi) {
-    float d = load_f16(block_byte);
-    uint qh = load_u32(block_byte + 2u) >> (k * 8u);
-    uint q = block_byte + 6u + (k & 1u) * 8u;
-    uint a = load_u32(q);
-    uint b = load_u32(q + 4u);
-    if (k >= 2u) {
-        a >>= 4;
-        b >>= 4;
-    }
-    a = (a & 0x0f0f0f0fu) | (spread4(qh) << 4);
-    b = (b & 0x0f0f0f0fu) | (spread4(qh >> 4) << 4);
-    lo = d * (bytes4(a) - 16.0);
-    hi = d * (bytes4(b) - 16.0);
+#else
+#define BLOCK_BYTES 24u
+#endif
+
+// Fifth bits of the low / high nibbles of qs word c, at bit 4 of each byte.
+uint qh5_lo(uint qh, uint c) {
+    return (qh << (4u - c)) & 0x10101010u;
+}
+uint qh5_hi(uint qh, uint c) {
+    return (qh >> c) & 0x10101010u;
 }
 
-#elif defined(TYPE_Q5_1)
-// f16 d, f16 m; qh; qs[16]: value = d * (nibble | high bit << 4) + m.
-#define BLOCK_VALUES 32u
-#define BLOCK_BYTES 24u
-void dequant8(uint block_byte, uint k, out vec4 lo, out vec4 hi) {
-    uint i = block_byte >> 2;
-    vec2 dm = unpackHalf2x16(w[i]);
-    uint qh = w[i + 1u] >> (k * 8u);
-    uint q = i + 2u + (k & 1u) * 2u;
+void dequant8(uint row_byte, uint blk, uint k, out vec4 lo, out vec4 hi) {
+    uint nb = blocks_per_row();
+    uint qh = w[(row_byte + 16u * nb) / 4u + blk];
+    uint c = (k & 1u) * 2u;
+    uint q = (row_byte + 16u * blk) / 4u + c;
     uint a = w[q];
     uint b = w[q + 1u];
     if (k >= 2u) {
-        a >>= 4;
-        b >>= 4;
+        a = ((a >> 4) & 0x0f0f0f0fu) | qh5_hi(qh, c);
+        b = ((b >> 4) & 0x0f0f0f0fu) | qh5_hi(qh, c + 1u);
+    } else {
+        a = (a & 0x0f0f0f0fu) | qh5_lo(qh, c);
+        b = (b & 0x0f0f0f0fu) | qh5_lo(qh, c + 1u);
     }
-    a = (a & 0x0f0f0f0fu) | (spread4(qh) << 4);
-    b = (b & 0x0f0f0f0fu) | (spread4(qh >> 4) << 4);
+#if defined(TYPE_Q5_0)
+    float d = load_f16(row_byte + 20u * nb + 2u * blk);
+    lo = d * (bytes4(a) - 16.0);
+    hi = d * (bytes4(b) - 16.0);
+#else
+    vec2 dm = unpackHalf2x16(w[(row_byte + 20u * nb) / 4u + blk]);
     lo = dm.x * bytes4(a) + dm.y;
     hi = dm.x * bytes4(b) + dm.y;
+#endif
 }
 
 #elif defined(TYPE_Q8_0)
-// f16 d; int8 qs[32]: value = d * q.
+// Device row: int8 qs[nb][32], d[nb] (f16); value = d * q.
 #define BLOCK_VALUES 32u
 #define BLOCK_BYTES 34u
-void dequant8(uint block_byte, uint k, out vec4 lo, out vec4 hi) {
-    float d = load_f16(block_byte);
-    uint q = block_byte + 2u + k * 8u;
-    lo = d * sbytes4(load_u32(q));
-    hi = d * sbytes4(load_u32(q + 4u));
+void dequant8(uint row_byte, uint blk, uint k, out vec4 lo, out vec4 hi) {
+    float d = load_f16(row_byte + 32u * blocks_per_row() + 2u * blk);
+    uint q = (row_byte + 32u * blk) / 4u + 2u * k;
+    lo = d * sbytes4(w[q]);
+    hi = d * sbytes4(w[q + 1u]);
 }
 
 #elif defined(TYPE_Q4_K) || defined(TYPE_Q5_K)
-// Q4_K: f16 d, f16 dmin, scales[12] (eight 6-bit scale/min pairs), qs[128].
-// Q5_K: the same, then qh[32] before qs[128].
+// GGUF layout. Q4_K: f16 d, f16 dmin, scales[12] (eight 6-bit scale/min
+// pairs), qs[128]. Q5_K: the same, then qh[32] before qs[128].
 // Chunk c (64 values) uses qs[32c..32c+31]: low nibbles with sub-block 2c,
 // high nibbles with sub-block 2c+1; value = d * sc * q - dmin * m.
 #define BLOCK_VALUES 256u
@@ -189,7 +201,8 @@ vec2 scale_min_k4(uint scales_byte, uint j) {
 #define QS_OFFSET 48u
 #endif
 
-void dequant8(uint block_byte, uint k, out vec4 lo, out vec4 hi) {
+void dequant8(uint row_byte, uint blk, uint k, out vec4 lo, out vec4 hi) {
+    uint block_byte = row_byte + blk * BLOCK_BYTES;
     vec2 dd = unpackHalf2x16(w[block_byte >> 2]);
     uint c = k >> 3;
     uint h = (k >> 2) & 1u;
@@ -211,24 +224,27 @@ void dequant8(uint block_byte, uint k, out vec4 lo, out vec4 hi) {
 }
 
 #elif defined(TYPE_Q6_K)
-// ql[128], qh[64], int8 scales[16], f16 d (210 bytes).
+// Device row: the first 208 bytes of each GGUF block (ql[128], qh[64],
+// int8 scales[16]) as blocks of 208 bytes, then d[nb] (f16).
 // Half n (128 values): quarter qq uses ql[64n + 32(qq&1) + l] (low nibble for
 // qq < 2, high otherwise), 2 bits (qh[32n + l] >> 2qq), scale 8n + l/16 + 2qq;
 // value = d * scale * (q - 32).
 #define BLOCK_VALUES 256u
 #define BLOCK_BYTES 210u
-void dequant8(uint block_byte, uint k, out vec4 lo, out vec4 hi) {
-    float d = load_f16(block_byte + 208u);
+#define Q6_BODY_BYTES 208u
+void dequant8(uint row_byte, uint blk, uint k, out vec4 lo, out vec4 hi) {
+    uint block_byte = row_byte + blk * Q6_BODY_BYTES;
+    float d = load_f16(row_byte + Q6_BODY_BYTES * blocks_per_row() + 2u * blk);
     uint n = k >> 4;
     uint qq = (k >> 2) & 3u;
     uint l0 = (k & 3u) * 8u;
-    uint ql = block_byte + 64u * n + 32u * (qq & 1u) + l0;
+    uint ql = (block_byte + 64u * n + 32u * (qq & 1u) + l0) >> 2;
     uint shift = (qq >> 1) * 4u;
-    uint a = (load_u32(ql) >> shift) & 0x0f0f0f0fu;
-    uint b = (load_u32(ql + 4u) >> shift) & 0x0f0f0f0fu;
-    uint qh = block_byte + 128u + 32u * n + l0;
-    a |= ((load_u32(qh) >> (2u * qq)) & 0x03030303u) << 4;
-    b |= ((load_u32(qh + 4u) >> (2u * qq)) & 0x03030303u) << 4;
+    uint a = (w[ql] >> shift) & 0x0f0f0f0fu;
+    uint b = (w[ql + 1u] >> shift) & 0x0f0f0f0fu;
+    uint qh = (block_byte + 128u + 32u * n + l0) >> 2;
+    a |= ((w[qh] >> (2u * qq)) & 0x03030303u) << 4;
+    b |= ((w[qh + 1u] >> (2u * qq)) & 0x03030303u) << 4;
     uint sc_byte = load_u8(block_byte + 192u + 8u * n + (l0 >> 4) + 2u * qq);
     float scale = d * float(int(sc_byte << 24) >> 24);
     lo = scale * (bytes4(a) - 32.0);
@@ -244,5 +260,5 @@ void dequant8(uint block_byte, uint k, out vec4 lo, out vec4 hi) {
 // Values 8g .. 8g+7 of the row starting at byte row_byte.
 void dequant_group(uint row_byte, uint g, out vec4 lo, out vec4 hi) {
     uint blk = g / GROUPS_PER_BLOCK;
-    dequant8(row_byte + blk * BLOCK_BYTES, g - blk * GROUPS_PER_BLOCK, lo, hi);
+    dequant8(row_byte, blk, g - blk * GROUPS_PER_BLOCK, lo, hi);
 }

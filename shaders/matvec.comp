@@ -1,96 +1,133 @@
 #version 450
-// Matrix-vector products for a few tokens (decode): each workgroup owns
-// ROWS_PER_WG rows, its threads stride over the row in groups of 8 values,
-// and up to TOKENS_PER_PASS tokens share each decoded group.
+// Matrix-vector products for a few tokens (decode, speculative verification):
+// each workgroup owns ROWS rows; every thread walks the same units
+// (matvec_units.glsl) of all ROWS rows, so each x value it reads serves ROWS
+// rows, and keeps one partial sum per row and token. The sums are reduced
+// with subgroup arithmetic (USE_SUBGROUP) or through shared memory.
+//
+// Specialisation constants: 0 the workgroup size, 1 ROWS, 2 NT = tokens per
+// pass (the host sets NT = n_tok up to 8, so NT = 1 keeps decode lean),
+// 3 UNROLL = units a thread loads before it computes (a memory-bound matvec
+// runs at the bytes of weights it keeps in flight; more costs registers).
 #extension GL_GOOGLE_include_directive : require
 #if defined(USE_SUBGROUP)
 #extension GL_KHR_shader_subgroup_arithmetic : require
 #extension GL_KHR_shader_subgroup_basic : require
 #endif
 
-#define WG_SIZE 64u
-#define ROWS_PER_WG 2u
-#define TOKENS_PER_PASS 8u
-#define N_SUMS (ROWS_PER_WG * TOKENS_PER_PASS)
-
-layout(local_size_x = 64) in;
+layout(constant_id = 0) const uint WG = 128;
+layout(constant_id = 1) const uint ROWS = 4;
+layout(constant_id = 2) const uint NT = 1;
+layout(constant_id = 3) const uint UNROLL = 1;
+layout(local_size_x_id = 0) in;
 
 #include "common.glsl"
+// The same weights as 16-byte words, for the quant loads.
+layout(std430, binding = 0) readonly buffer Weights4 { uvec4 w4[]; };
 #include "dequant.glsl"
+#include "matvec_units.glsl"
 
 #if defined(USE_SUBGROUP)
 // One partial sum per subgroup (subgroups are at least 4 lanes wide).
-shared float partial[N_SUMS][WG_SIZE / 4u];
+shared float partial[ROWS * NT][WG / 4u];
 #else
-shared float partial[N_SUMS][WG_SIZE];
+shared float partial[ROWS * NT][WG];
 #endif
 
 void main() {
-    uint row0 = workgroup_index() * ROWS_PER_WG;
+    uint row0 = workgroup_index() * ROWS;
     // Uniform across the workgroup, so the barriers below stay legal.
     if (row0 >= p.n_rows) {
         return;
     }
     uint tid = gl_LocalInvocationID.x;
-    uint n_groups = p.n_in / 8u;
+    uint n_units = p.n_in / UNIT_VALUES;
     uint x_stride4 = p.n_in / 4u;
-    uint row_byte[ROWS_PER_WG];
-    for (uint r = 0u; r < ROWS_PER_WG; r++) {
+    uint row_byte[ROWS];
+    for (uint r = 0u; r < ROWS; r++) {
+        // Rows past the end read the last row; their sums are never written.
         row_byte[r] = min(row0 + r, p.n_rows - 1u) * p.row_stride;
     }
 
-    for (uint t0 = 0u; t0 < p.n_tok; t0 += TOKENS_PER_PASS) {
-        uint nt = min(TOKENS_PER_PASS, p.n_tok - t0);
-        float acc[ROWS_PER_WG][TOKENS_PER_PASS];
-        for (uint r = 0u; r < ROWS_PER_WG; r++) {
-            for (uint t = 0u; t < TOKENS_PER_PASS; t++) {
+    for (uint t0 = 0u; t0 < p.n_tok; t0 += NT) {
+        float acc[ROWS][NT];
+        for (uint r = 0u; r < ROWS; r++) {
+            for (uint t = 0u; t < NT; t++) {
                 acc[r][t] = 0.0;
             }
         }
-        for (uint g = tid; g < n_groups; g += WG_SIZE) {
-            vec4 lo[ROWS_PER_WG];
-            vec4 hi[ROWS_PER_WG];
-            for (uint r = 0u; r < ROWS_PER_WG; r++) {
-                dequant_group(row_byte[r], g, lo[r], hi[r]);
+        for (uint u0 = tid; u0 < n_units; u0 += UNROLL * WG) {
+            // All loads of UNROLL units first, so that they are in flight together.
+            Unit un[UNROLL][ROWS];
+            for (uint i = 0u; i < UNROLL; i++) {
+                // Units past the end reload the first one; they are skipped below.
+                uint u = u0 + i * WG < n_units ? u0 + i * WG : u0;
+                for (uint r = 0u; r < ROWS; r++) {
+                    un[i][r] = load_unit(row_byte[r], u);
+                }
             }
-            for (uint t = 0u; t < TOKENS_PER_PASS; t++) {
-                if (t < nt) {
-                    uint xi = (t0 + t) * x_stride4 + 2u * g;
-                    vec4 xl = x[xi];
-                    vec4 xh = x[xi + 1u];
-                    for (uint r = 0u; r < ROWS_PER_WG; r++) {
-                        acc[r][t] += dot(lo[r], xl) + dot(hi[r], xh);
+            for (uint i = 0u; i < UNROLL; i++) {
+                uint u = u0 + i * WG;
+                if (u >= n_units) {
+                    break;
+                }
+                for (uint run = 0u; run < RUNS; run++) {
+                    vec4 q[ROWS][4];
+                    float scale[ROWS];
+                    float minv[ROWS];
+                    for (uint r = 0u; r < ROWS; r++) {
+                        decode_run(un[i][r], run, q[r], scale[r], minv[r]);
+                    }
+                    uint xr = run_x4(u, run);
+                    for (uint t = 0u; t < NT; t++) {
+                        // Tokens past the end repeat the last one (never written).
+                        uint xi = min(t0 + t, p.n_tok - 1u) * x_stride4 + xr;
+                        vec4 x0 = x[xi];
+                        vec4 x1 = x[xi + 1u];
+                        vec4 x2 = x[xi + 2u];
+                        vec4 x3 = x[xi + 3u];
+#if defined(HAS_MIN)
+                        float xsum = dot((x0 + x1) + (x2 + x3), vec4(1.0));
+#endif
+                        for (uint r = 0u; r < ROWS; r++) {
+                            float s = (dot(q[r][0], x0) + dot(q[r][1], x1)) + (dot(q[r][2], x2) + dot(q[r][3], x3));
+#if defined(HAS_MIN)
+                            acc[r][t] += scale[r] * s + minv[r] * xsum;
+#else
+                            acc[r][t] += scale[r] * s;
+#endif
+                        }
                     }
                 }
             }
         }
 
 #if defined(USE_SUBGROUP)
-        for (uint r = 0u; r < ROWS_PER_WG; r++) {
-            for (uint t = 0u; t < TOKENS_PER_PASS; t++) {
+        for (uint r = 0u; r < ROWS; r++) {
+            for (uint t = 0u; t < NT; t++) {
                 float s = subgroupAdd(acc[r][t]);
                 if (subgroupElect()) {
-                    partial[r * TOKENS_PER_PASS + t][gl_SubgroupID] = s;
+                    partial[r * NT + t][gl_SubgroupID] = s;
                 }
             }
         }
         uint n_partials = gl_NumSubgroups;
 #else
-        for (uint r = 0u; r < ROWS_PER_WG; r++) {
-            for (uint t = 0u; t < TOKENS_PER_PASS; t++) {
-                partial[r * TOKENS_PER_PASS + t][tid] = acc[r][t];
+        for (uint r = 0u; r < ROWS; r++) {
+            for (uint t = 0u; t < NT; t++) {
+                partial[r * NT + t][tid] = acc[r][t];
             }
         }
-        uint n_partials = WG_SIZE;
+        uint n_partials = WG;
 #endif
         barrier();
-        if (tid < N_SUMS) {
-            uint r = tid / TOKENS_PER_PASS;
-            uint t = tid % TOKENS_PER_PASS;
-            if (row0 + r < p.n_rows && t < nt) {
+        for (uint i = tid; i < ROWS * NT; i += WG) {
+            uint r = i / NT;
+            uint t = i % NT;
+            if (row0 + r < p.n_rows && t0 + t < p.n_tok) {
                 float s = 0.0;
-                for (uint i = 0u; i < n_partials; i++) {
-                    s += partial[tid][i];
+                for (uint j = 0u; j < n_partials; j++) {
+                    s += partial[i][j];
                 }
                 y[(t0 + t) * p.y_stride + p.y_offset + row0 + r] = s;
             }

@@ -1,11 +1,17 @@
-//! Kernel microbenches, timed with GPU timestamps:
+//! Kernel microbenches, timed with GPU timestamps; one criterion iteration is
+//! one matmul call, so `time` is per call:
 //! - matvec (1 token): throughput in bytes of weights per second, per type;
+//! - matvec_batch (2, 4, 8 tokens): the same, for speculative verification
+//!   and batched decode;
 //! - tiled (512 tokens): throughput in "elements" = floating-point operations
-//!   (2 * n_in * n_out * n_tok), so criterion's Gelem/s reads as GFLOPS.
+//!   of one call (2 * n_in * n_out * n_tok), so criterion's Gelem/s reads as
+//!   GFLOP/s.
 //!
 //! Each measurement rotates over enough copies of the weights to exceed
 //! FISH_VK_BENCH_ROTATE_MB (default 256 MB, over 4x the L2 of current GPUs),
-//! so the weights stream from memory rather than cache.
+//! so the weights stream from memory rather than cache. Consecutive calls
+//! are recorded without barriers (like the independent matmuls of a decode
+//! step), so they may overlap on the GPU.
 //! FISH_VK_BENCH_SMALL=1 shrinks every shape by 8 (a smoke run on lavapipe).
 //! Run: `cargo bench -p fish-vk` (FISH_GPU=cpu to allow lavapipe).
 
@@ -29,6 +35,9 @@ const TYPES: [GgmlType; 10] = [
 /// (n_in, n_out) of the benchmarked matrices.
 const SHAPES: [(usize, usize); 3] = [(4096, 4096), (4096, 14336), (14336, 4096)];
 const TILED_TOKENS: usize = 512;
+/// Batch sizes of the batched matvec bench and the types it covers.
+const BATCH_TOKENS: [usize; 3] = [2, 4, 8];
+const BATCH_TYPES: [GgmlType; 3] = [GgmlType::Q4_0, GgmlType::Q8_0, GgmlType::Q4_K];
 /// Dispatch rounds per submit, so that a long criterion run never builds a
 /// huge command buffer.
 const ROUNDS_PER_SUBMIT: u64 = 16;
@@ -85,24 +94,27 @@ fn upload_copies(
     Some((handles, bytes))
 }
 
-/// GPU time of `iters` rounds over all handles.
+/// GPU time of `calls` matmul calls, rotating over the handles: whole rounds
+/// over all copies are timed and the time is scaled to `calls` calls.
 fn gpu_time(
     gpu: &Gpu,
     handles: &[TensorHandle],
     n_tok: usize,
     kernel: Kernel,
-    iters: u64,
+    calls: u64,
 ) -> Duration {
+    let copies = handles.len() as u64;
+    let rounds = calls.div_ceil(copies);
     let mut total = Duration::ZERO;
-    let mut left = iters;
+    let mut left = rounds;
     while left > 0 {
-        let rounds = left.min(ROUNDS_PER_SUBMIT);
+        let batch = left.min(ROUNDS_PER_SUBMIT);
         total += gpu
-            .time_matmul(handles, n_tok, kernel, rounds as u32)
+            .time_matmul(handles, n_tok, kernel, batch as u32)
             .expect("timed dispatch");
-        left -= rounds;
+        left -= batch;
     }
-    total
+    total.mul_f64(calls as f64 / (rounds * copies) as f64)
 }
 
 fn shapes() -> Vec<(usize, usize)> {
@@ -125,13 +137,37 @@ fn bench_matvec(c: &mut Criterion) {
             let Some((handles, bytes)) = upload_copies(gpu, ty, n_in, n_out) else {
                 continue;
             };
-            group.throughput(Throughput::Bytes(bytes * handles.len() as u64));
+            group.throughput(Throughput::Bytes(bytes));
             group.bench_function(format!("{}/{n_in}x{n_out}", ty.name()), |b| {
                 b.iter_custom(|iters| gpu_time(gpu, &handles, 1, Kernel::Matvec, iters))
             });
             for h in handles {
                 let _ = gpu.free(h);
             }
+        }
+    }
+    group.finish();
+}
+
+fn bench_matvec_batch(c: &mut Criterion) {
+    let Some(gpu) = fish_vk::global() else { return };
+    let mut group = c.benchmark_group("matvec_batch");
+    group
+        .sample_size(10)
+        .measurement_time(Duration::from_secs(2));
+    let (n_in, n_out) = shapes()[1];
+    for ty in BATCH_TYPES {
+        let Some((handles, bytes)) = upload_copies(gpu, ty, n_in, n_out) else {
+            continue;
+        };
+        group.throughput(Throughput::Bytes(bytes));
+        for n_tok in BATCH_TOKENS {
+            group.bench_function(format!("{}/{n_in}x{n_out}/n_tok{n_tok}", ty.name()), |b| {
+                b.iter_custom(|iters| gpu_time(gpu, &handles, n_tok, Kernel::Matvec, iters))
+            });
+        }
+        for h in handles {
+            let _ = gpu.free(h);
         }
     }
     group.finish();
@@ -149,7 +185,7 @@ fn bench_tiled(c: &mut Criterion) {
                 continue;
             };
             let flops = 2 * n_in as u64 * n_out as u64 * TILED_TOKENS as u64;
-            group.throughput(Throughput::Elements(flops * handles.len() as u64));
+            group.throughput(Throughput::Elements(flops));
             group.bench_function(
                 format!("{}/{n_in}x{n_out}/n_tok{TILED_TOKENS}", ty.name()),
                 |b| {
@@ -166,5 +202,5 @@ fn bench_tiled(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(benches, bench_matvec, bench_tiled);
+criterion_group!(benches, bench_matvec, bench_matvec_batch, bench_tiled);
 criterion_main!(benches);

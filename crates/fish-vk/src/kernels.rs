@@ -12,8 +12,7 @@ use std::time::{Duration, Instant};
 
 /// Largest batch the matvec kernel takes under `Kernel::Auto`.
 pub const MATVEC_MAX_TOKENS: usize = 8;
-/// Rows per matvec workgroup and tile sizes of the tiled kernel (see shaders/).
-const MATVEC_ROWS_PER_WG: u32 = 2;
+/// Tile sizes of the tiled kernel (see shaders/matmul_tiled.comp).
 const TILE_ROWS: u32 = 128;
 const TILE_TOKENS: u32 = 64;
 
@@ -56,6 +55,79 @@ pub(crate) struct Dispatch {
     pub(crate) params: Params,
     pub(crate) groups: (u32, u32),
     pub(crate) weights: vk::Buffer,
+}
+
+/// Shape of the matvec workgroups (shaders/matvec.comp specialisation
+/// constants): threads, rows per workgroup, tokens per pass, and units each
+/// thread loads before computing.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct MatvecShape {
+    threads: u32,
+    rows: u32,
+    tokens: u32,
+    unroll: u32,
+}
+
+/// Overrides of the matvec shape for tuning (docs/GPU.md), read once.
+#[derive(Clone, Copy, Debug, Default)]
+struct MatvecOverrides {
+    threads: Option<u32>,
+    rows: Option<u32>,
+    unroll: Option<u32>,
+}
+
+impl MatvecOverrides {
+    fn get() -> MatvecOverrides {
+        static READ: std::sync::OnceLock<MatvecOverrides> = std::sync::OnceLock::new();
+        *READ.get_or_init(|| {
+            let var = |name: &str, ok: fn(u32) -> bool| {
+                std::env::var(name)
+                    .ok()
+                    .and_then(|v| v.parse::<u32>().ok())
+                    .filter(|&v| ok(v))
+            };
+            MatvecOverrides {
+                threads: var("FISH_VK_MATVEC_THREADS", |t| {
+                    (32..=256).contains(&t) && t.is_power_of_two()
+                }),
+                rows: var("FISH_VK_MATVEC_ROWS", |r| (1..=8).contains(&r)),
+                unroll: var("FISH_VK_MATVEC_UNROLL", |u| (1..=4).contains(&u)),
+            }
+        })
+    }
+}
+
+impl MatvecShape {
+    /// The shapes measured fastest on the H200 (docs/BENCHMARKS.md): for one
+    /// token, 8 rows x 128 threads for the types with the cheapest decode per
+    /// byte (more rows share each x value and keep more weight bytes in
+    /// flight), 4 rows x 64 threads for those with fifth bits or K-quant
+    /// scales (8 rows cost them registers); 4 x 128 for batches.
+    fn new(ty: GgmlType, kernel: Kernel, n_tok: usize) -> MatvecShape {
+        use GgmlType::*;
+        let (rows, threads) = match ty {
+            _ if n_tok > 1 => (4, 128),
+            Q4_0 | Q4_1 | Q8_0 => (8, 128),
+            Q5_0 | Q5_1 | Q4_K | Q5_K | Q6_K => (4, 64),
+            _ => (4, 128),
+        };
+        let o = MatvecOverrides::get();
+        let threads = o.threads.unwrap_or(threads);
+        MatvecShape {
+            // The shared-memory reduction keeps one slot per thread, row and token.
+            threads: match kernel {
+                Kernel::MatvecSharedReduce => threads.min(128),
+                _ => threads,
+            },
+            rows: o.rows.unwrap_or(rows),
+            tokens: n_tok.clamp(1, MATVEC_MAX_TOKENS) as u32,
+            unroll: o.unroll.unwrap_or(1),
+        }
+    }
+
+    fn spec(&self) -> [u32; 4] {
+        [self.threads, self.rows, self.tokens, self.unroll]
+    }
 }
 
 impl Gpu {
@@ -290,9 +362,14 @@ impl Gpu {
         let mut y_base = 0u32;
         for t in tensors {
             let h = t.handle;
-            let pipeline = self
-                .pipelines
-                .get(&self.device, &self.module_name(h.ty(), kernel))?;
+            let matvec = MatvecShape::new(h.ty(), kernel, n_tok);
+            let spec: &[u32] = match kernel {
+                Kernel::Tiled | Kernel::Auto => &[],
+                Kernel::Matvec | Kernel::MatvecSharedReduce => &matvec.spec(),
+            };
+            let pipeline =
+                self.pipelines
+                    .get(&self.device, &self.module_name(h.ty(), kernel), spec)?;
             for c in &t.chunks {
                 let n_rows = c.n_rows as u32;
                 let (groups, groups_x) = match kernel {
@@ -301,7 +378,7 @@ impl Gpu {
                         ((gx, (n_tok as u32).div_ceil(TILE_TOKENS)), gx)
                     }
                     _ => {
-                        let wgs = n_rows.div_ceil(MATVEC_ROWS_PER_WG);
+                        let wgs = n_rows.div_ceil(matvec.rows);
                         let gx = wgs.min(max_x);
                         ((gx, wgs.div_ceil(gx)), gx)
                     }

@@ -97,10 +97,12 @@ impl Pipelines {
         })
     }
 
-    /// The pipeline of module `name`, built on first use.
-    pub fn get(&self, device: &ash::Device, name: &str) -> Result<vk::Pipeline> {
+    /// The pipeline of module `name` with specialisation constants `spec`
+    /// (constant_id i takes spec[i]), built on first use.
+    pub fn get(&self, device: &ash::Device, name: &str, spec: &[u32]) -> Result<vk::Pipeline> {
+        let key = format!("{name}{spec:?}");
         let mut built = self.built.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some((_, p)) = built.get(name) {
+        if let Some((_, p)) = built.get(&key) {
             return Ok(*p);
         }
         let bytes = module_bytes(name).ok_or_else(|| VkError::Shader(name.to_string()))?;
@@ -110,10 +112,22 @@ impl Pipelines {
         // SAFETY: the code is SPIR-V produced by glslc for this interface.
         let module =
             unsafe { device.create_shader_module(&info, None) }.call("vkCreateShaderModule")?;
+        let entries: Vec<vk::SpecializationMapEntry> = (0..spec.len())
+            .map(|i| vk::SpecializationMapEntry {
+                constant_id: i as u32,
+                offset: 4 * i as u32,
+                size: 4,
+            })
+            .collect();
+        let data: Vec<u8> = spec.iter().flat_map(|v| v.to_le_bytes()).collect();
+        let specialization = vk::SpecializationInfo::default()
+            .map_entries(&entries)
+            .data(&data);
         let stage = vk::PipelineShaderStageCreateInfo::default()
             .stage(vk::ShaderStageFlags::COMPUTE)
             .module(module)
-            .name(c"main");
+            .name(c"main")
+            .specialization_info(&specialization);
         let create = [vk::ComputePipelineCreateInfo::default()
             .stage(stage)
             .layout(self.layout)];
@@ -129,7 +143,7 @@ impl Pipelines {
                 });
             }
         };
-        built.insert(name.to_string(), (module, pipeline));
+        built.insert(key, (module, pipeline));
         Ok(pipeline)
     }
 

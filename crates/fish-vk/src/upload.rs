@@ -1,6 +1,7 @@
 //! Weight upload: rows are copied into device buffers whose rows start on
-//! 16-byte boundaries; a tensor larger than one buffer may be (the device's
-//! maxMemoryAllocationSize / maxStorageBufferRange) is split by rows.
+//! 16-byte boundaries, rewritten into the device layout the kernels read (see
+//! `device_row` and docs/GPU.md); a tensor larger than one buffer may be (the
+//! device's maxMemoryAllocationSize / maxStorageBufferRange) is split by rows.
 
 use crate::buffer::{Buffer, MemoryKind};
 use crate::error::{Result, VkError};
@@ -133,7 +134,7 @@ impl Gpu {
                 n_rows,
             });
             let chunk = chunks.last().expect("just pushed");
-            self.fill_chunk(chunk, bytes, row as usize, row_stride)
+            self.fill_chunk(chunk, ty, bytes, row as usize, row_stride)
         });
         if let Err(e) = filled {
             for c in chunks {
@@ -160,8 +161,16 @@ impl Gpu {
         Ok(handle)
     }
 
-    /// Copies the chunk's rows through the staging buffer, padding each row to `row_stride`.
-    fn fill_chunk(&self, chunk: &Chunk, bytes: &[u8], row: usize, row_stride: u64) -> Result<()> {
+    /// Copies the chunk's rows through the staging buffer in the device
+    /// layout, padding each row to `row_stride`.
+    fn fill_chunk(
+        &self,
+        chunk: &Chunk,
+        ty: GgmlType,
+        bytes: &[u8],
+        row: usize,
+        row_stride: u64,
+    ) -> Result<()> {
         let mut exec = self.lock_exec();
         let mut staging = exec.staging.take();
         let want = STAGING_BYTES
@@ -179,7 +188,7 @@ impl Gpu {
                     for i in 0..n {
                         let src = (chunk.row0 + done + i) * row;
                         let dst = i * row_stride as usize;
-                        padded[dst..dst + row].copy_from_slice(&bytes[src..src + row]);
+                        device_row(ty, &bytes[src..src + row], &mut padded[dst..dst + row]);
                     }
                     let len = n as u64 * row_stride;
                     stage.write(&self.allocator, 0, &padded[..len as usize])?;
@@ -223,5 +232,117 @@ impl Gpu {
     /// Number of device buffers holding `handle` (more than one when split).
     pub fn chunk_count(&self, handle: TensorHandle) -> Option<usize> {
         self.lock_tensors().get(&handle.id).map(|t| t.chunks.len())
+    }
+}
+
+/// One field of a GGUF block: its offset and length, and whether it holds
+/// Q5 fifth bits (reordered on the way, see `fifth_bits_for_nibbles`).
+#[derive(Clone, Copy)]
+enum Field {
+    Bytes(usize, usize),
+    FifthBits(usize),
+}
+
+/// Where the fields of one block go in a device row: the quants of every
+/// block first, as one array with 16-byte aligned entries, then each small
+/// per-block field (fifth bits, scales) as its own array, in this order.
+/// Types without an entry keep the GGUF bytes.
+fn split_layout(ty: GgmlType) -> Option<(usize, &'static [Field])> {
+    use Field::*;
+    Some(match ty {
+        // d | qs[16]
+        GgmlType::Q4_0 => (18, &[Bytes(2, 16), Bytes(0, 2)]),
+        // d, m | qs[16]
+        GgmlType::Q4_1 => (20, &[Bytes(4, 16), Bytes(0, 4)]),
+        // d | qh[4] | qs[16]
+        GgmlType::Q5_0 => (22, &[Bytes(6, 16), FifthBits(2), Bytes(0, 2)]),
+        // d, m | qh[4] | qs[16]
+        GgmlType::Q5_1 => (24, &[Bytes(8, 16), FifthBits(4), Bytes(0, 4)]),
+        // d | qs[32]
+        GgmlType::Q8_0 => (34, &[Bytes(2, 32), Bytes(0, 2)]),
+        // ql[128], qh[64], scales[16] | d
+        GgmlType::Q6_K => (210, &[Bytes(0, 208), Bytes(208, 2)]),
+        _ => return None,
+    })
+}
+
+/// Rewrites one GGUF row (`src`) into the device layout (`dst`, the same
+/// length). The kernels read quants with 16-byte loads, which the GGUF blocks
+/// of 18, 20, 22, 24, 34 and 210 bytes do not allow.
+fn device_row(ty: GgmlType, src: &[u8], dst: &mut [u8]) {
+    let Some((block_bytes, fields)) = split_layout(ty) else {
+        dst.copy_from_slice(src);
+        return;
+    };
+    let nb = src.len() / block_bytes;
+    let mut base = 0;
+    for &field in fields {
+        let (offset, len) = match field {
+            Field::Bytes(offset, len) => (offset, len),
+            Field::FifthBits(offset) => (offset, 4),
+        };
+        for b in 0..nb {
+            let from = &src[b * block_bytes + offset..b * block_bytes + offset + len];
+            let to = &mut dst[base + b * len..base + (b + 1) * len];
+            match field {
+                Field::Bytes(..) => to.copy_from_slice(from),
+                Field::FifthBits(_) => {
+                    let qh = u32::from_le_bytes([from[0], from[1], from[2], from[3]]);
+                    to.copy_from_slice(&fifth_bits_for_nibbles(qh).to_le_bytes());
+                }
+            }
+        }
+        base += nb * len;
+    }
+}
+
+/// Q5_0/Q5_1 fifth bits (bit j of `qh` belongs to value j) reordered so that
+/// the bits of the values in qs word c (bytes 4c..4c+3: values 4c+i in the low
+/// nibbles, 16+4c+i in the high ones) sit at bits 8i+c and 8i+4+c: one shift
+/// then puts each at bit 4 of its nibble's byte (shaders/dequant.glsl qh5_lo/qh5_hi).
+fn fifth_bits_for_nibbles(qh: u32) -> u32 {
+    let mut out = 0u32;
+    for j in 0..32 {
+        let bit = (qh >> j) & 1;
+        let (c, i, high) = ((j % 16) / 4, j % 4, j / 16);
+        out |= bit << (8 * i + 4 * high + c);
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fifth_bits_are_a_permutation() {
+        let mut seen = 0u32;
+        for j in 0..32 {
+            let moved = fifth_bits_for_nibbles(1 << j);
+            assert_eq!(moved.count_ones(), 1, "bit {j}");
+            seen |= moved;
+        }
+        assert_eq!(seen, u32::MAX);
+    }
+
+    #[test]
+    fn split_rows_keep_their_length_and_every_byte() {
+        for ty in [
+            GgmlType::Q4_0,
+            GgmlType::Q4_1,
+            GgmlType::Q8_0,
+            GgmlType::Q6_K,
+        ] {
+            let len = ty.block_bytes() * 3;
+            let src: Vec<u8> = (0..len).map(|i| (i * 7 + 3) as u8).collect();
+            let mut dst = vec![0u8; len];
+            device_row(ty, &src, &mut dst);
+            let mut a = src.clone();
+            let mut b = dst.clone();
+            a.sort_unstable();
+            b.sort_unstable();
+            assert_eq!(a, b, "{ty:?}");
+            assert_ne!(src, dst, "{ty:?}");
+        }
     }
 }

@@ -48,13 +48,16 @@ fn every_module_is_prebuilt_and_embedded() {
 fn editing_a_source_changes_its_hash() {
     let tmp = std::env::temp_dir().join(format!("fish-vk-hash-{}", std::process::id()));
     std::fs::create_dir_all(&tmp).expect("temp dir");
-    for f in [
-        "matvec.comp",
-        "matmul_tiled.comp",
-        "common.glsl",
-        "dequant.glsl",
-    ] {
-        std::fs::copy(shader_dir().join(f), tmp.join(f)).expect("copy shader");
+    // Every source and include, so that the copy hashes like the original.
+    for entry in std::fs::read_dir(shader_dir()).expect("list shaders") {
+        let path = entry.expect("shader entry").path();
+        if matches!(
+            path.extension().and_then(|e| e.to_str()),
+            Some("comp" | "glsl")
+        ) {
+            let name = path.file_name().expect("file name");
+            std::fs::copy(&path, tmp.join(name)).expect("copy shader");
+        }
     }
     let spec = &shader_specs()[0];
     let before = spec_hash(&tmp, spec).expect("hash");

@@ -1,0 +1,284 @@
+// Weight decoding for the matvec kernel, per type, on the device layout of
+// dequant.glsl (included first, with the uvec4 view `w4` of the weights).
+//
+// A row is cut into units of UNIT_VALUES values that one thread loads with
+// 16-byte loads where the layout allows (load_unit), and a unit into RUNS
+// runs of 16 consecutive values that share one scale (and min). decode_run
+// returns a run's 16 quants as exact small-integer floats q, its scale and
+// its min: the run adds scale * dot(q, x) + minv * sum(x) to the dot
+// product. run_x4 is the run's first value / 4 within the row (x is read as
+// vec4). (Splitting a unit over lanes so that a subgroup reads x as one
+// contiguous stretch measured slower on the H200: each lane then keeps
+// fewer weight bytes in flight.)
+//
+// Quants become floats without int-to-float conversions (a quarter-rate
+// instruction on NVIDIA, the bottleneck of a naive nibble kernel): a field at
+// bits [s, s + width) with s + width <= 23, OR-ed under the exponent of
+// 2^(23 - s), is the float 2^(23 - s) + field, and one subtraction of that
+// constant (plus the type's offset) leaves the exact value.
+
+const uint EXP_S0 = 0x4B000000u;  // 2^23: fields at bit 0
+const uint EXP_S4 = 0x49000000u;  // 2^19: fields at bit 4
+const uint EXP_S8 = 0x47000000u;  // 2^15: fields at bit 8
+const uint EXP_S12 = 0x45000000u; // 2^11: fields at bit 12
+const float M_S0 = 8388608.0;
+const float M_S4 = 524288.0;
+const float M_S8 = 32768.0;
+const float M_S12 = 2048.0;
+
+// The four byte fields of v (byte i is value i) minus off, each field being
+// at most 8 bits wide and v holding nothing else.
+vec4 byte_fields(uint v, float off) {
+    uint h = v >> 16;
+    return vec4(uintBitsToFloat((v & 0xFFu) | EXP_S0) - (M_S0 + off),
+                uintBitsToFloat((v & 0xFF00u) | EXP_S8) - (M_S8 + off),
+                uintBitsToFloat((h & 0xFFu) | EXP_S0) - (M_S0 + off),
+                uintBitsToFloat((h & 0xFF00u) | EXP_S8) - (M_S8 + off));
+}
+
+// The low nibbles of the four bytes of v, minus off.
+vec4 low_nibbles(uint v, float off) {
+    uint h = v >> 16;
+    return vec4(uintBitsToFloat((v & 0xFu) | EXP_S0) - (M_S0 + off),
+                uintBitsToFloat((v & 0xF00u) | EXP_S8) - (M_S8 + off),
+                uintBitsToFloat((h & 0xFu) | EXP_S0) - (M_S0 + off),
+                uintBitsToFloat((h & 0xF00u) | EXP_S8) - (M_S8 + off));
+}
+
+// The high nibbles of the four bytes of v, minus off.
+vec4 high_nibbles(uint v, float off) {
+    uint h = v >> 16;
+    return vec4(uintBitsToFloat((v & 0xF0u) | EXP_S4) - (M_S4 + off),
+                uintBitsToFloat((v & 0xF000u) | EXP_S12) - (M_S12 + off),
+                uintBitsToFloat((h & 0xF0u) | EXP_S4) - (M_S4 + off),
+                uintBitsToFloat((h & 0xF000u) | EXP_S12) - (M_S12 + off));
+}
+
+#if defined(TYPE_F32)
+#define UNIT_VALUES 32u
+#define RUNS 2u
+struct Unit { uvec4 v[8]; };
+Unit load_unit(uint row_byte, uint u) {
+    Unit un;
+    uint i = row_byte / 16u + 8u * u;
+    for (uint k = 0u; k < 8u; k++) {
+        un.v[k] = w4[i + k];
+    }
+    return un;
+}
+void decode_run(Unit un, uint run, out vec4 q[4], out float scale, out float minv) {
+    for (uint k = 0u; k < 4u; k++) {
+        q[k] = uintBitsToFloat(un.v[4u * run + k]);
+    }
+    scale = 1.0;
+    minv = 0.0;
+}
+uint run_x4(uint u, uint run) { return 8u * u + 4u * run; }
+
+#elif defined(TYPE_F16)
+#define UNIT_VALUES 32u
+#define RUNS 2u
+struct Unit { uvec4 v[4]; };
+Unit load_unit(uint row_byte, uint u) {
+    Unit un;
+    uint i = row_byte / 16u + 4u * u;
+    for (uint k = 0u; k < 4u; k++) {
+        un.v[k] = w4[i + k];
+    }
+    return un;
+}
+void decode_run(Unit un, uint run, out vec4 q[4], out float scale, out float minv) {
+    uvec4 a = un.v[2u * run];
+    uvec4 b = un.v[2u * run + 1u];
+    q[0] = vec4(unpackHalf2x16(a.x), unpackHalf2x16(a.y));
+    q[1] = vec4(unpackHalf2x16(a.z), unpackHalf2x16(a.w));
+    q[2] = vec4(unpackHalf2x16(b.x), unpackHalf2x16(b.y));
+    q[3] = vec4(unpackHalf2x16(b.z), unpackHalf2x16(b.w));
+    scale = 1.0;
+    minv = 0.0;
+}
+uint run_x4(uint u, uint run) { return 8u * u + 4u * run; }
+
+#elif defined(TYPE_Q4_0) || defined(TYPE_Q4_1)
+// One block per unit: run 0 is the low nibbles (values 0..15), run 1 the high ones.
+#define UNIT_VALUES 32u
+#define RUNS 2u
+struct Unit { uvec4 qs; vec2 dm; };
+Unit load_unit(uint row_byte, uint u) {
+    Unit un;
+    un.qs = w4[row_byte / 16u + u];
+#if defined(TYPE_Q4_0)
+    un.dm = vec2(load_f16(row_byte + 16u * blocks_per_row() + 2u * u), 0.0);
+#else
+    un.dm = unpackHalf2x16(w[(row_byte + 16u * blocks_per_row()) / 4u + u]);
+#endif
+    return un;
+}
+void decode_run(Unit un, uint run, out vec4 q[4], out float scale, out float minv) {
+#if defined(TYPE_Q4_0)
+    const float off = 8.0;
+#else
+    const float off = 0.0;
+#endif
+    for (uint k = 0u; k < 4u; k++) {
+        q[k] = run == 0u ? low_nibbles(un.qs[k], off) : high_nibbles(un.qs[k], off);
+    }
+    scale = un.dm.x;
+    minv = un.dm.y;
+}
+uint run_x4(uint u, uint run) { return 8u * u + 4u * run; }
+
+#elif defined(TYPE_Q5_0) || defined(TYPE_Q5_1)
+#define UNIT_VALUES 32u
+#define RUNS 2u
+struct Unit { uvec4 qs; uint qh; vec2 dm; };
+Unit load_unit(uint row_byte, uint u) {
+    Unit un;
+    uint nb = blocks_per_row();
+    un.qs = w4[row_byte / 16u + u];
+    un.qh = w[(row_byte + 16u * nb) / 4u + u];
+#if defined(TYPE_Q5_0)
+    un.dm = vec2(load_f16(row_byte + 20u * nb + 2u * u), 0.0);
+#else
+    un.dm = unpackHalf2x16(w[(row_byte + 20u * nb) / 4u + u]);
+#endif
+    return un;
+}
+void decode_run(Unit un, uint run, out vec4 q[4], out float scale, out float minv) {
+#if defined(TYPE_Q5_0)
+    const float off = 16.0;
+#else
+    const float off = 0.0;
+#endif
+    for (uint k = 0u; k < 4u; k++) {
+        uint v = run == 0u ? (un.qs[k] & 0x0f0f0f0fu) | qh5_lo(un.qh, k)
+                           : ((un.qs[k] >> 4) & 0x0f0f0f0fu) | qh5_hi(un.qh, k);
+        q[k] = byte_fields(v, off);
+    }
+    scale = un.dm.x;
+    minv = un.dm.y;
+}
+uint run_x4(uint u, uint run) { return 8u * u + 4u * run; }
+
+#elif defined(TYPE_Q8_0)
+// One block per unit: run 0 is bytes 0..15, run 1 bytes 16..31. The signed
+// bytes are biased by 128 (xor 0x80) to decode them as unsigned fields.
+#define UNIT_VALUES 32u
+#define RUNS 2u
+struct Unit { uvec4 q[2]; float d; };
+Unit load_unit(uint row_byte, uint u) {
+    Unit un;
+    un.q[0] = w4[row_byte / 16u + 2u * u];
+    un.q[1] = w4[row_byte / 16u + 2u * u + 1u];
+    un.d = load_f16(row_byte + 32u * blocks_per_row() + 2u * u);
+    return un;
+}
+void decode_run(Unit un, uint run, out vec4 q[4], out float scale, out float minv) {
+    uvec4 v = un.q[run] ^ uvec4(0x80808080u);
+    for (uint k = 0u; k < 4u; k++) {
+        q[k] = byte_fields(v[k], 128.0);
+    }
+    scale = un.d;
+    minv = 0.0;
+}
+uint run_x4(uint u, uint run) { return 8u * u + 4u * run; }
+
+#elif defined(TYPE_Q4_K) || defined(TYPE_Q5_K)
+// Eight units per super-block: unit v covers qs[16v .. 16v+15], i.e. chunk
+// c = v / 2, bytes l = 16 (v % 2) + i; run 0 (low nibbles) is sub-block 2c,
+// values 64c + l; run 1 (high nibbles) sub-block 2c + 1, values 64c + 32 + l.
+#define UNIT_VALUES 32u
+#define RUNS 2u
+struct Unit {
+    uvec4 head; // d, dmin (f16) and the 12 scale bytes
+    uvec4 qs;
+#if defined(TYPE_Q5_K)
+    uvec4 qh;
+#endif
+    uint c;
+};
+Unit load_unit(uint row_byte, uint u) {
+    Unit un;
+    uint sb = u / 8u;
+    uint v = u % 8u;
+    uint block16 = (row_byte + sb * BLOCK_BYTES) / 16u;
+    un.head = w4[block16];
+    un.qs = w4[block16 + QS_OFFSET / 16u + v];
+#if defined(TYPE_Q5_K)
+    un.qh = w4[block16 + QH_OFFSET / 16u + (v & 1u)];
+#endif
+    un.c = v / 2u;
+    return un;
+}
+void decode_run(Unit un, uint run, out vec4 q[4], out float scale, out float minv) {
+    uint j = 2u * un.c + run;
+    // Sub-blocks j < 4: 6 bits of byte j (scale) and j + 4 (min); j >= 4:
+    // 4 bits of byte j + 4 and the top 2 bits of bytes j - 4 / j.
+    uint sh = 8u * (j & 3u);
+    uint b_sc = (un.head.y >> sh) & 0xFFu;
+    uint b_m = (un.head.z >> sh) & 0xFFu;
+    uint b_e = (un.head.w >> sh) & 0xFFu;
+    uint sc = j < 4u ? b_sc & 63u : (b_e & 15u) | ((b_sc >> 6) << 4);
+    uint m = j < 4u ? b_m & 63u : (b_e >> 4) | ((b_m >> 6) << 4);
+    vec2 dd = unpackHalf2x16(un.head.x);
+    scale = dd.x * float(sc);
+    minv = -dd.y * float(m);
+    for (uint k = 0u; k < 4u; k++) {
+        uint v = run == 0u ? un.qs[k] & 0x0f0f0f0fu : (un.qs[k] >> 4) & 0x0f0f0f0fu;
+#if defined(TYPE_Q5_K)
+        v |= ((un.qh[k] >> j) & 0x01010101u) << 4;
+#endif
+        q[k] = byte_fields(v, 0.0);
+    }
+}
+uint run_x4(uint u, uint run) {
+    uint sb = u / 8u;
+    uint v = u % 8u;
+    return (256u * sb + 64u * (v / 2u) + 32u * run + 16u * (v & 1u)) / 4u;
+}
+
+#elif defined(TYPE_Q6_K)
+// Four units per super-block: unit v4 is half n = v4 / 2 and l = 16 (v4 % 2)
+// + i; it loads ql[64n + l] and ql[64n + 32 + l] (quarters 0/2 and 1/3 of
+// the half) and qh[32n + l]. Run r is quarter qq = r: values 128n + 32qq + l,
+// scale 8n + l / 16 + 2qq.
+#define UNIT_VALUES 64u
+#define RUNS 4u
+struct Unit { uvec4 ql[2]; uvec4 qh; uvec4 scales; float d; uint n; uint half_l; };
+Unit load_unit(uint row_byte, uint u) {
+    Unit un;
+    uint sb = u / 4u;
+    un.n = (u / 2u) % 2u;
+    un.half_l = u % 2u;
+    uint block16 = (row_byte + sb * Q6_BODY_BYTES) / 16u;
+    un.ql[0] = w4[block16 + 4u * un.n + un.half_l];
+    un.ql[1] = w4[block16 + 4u * un.n + 2u + un.half_l];
+    un.qh = w4[block16 + 8u + 2u * un.n + un.half_l];
+    un.scales = w4[block16 + 12u];
+    un.d = load_f16(row_byte + Q6_BODY_BYTES * blocks_per_row() + 2u * sb);
+    return un;
+}
+void decode_run(Unit un, uint run, out vec4 q[4], out float scale, out float minv) {
+    uint qq = run;
+    for (uint k = 0u; k < 4u; k++) {
+        uint l4 = un.ql[qq & 1u][k];
+        uint v = qq < 2u ? l4 & 0x0f0f0f0fu : (l4 >> 4) & 0x0f0f0f0fu;
+        v |= ((un.qh[k] >> (2u * qq)) & 0x03030303u) << 4;
+        q[k] = byte_fields(v, 32.0);
+    }
+    uint s = 8u * un.n + un.half_l + 2u * qq;
+    scale = un.d * float(bitfieldExtract(int(un.scales[s / 4u]), int(8u * (s % 4u)), 8));
+    minv = 0.0;
+}
+uint run_x4(uint u, uint run) {
+    uint sb = u / 4u;
+    return (256u * sb + 128u * ((u / 2u) % 2u) + 32u * run + 16u * (u % 2u)) / 4u;
+}
+
+#else
+#error "define one TYPE_X"
+#endif
+
+#if defined(TYPE_Q4_1) || defined(TYPE_Q5_1) || defined(TYPE_Q4_K) || defined(TYPE_Q5_K)
+#define HAS_MIN 1
+#endif
