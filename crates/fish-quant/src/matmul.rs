@@ -170,7 +170,10 @@ fn run<B: BlockFormat>(
         }
     }
     let dot = B::best_vec_dot();
+    let grouped_dot = B::grouped_vec_dot();
     let n_tok = acts.n_tok;
+    // Tokens that the reference takes four at a time.
+    let n_grouped = n_tok - n_tok % 4;
     let n_out = w.n_out;
     let total = row_bytes * n_out;
     let threads = rayon::current_num_threads().max(1);
@@ -193,6 +196,7 @@ fn run<B: BlockFormat>(
         let r1 = (r0 + rows_per_task).min(n_out);
         for t in 0..n_tok {
             let at = &a[t * apr..(t + 1) * apr];
+            let dot = if t < n_grouped { grouped_dot } else { dot };
             for r in r0..r1 {
                 let v = dot(&blocks[r * bpr..(r + 1) * bpr], at);
                 // SAFETY: task i writes only rows r0..r1 of each token's

@@ -85,10 +85,24 @@ fn batched_tokens_equal_single_token_calls() {
         let mut shared = vec![0f32; n_tok * n_out];
         matmul_quantized(w, &acts, &mut shared).unwrap();
         assert_eq!(batch, shared, "{ty}");
+        // Q2_K rounds the tokens of a batch taken four at a time as ggml's
+        // interleaved kernels do (per half block): equal up to rounding.
+        let grouped = if ty == GgmlType::Q2_K {
+            n_tok - n_tok % 4
+        } else {
+            0
+        };
         for t in 0..n_tok {
             let mut one = vec![0f32; n_out];
             matmul_batch(w, &x[t * n_in..(t + 1) * n_in], 1, &mut one).unwrap();
-            assert_eq!(one, &batch[t * n_out..(t + 1) * n_out], "{ty} token {t}");
+            let batched = &batch[t * n_out..(t + 1) * n_out];
+            if t < grouped {
+                for (a, b) in one.iter().zip(batched) {
+                    assert!((a - b).abs() <= 1e-5 * a.abs().max(1.0), "{ty} token {t}");
+                }
+            } else {
+                assert_eq!(one, batched, "{ty} token {t}");
+            }
         }
     }
 }

@@ -67,6 +67,13 @@ pub trait BlockFormat: Pod + Send + Sync {
     fn best_vec_dot() -> VecDot<Self> {
         Self::vec_dot
     }
+
+    /// The dot product for the tokens of a batch that ggml's interleaved
+    /// kernels take four at a time (all but the last `n_tok % 4`); the same
+    /// as [`BlockFormat::best_vec_dot`] for formats those kernels round alike.
+    fn grouped_vec_dot() -> VecDot<Self> {
+        Self::best_vec_dot()
+    }
 }
 
 /// An activation format: what `x` is converted to before dot products.

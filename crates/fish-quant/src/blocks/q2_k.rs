@@ -4,7 +4,7 @@
 //! `128n + 32j + l`.
 
 use super::kfit::{fit_scale_min, quantize_group_scales, FitSearch};
-use super::{BlockFormat, BlockQ8K, QK_K};
+use super::{BlockFormat, BlockQ8K, VecDot, QK_K};
 use crate::bits::F16Bits;
 use crate::round::nearest_int;
 use bytemuck::{Pod, Zeroable};
@@ -29,6 +29,23 @@ pub(crate) fn crumb_position(i: usize) -> (usize, usize) {
 }
 
 impl BlockQ2K {
+    /// For each 128-value half: `sum_g (sc[g] & 15) * sum(q * a)` and
+    /// `sum_g (sc[g] >> 4) * bsums[g]`, exact.
+    fn half_sums(&self, a: &BlockQ8K) -> [(i32, i32); 2] {
+        let q = self.codes();
+        std::array::from_fn(|h| {
+            let (mut sumi, mut summ) = (0i32, 0i32);
+            for g in 8 * h..8 * h + 8 {
+                let s: i32 = (0..16)
+                    .map(|l| q[16 * g + l] as i32 * a.qs[16 * g + l] as i32)
+                    .sum();
+                sumi += (self.scales[g] & 0x0f) as i32 * s;
+                summ += (self.scales[g] >> 4) as i32 * a.bsums[g] as i32;
+            }
+            (sumi, summ)
+        })
+    }
+
     /// The 256 codes (0..4) in value order.
     pub fn codes(&self) -> [u8; QK_K] {
         std::array::from_fn(|i| {
@@ -94,20 +111,34 @@ impl BlockFormat for BlockQ2K {
         b
     }
 
+    /// Per block, the code sum and the min sum are exact integers; each is
+    /// scaled and accumulated with one fused multiply-add into its own f32
+    /// sum, and the two sums are subtracted once at the end. This is the
+    /// rounding of ggml's interleaved Q2_K kernels, which llama.cpp runs on
+    /// AVX-512 CPUs (rows in multiples of 8), one token at a time.
     fn vec_dot(w: &[Self], a: &[BlockQ8K]) -> f32 {
-        let mut sum = 0.0f32;
+        let (mut sum, mut mins) = (0.0f32, 0.0f32);
         for (w, a) in w.iter().zip(a) {
-            let q = w.codes();
-            let (mut sumi, mut summ) = (0i32, 0i32);
-            for g in 0..16 {
-                let s: i32 = (0..16)
-                    .map(|l| q[16 * g + l] as i32 * a.qs[16 * g + l] as i32)
-                    .sum();
-                sumi += (w.scales[g] & 0x0f) as i32 * s;
-                summ += (w.scales[g] >> 4) as i32 * a.bsums[g] as i32;
-            }
-            sum += a.d * w.d.to_f32() * sumi as f32 - a.d * w.dmin.to_f32() * summ as f32;
+            let [(s0, m0), (s1, m1)] = w.half_sums(a);
+            sum = ((s0 + s1) as f32).mul_add(w.d.to_f32() * a.d, sum);
+            mins = ((m0 + m1) as f32).mul_add(w.dmin.to_f32() * a.d, mins);
         }
-        sum
+        sum - mins
+    }
+
+    /// Tokens taken four at a time by those kernels are scaled and
+    /// accumulated per 128-value half block.
+    fn grouped_vec_dot() -> VecDot<Self> {
+        |w, a| {
+            let (mut sum, mut mins) = (0.0f32, 0.0f32);
+            for (w, a) in w.iter().zip(a) {
+                let (d, dmin) = (w.d.to_f32() * a.d, w.dmin.to_f32() * a.d);
+                for (s, m) in w.half_sums(a) {
+                    sum = (s as f32).mul_add(d, sum);
+                    mins = (m as f32).mul_add(dmin, mins);
+                }
+            }
+            sum - mins
+        }
     }
 }

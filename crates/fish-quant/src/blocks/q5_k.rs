@@ -77,23 +77,41 @@ impl BlockFormat for BlockQ5K {
         }
     }
 
+    /// The rounding of ggml's AVX2 kernel, which the SIMD kernels share:
+    /// eight i32 lanes (lane `k` sums bytes `4k..4k + 4` of every 32-value
+    /// group, times its scale), each scaled per block into an f32 lane with
+    /// a fused multiply-add and summed pairwise at the end; the min terms
+    /// accumulated apart with a fused multiply-add.
     fn vec_dot(w: &[Self], a: &[BlockQ8K]) -> f32 {
-        let mut sum = 0.0f32;
+        let mut acc = [0.0f32; 8];
+        let mut mins = 0.0f32;
         for (w, a) in w.iter().zip(a) {
             let (sc, m) = kscales::unpack(&w.scales);
             let q = w.codes();
-            let mut sumi = 0i32;
+            let mut lanes = [0i32; 8];
             for g in 0..8 {
-                let s: i32 = (0..32)
-                    .map(|l| q[32 * g + l] as i32 * a.qs[32 * g + l] as i32)
-                    .sum();
-                sumi += sc[g] as i32 * s;
+                for (k, lane) in lanes.iter_mut().enumerate() {
+                    let s: i32 = (4 * k..4 * k + 4)
+                        .map(|l| q[32 * g + l] as i32 * a.qs[32 * g + l] as i32)
+                        .sum();
+                    *lane += sc[g] as i32 * s;
+                }
             }
             let summ: i32 = (0..8)
                 .map(|g| m[g] as i32 * (a.bsums[2 * g] as i32 + a.bsums[2 * g + 1] as i32))
                 .sum();
-            sum += a.d * w.d.to_f32() * sumi as f32 - a.d * w.dmin.to_f32() * summ as f32;
+            let d = a.d * w.d.to_f32();
+            for (acc, &lane) in acc.iter_mut().zip(&lanes) {
+                *acc = d.mul_add(lane as f32, *acc);
+            }
+            mins = (a.d * w.dmin.to_f32()).mul_add(summ as f32, mins);
         }
-        sum
+        let quads: [f32; 4] = std::array::from_fn(|k| acc[k] + acc[k + 4]);
+        let pairs = [quads[0] + quads[2], quads[1] + quads[3]];
+        (pairs[0] + pairs[1]) - mins
+    }
+
+    fn best_vec_dot() -> super::VecDot<Self> {
+        crate::simd::best_q5_k_dot()
     }
 }

@@ -182,6 +182,59 @@ macro_rules! define_kernels {
             hsum_ps(acc) - mins
         }
 
+        /// Q4_K with a fifth bit per code: lane `k` of each 32-value group
+        /// sums the products of bytes `4k..4k + 4`, times the group's scale,
+        /// so the block's integer sum and its f32 scaling are those of
+        /// ggml's AVX2 kernel lane for lane. The min terms are accumulated
+        /// with a fused multiply-add, as that kernel is compiled (its
+        /// `summs += dmin * sum` contracts to one FMA): bit-identical results.
+        #[target_feature(enable = $features)]
+        pub unsafe fn q5_k(w: &[BlockQ5K], a: &[BlockQ8K]) -> f32 {
+            let mut acc = _mm256_setzero_ps();
+            let mut mins = 0.0f32;
+            let m4 = _mm256_set1_epi8(0x0f);
+            let bit = _mm256_set1_epi8(0x01);
+            for (w, a) in w.iter().zip(a) {
+                let (sc, m) = kscales::unpack(&w.scales);
+                let summ: i32 = (0..8)
+                    .map(|g| m[g] as i32 * (a.bsums[2 * g] as i32 + a.bsums[2 * g + 1] as i32))
+                    .sum();
+                mins = (a.d * h2f(w.dmin.0)).mul_add(summ as f32, mins);
+                let qh = load(w.qh.as_ptr());
+                let mut sumi = _mm256_setzero_si256();
+                for j in 0..4 {
+                    let q = load(w.qs.as_ptr().add(32 * j));
+                    // Bit 2j (2j + 1) of qh[l] moved to bit 4 of byte l.
+                    let h_lo = _mm256_and_si256(
+                        _mm256_srl_epi16(qh, _mm_cvtsi32_si128(2 * j as i32)),
+                        bit,
+                    );
+                    let h_hi = _mm256_and_si256(
+                        _mm256_srl_epi16(qh, _mm_cvtsi32_si128(2 * j as i32 + 1)),
+                        bit,
+                    );
+                    let lo = _mm256_or_si256(_mm256_and_si256(q, m4), _mm256_slli_epi16(h_lo, 4));
+                    let hi = _mm256_or_si256(
+                        _mm256_and_si256(_mm256_srli_epi16(q, 4), m4),
+                        _mm256_slli_epi16(h_hi, 4),
+                    );
+                    let plo = dot_u8_i8(lo, load(a.qs.as_ptr().add(64 * j) as *const u8));
+                    let phi = dot_u8_i8(hi, load(a.qs.as_ptr().add(64 * j + 32) as *const u8));
+                    sumi = _mm256_add_epi32(
+                        sumi,
+                        _mm256_mullo_epi32(plo, _mm256_set1_epi32(sc[2 * j] as i32)),
+                    );
+                    sumi = _mm256_add_epi32(
+                        sumi,
+                        _mm256_mullo_epi32(phi, _mm256_set1_epi32(sc[2 * j + 1] as i32)),
+                    );
+                }
+                let d = _mm256_set1_ps(a.d * h2f(w.d.0));
+                acc = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(sumi), acc);
+            }
+            hsum_ps(acc) - mins
+        }
+
         #[target_feature(enable = $features)]
         pub unsafe fn q6_k(w: &[BlockQ6K], a: &[BlockQ8K]) -> f32 {
             let mut acc = _mm256_setzero_ps();

@@ -5,8 +5,8 @@
 //! `blocks`, so results differ only in float accumulation order.
 
 use crate::blocks::{
-    BlockFormat, BlockQ4K, BlockQ4_0, BlockQ4_1, BlockQ5_0, BlockQ5_1, BlockQ6K, BlockQ8_0,
-    F16Value, F32Value, VecDot,
+    BlockFormat, BlockQ4K, BlockQ4_0, BlockQ4_1, BlockQ5K, BlockQ5_0, BlockQ5_1, BlockQ6K,
+    BlockQ8_0, F16Value, F32Value, VecDot,
 };
 
 #[cfg(target_arch = "x86_64")]
@@ -108,6 +108,7 @@ select!(best_q5_0_dot, BlockQ5_0, q5_0);
 select!(best_q5_1_dot, BlockQ5_1, q5_1);
 select!(best_q8_0_dot, BlockQ8_0, q8_0);
 select!(best_q4_k_dot, BlockQ4K, q4_k);
+select!(best_q5_k_dot, BlockQ5K, q5_k);
 select!(best_q6_k_dot, BlockQ6K, q6_k);
 
 /// One activation block's scale, converted once per matmul call: `d` as

@@ -75,6 +75,7 @@ fn simd_kernels_agree_with_portable_dot_products() {
     n += check_kernel!(BlockQ5_1, q5_1);
     n += check_kernel!(BlockQ8_0, q8_0);
     n += check_kernel!(BlockQ4K, q4_k);
+    n += check_kernel!(BlockQ5K, q5_k);
     n += check_kernel!(BlockQ6K, q6_k);
     eprintln!("checked {n} SIMD kernels at level {:?}", detect());
 }
