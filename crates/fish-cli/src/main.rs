@@ -42,7 +42,16 @@ enum Command {
 }
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    // llama.cpp spells the layer count `-ngl N`; clap has no multi-letter
+    // short flags, so that spelling is mapped to the long one.
+    let args = std::env::args_os().map(|a| {
+        if a == "-ngl" {
+            "--n-gpu-layers".into()
+        } else {
+            a
+        }
+    });
+    let cli = Cli::parse_from(args);
     let result = match cli.command {
         Command::Run(args) => run::run(&args),
         Command::Bench(args) => bench::run(&args),

@@ -17,9 +17,12 @@ fn default_model() -> PathBuf {
     p
 }
 
+/// Runs fish-cli on the CPU: these tests check the CPU engine's exact tokens,
+/// which a GPU (lavapipe in CI, where FISH_GPU=cpu) computes differently.
 fn fish(args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_fish-cli"))
         .args(args)
+        .env("FISH_GPU", "0")
         .output()
         .expect("run fish-cli")
 }
@@ -265,4 +268,39 @@ fn synth_writes_a_model_that_runs() {
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
     // The byte-level tokenizer: BOS + one token per byte of "hello world".
     assert_eq!(v["prompt_tokens"].as_array().unwrap().len(), 12);
+}
+
+#[test]
+fn gpu_placement_appears_in_the_json_stats() {
+    let m = default_model();
+    let out = Command::new(env!("CARGO_BIN_EXE_fish-cli"))
+        .args([
+            "run",
+            m.to_str().unwrap(),
+            "-p",
+            "The capital of France is",
+            "-n",
+            "1",
+            "--temp",
+            "0",
+            "--json",
+            "-ngl",
+            "2",
+        ])
+        .output()
+        .expect("run fish-cli");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
+    match v["gpu"].as_str() {
+        Some(gpu) => assert!(gpu.contains("2/30 layers + output"), "{gpu}"),
+        None => assert!(
+            std::env::var("FISH_REQUIRE_GPU").as_deref() != Ok("1"),
+            "FISH_REQUIRE_GPU=1 but the run used no GPU: {}",
+            String::from_utf8_lossy(&out.stderr)
+        ),
+    }
 }
