@@ -2,6 +2,7 @@
 //! `tokenizers` for byte-level BPE, `sentencepiece` for Gemma), built from each
 //! model's own vocabulary by data/tokenizer/make_expected.py, and round trips.
 
+mod common;
 #[path = "data/tokenizer/support.rs"]
 mod support;
 
@@ -84,7 +85,7 @@ fn smollm2_matches_reference_tokenizer() {
 
 #[test]
 fn qwen2_matches_reference_tokenizer() {
-    let Some(path) = support::optional_model("qwen05", "qwen2.5-coder-0.5b-instruct.gguf") else {
+    let Some(path) = common::optional_model("qwen05", "qwen2.5-coder-0.5b-instruct.gguf") else {
         return;
     };
     assert!(check_cases(&path, "qwen2.json") > 20);
@@ -105,7 +106,7 @@ fn qwen2_matches_reference_tokenizer() {
 
 #[test]
 fn gemma3_matches_reference_tokenizer() {
-    let Some(path) = support::optional_model("gemma3", "gemma-3-270m-q4_k_m.gguf") else {
+    let Some(path) = common::optional_model("gemma3", "gemma-3-270m-q4_k_m.gguf") else {
         return;
     };
     assert!(check_cases(&path, "gemma3.json") > 20);

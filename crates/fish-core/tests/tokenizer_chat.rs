@@ -1,6 +1,7 @@
 //! Chat templates rendered by minijinja against Python jinja2 renderings
 //! (data/tokenizer/make_chat_expected.py), and the built-in fallbacks.
 
+mod common;
 #[path = "data/tokenizer/support.rs"]
 mod support;
 
@@ -59,7 +60,7 @@ fn templates_render_like_jinja2() {
 
 #[test]
 fn gemma3_file_without_template_gets_the_builtin_gemma_turns() {
-    let Some(path) = support::optional_model("gemma3", "gemma-3-270m-q4_k_m.gguf") else {
+    let Some(path) = common::optional_model("gemma3", "gemma-3-270m-q4_k_m.gguf") else {
         return;
     };
     let (g, tok) = support::open(&path);
@@ -96,7 +97,7 @@ fn gemma3_file_without_template_gets_the_builtin_gemma_turns() {
 
 #[test]
 fn qwen2_template_comes_from_the_model_file() {
-    let Some(path) = support::optional_model("qwen05", "qwen2.5-coder-0.5b-instruct.gguf") else {
+    let Some(path) = common::optional_model("qwen05", "qwen2.5-coder-0.5b-instruct.gguf") else {
         return;
     };
     let (g, tok) = support::open(&path);

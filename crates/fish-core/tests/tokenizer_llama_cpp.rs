@@ -1,27 +1,15 @@
 //! SmolLM2's tokenizer and chat template against llama.cpp's own prompt
 //! token ids (../shared/reference, recorded with llama.cpp b11312).
 
+mod common;
 #[path = "data/tokenizer/support.rs"]
 mod support;
-
-use std::path::PathBuf;
 
 use fish_core::chat::{ChatMessage, ChatTemplate, RenderOptions, TemplateOrigin};
 use fish_core::tokenizer::{EncodeOptions, PreTokenizerKind, TokenizerModel};
 
 fn reference(name: &str) -> serde_json::Value {
-    let candidates = [
-        support::repo_root().join("../shared/reference").join(name),
-        support::repo_root()
-            .join("crates/fish-core/tests/data/reference")
-            .join(name),
-    ];
-    let path: PathBuf = candidates
-        .iter()
-        .find(|p| p.exists())
-        .unwrap_or_else(|| panic!("reference file {name} not found in {candidates:?}"))
-        .clone();
-    support::read_json(&path)
+    common::reference_json(name)
 }
 
 #[test]

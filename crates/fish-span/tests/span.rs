@@ -3,9 +3,11 @@
 //! prefill chunk and decode steps; the gap refusal; truncate-and-repeat; and
 //! all device memory freed after span_end and unload.
 
-use std::path::PathBuf;
+mod common;
+
 use std::sync::Arc;
 
+use common::{backend, model_path};
 use fish_core::backend::{ComputeBackend, SpanLayer, SpanSpec};
 use fish_core::model::layer_range::{embed_tokens, forward_layers};
 use fish_core::model::{KvCache, Model, PlacementLimits};
@@ -14,26 +16,6 @@ use fish_span::VulkanBackend;
 /// "The capital of France is Paris. It" and a few more tokens.
 const TOKENS: [u32; 11] = [504, 3575, 282, 4649, 314, 7042, 30, 657, 314, 253, 1789];
 const N_CTX: usize = 160;
-
-fn model_path(file: &str) -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("../../models")
-        .join(file)
-}
-
-/// A device, or None (skip) — but a failure when FISH_REQUIRE_GPU=1 (CI).
-fn backend() -> Option<Arc<VulkanBackend>> {
-    match VulkanBackend::open_owned() {
-        Ok(b) => Some(Arc::new(b)),
-        Err(e) if std::env::var("FISH_REQUIRE_GPU").is_ok_and(|v| v == "1") => {
-            panic!("FISH_REQUIRE_GPU=1 but no Vulkan device: {e}")
-        }
-        Err(e) => {
-            eprintln!("skipping: no Vulkan device ({e})");
-            None
-        }
-    }
-}
 
 /// The model with its last `n` layers placed, and the first placed layer.
 fn placed(gpu: &Arc<VulkanBackend>, file: &str, n: usize) -> (Model, usize) {

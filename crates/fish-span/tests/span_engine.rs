@@ -3,63 +3,18 @@
 //! span matching per-matmul; "Paris"; a cached prefix (span_kv_truncate);
 //! all device memory freed on unload.
 
-use std::path::PathBuf;
+mod common;
+
 use std::sync::Arc;
 
+use common::{backend, compare, default_model, greedy_after_prompt, teacher_forced, PARIS};
 use fish_core::backend::ComputeBackend;
-use fish_core::model::{LogitsFor, Model, PlacementLimits};
+use fish_core::model::{Model, PlacementLimits};
 use fish_core::sampling::argmax;
 use fish_core::session::Session;
 use fish_span::VulkanBackend;
 
-const PROMPT: [u32; 5] = [504, 3575, 282, 4649, 314]; // "The capital of France is"
-const PARIS: u32 = 7042;
 const GPU_LAYERS: usize = 6;
-
-fn default_model() -> PathBuf {
-    let p = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("../../models/SmolLM2-135M-Instruct.Q4_1.gguf");
-    assert!(
-        p.exists(),
-        "{} is missing: run scripts/fetch-model.sh",
-        p.display()
-    );
-    p
-}
-
-fn backend() -> Option<Arc<VulkanBackend>> {
-    match VulkanBackend::open_owned() {
-        Ok(b) => Some(Arc::new(b)),
-        Err(e) if std::env::var("FISH_REQUIRE_GPU").is_ok_and(|v| v == "1") => {
-            panic!("FISH_REQUIRE_GPU=1 but no Vulkan device: {e}")
-        }
-        Err(e) => {
-            eprintln!("skipping: no Vulkan device ({e})");
-            None
-        }
-    }
-}
-
-fn teacher_forced(model: &Model, forced: &[u32]) -> Vec<Vec<f32>> {
-    let mut s = Session::new(model, 128, 2).expect("session");
-    let mut out = vec![s.set_prompt(&PROMPT).expect("prompt")];
-    for &t in forced {
-        out.push(s.eval(&[t], LogitsFor::Last).expect("decode"));
-    }
-    out
-}
-
-/// (steps with the same argmax, worst max |dlogit| / max |logit|)
-fn compare(a: &[Vec<f32>], b: &[Vec<f32>]) -> (usize, f32) {
-    let (mut same, mut worst) = (0, 0f32);
-    for (x, y) in a.iter().zip(b) {
-        same += usize::from(argmax(x) == argmax(y));
-        let max_abs = x.iter().fold(0f32, |m, v| m.max(v.abs()));
-        let d = x.iter().zip(y).fold(0f32, |m, (p, q)| m.max((p - q).abs()));
-        worst = worst.max(d / max_abs);
-    }
-    (same, worst)
-}
 
 fn placed(gpu: &Arc<VulkanBackend>, spans: &str) -> Model {
     // One test function drives all three runs, so toggling the knob races nothing.
@@ -79,14 +34,7 @@ fn span_matches_per_matmul_and_answers_paris() {
     let Some(gpu) = backend() else { return };
     let (resident0, free0) = (gpu.bytes_resident(), gpu.memory_free());
     let cpu = Model::load(default_model()).expect("load");
-    let mut s = Session::new(&cpu, 128, 2).expect("session");
-    let mut logits = s.set_prompt(&PROMPT).expect("prompt");
-    let mut forced = Vec::new();
-    for _ in 0..32 {
-        let t = argmax(&logits);
-        forced.push(t);
-        logits = s.eval(&[t], LogitsFor::Last).expect("decode");
-    }
+    let forced = greedy_after_prompt(&cpu, 32);
     let cpu_logits = teacher_forced(&cpu, &forced);
 
     let span_model = placed(&gpu, "1");

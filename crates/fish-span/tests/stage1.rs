@@ -2,59 +2,27 @@
 //! the CPU, "Paris", device memory freed on unload, and the CPU fallback when
 //! the device fails mid-run.
 
-use std::path::PathBuf;
+mod common;
+
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
+use common::{compare, default_model, greedy_after_prompt, teacher_forced, PARIS};
 use fish_core::backend::{BackendError, ComputeBackend, TensorId};
-use fish_core::model::{LogitsFor, Model, PlacementLimits};
+use fish_core::model::{Model, PlacementLimits};
 use fish_core::sampling::argmax;
-use fish_core::session::Session;
 use fish_gguf::GgmlType;
 use fish_quant::Weights;
 use fish_span::VulkanBackend;
 
-const PROMPT: [u32; 5] = [504, 3575, 282, 4649, 314]; // "The capital of France is"
-const PARIS: u32 = 7042;
 /// Layers placed in these tests: enough to exercise every group, few enough
 /// that a software rasteriser runs 33 steps quickly.
 const GPU_LAYERS: usize = 6;
 
-fn default_model() -> PathBuf {
-    let p = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("../../models/SmolLM2-135M-Instruct.Q4_1.gguf");
-    assert!(
-        p.exists(),
-        "{} is missing: run scripts/fetch-model.sh",
-        p.display()
-    );
-    p
-}
-
-/// A device, or None (skip) — but a failure when FISH_REQUIRE_GPU=1 (CI).
-/// Spans are turned off: these tests are about per-matmul offload.
+/// A device with spans turned off: these tests are about per-matmul offload.
 fn backend() -> Option<Arc<VulkanBackend>> {
     std::env::set_var("FISH_GPU_SPAN", "0");
-    match VulkanBackend::open_owned() {
-        Ok(b) => Some(Arc::new(b)),
-        Err(e) if std::env::var("FISH_REQUIRE_GPU").is_ok_and(|v| v == "1") => {
-            panic!("FISH_REQUIRE_GPU=1 but no Vulkan device: {e}")
-        }
-        Err(e) => {
-            eprintln!("skipping: no Vulkan device ({e})");
-            None
-        }
-    }
-}
-
-/// Logits of the prompt and of each forced token after it.
-fn teacher_forced(model: &Model, forced: &[u32]) -> Vec<Vec<f32>> {
-    let mut s = Session::new(model, 128, 2).expect("session");
-    let mut out = vec![s.set_prompt(&PROMPT).expect("prompt")];
-    for &t in forced {
-        out.push(s.eval(&[t], LogitsFor::Last).expect("decode"));
-    }
-    out
+    common::backend()
 }
 
 #[test]
@@ -62,14 +30,7 @@ fn stage1_agrees_with_the_cpu_over_33_teacher_forced_steps() {
     let Some(gpu) = backend() else { return };
     let cpu = Model::load(default_model()).expect("load");
     // The reference: 32 greedy CPU tokens.
-    let mut s = Session::new(&cpu, 128, 2).expect("session");
-    let mut logits = s.set_prompt(&PROMPT).expect("prompt");
-    let mut forced = Vec::new();
-    for _ in 0..32 {
-        let t = argmax(&logits);
-        forced.push(t);
-        logits = s.eval(&[t], LogitsFor::Last).expect("decode");
-    }
+    let forced = greedy_after_prompt(&cpu, 32);
     let cpu_logits = teacher_forced(&cpu, &forced[..32]);
 
     let mut model = Model::load(default_model()).expect("load");
@@ -85,13 +46,7 @@ fn stage1_agrees_with_the_cpu_over_33_teacher_forced_steps() {
     let gpu_logits = teacher_forced(&model, &forced[..32]);
     assert!(!model.gpu.as_ref().unwrap().has_failed());
 
-    let (mut same, mut worst) = (0, 0f32);
-    for (c, g) in cpu_logits.iter().zip(&gpu_logits) {
-        same += usize::from(argmax(c) == argmax(g));
-        let max_abs = c.iter().fold(0f32, |m, v| m.max(v.abs()));
-        let d = c.iter().zip(g).fold(0f32, |m, (a, b)| m.max((a - b).abs()));
-        worst = worst.max(d / max_abs);
-    }
+    let (same, worst) = compare(&cpu_logits, &gpu_logits);
     eprintln!(
         "stage 1 vs CPU: argmax {same}/33, max |dlogit| {:.2}% of max |logit|",
         worst * 100.0
@@ -221,10 +176,7 @@ fn a_device_failure_mid_run_moves_the_rest_to_the_cpu() {
     );
     // The output stays correct: same tokens, logits within the stage-1 bound
     // (earlier positions' keys/values came from the device).
-    for (c, g) in cpu_logits.iter().zip(&gpu_logits) {
-        assert_eq!(argmax(c), argmax(g));
-        let max_abs = c.iter().fold(0f32, |m, v| m.max(v.abs()));
-        let d = c.iter().zip(g).fold(0f32, |m, (a, b)| m.max((a - b).abs()));
-        assert!(d <= 0.04 * max_abs, "{d} vs {max_abs}");
-    }
+    let (same, worst) = compare(&cpu_logits, &gpu_logits);
+    assert_eq!(same, cpu_logits.len(), "same tokens");
+    assert!(worst <= 0.04, "max |dlogit| {:.2}%", worst * 100.0);
 }

@@ -1,0 +1,80 @@
+//! Helpers shared by fish-span's device tests.
+#![allow(dead_code)]
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use fish_core::model::{LogitsFor, Model};
+use fish_core::sampling::argmax;
+use fish_core::session::Session;
+use fish_span::VulkanBackend;
+
+/// "The capital of France is"
+pub const PROMPT: [u32; 5] = [504, 3575, 282, 4649, 314];
+pub const PARIS: u32 = 7042;
+
+pub fn model_path(file: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../../models")
+        .join(file)
+}
+
+/// The default model; scripts/test.sh fetches it, so its absence is a failure.
+pub fn default_model() -> PathBuf {
+    let p = model_path("SmolLM2-135M-Instruct.Q4_1.gguf");
+    assert!(
+        p.exists(),
+        "{} is missing: run scripts/fetch-model.sh",
+        p.display()
+    );
+    p
+}
+
+/// A device, or None (skip) — but a failure when FISH_REQUIRE_GPU=1 (CI).
+pub fn backend() -> Option<Arc<VulkanBackend>> {
+    match VulkanBackend::open_owned() {
+        Ok(b) => Some(Arc::new(b)),
+        Err(e) if std::env::var("FISH_REQUIRE_GPU").is_ok_and(|v| v == "1") => {
+            panic!("FISH_REQUIRE_GPU=1 but no Vulkan device: {e}")
+        }
+        Err(e) => {
+            eprintln!("skipping: no Vulkan device ({e})");
+            None
+        }
+    }
+}
+
+/// Logits of [`PROMPT`] and of each forced token after it.
+pub fn teacher_forced(model: &Model, forced: &[u32]) -> Vec<Vec<f32>> {
+    let mut s = Session::new(model, 128, 2).expect("session");
+    let mut out = vec![s.set_prompt(&PROMPT).expect("prompt")];
+    for &t in forced {
+        out.push(s.eval(&[t], LogitsFor::Last).expect("decode"));
+    }
+    out
+}
+
+/// `n` greedy tokens after [`PROMPT`] (the tokens the other runs are forced on).
+pub fn greedy_after_prompt(model: &Model, n: usize) -> Vec<u32> {
+    let mut s = Session::new(model, 128, 2).expect("session");
+    let mut logits = s.set_prompt(&PROMPT).expect("prompt");
+    let mut out = Vec::with_capacity(n);
+    for _ in 0..n {
+        let t = argmax(&logits);
+        out.push(t);
+        logits = s.eval(&[t], LogitsFor::Last).expect("decode");
+    }
+    out
+}
+
+/// (steps with the same argmax, worst max |dlogit| / max |logit|)
+pub fn compare(a: &[Vec<f32>], b: &[Vec<f32>]) -> (usize, f32) {
+    let (mut same, mut worst) = (0, 0f32);
+    for (x, y) in a.iter().zip(b) {
+        same += usize::from(argmax(x) == argmax(y));
+        let max_abs = x.iter().fold(0f32, |m, v| m.max(v.abs()));
+        let d = x.iter().zip(y).fold(0f32, |m, (p, q)| m.max((p - q).abs()));
+        worst = worst.max(d / max_abs);
+    }
+    (same, worst)
+}
