@@ -9,7 +9,7 @@
 //! with q in 0..8. See docs/QUANT.md for a worked example.
 
 use crate::bits::F16Bits;
-use crate::blocks::kfit::{quantize_affine_superblock, FitSearch, Importance};
+use crate::blocks::kfit::{quantize_affine_superblock, AffineSuperBlock, FitSearch, Importance};
 use crate::blocks::{kscales, QK_K};
 use crate::error::QuantError;
 use bytemuck::{Pod, Zeroable};
@@ -80,6 +80,11 @@ impl BlockFq3 {
             },
             Importance::Uniform,
         );
+        Self::from_superblock(&sb)
+    }
+
+    /// Packs a fitted super-block (codes in `0..8`).
+    pub(crate) fn from_superblock(sb: &AffineSuperBlock) -> Self {
         let mut words = [0u8; 96];
         for g in 0..8 {
             let codes: &[u8; 32] = sb.codes[32 * g..32 * g + 32]

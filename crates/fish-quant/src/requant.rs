@@ -1,8 +1,10 @@
 //! Re-quantisation of weight rows from any supported type to Q4_K or FQ3
 //! (decode, then encode) on the current rayon pool, with the error it costs.
 
-use crate::blocks::kfit::{FitSearch, Importance};
-use crate::blocks::{BlockFormat, BlockQ4K};
+mod fast_fit;
+
+use crate::blocks::kfit::AffineSuperBlock;
+use crate::blocks::{kscales, BlockFormat, BlockQ4K};
 use crate::error::QuantError;
 use crate::fq3::{BlockFq3, FQ3_BLOCK_BYTES};
 use crate::rows::{dequant_row, row_bytes};
@@ -99,14 +101,7 @@ fn encode_row(target: RequantTarget, x: &[f32], dst: &mut [u8], decoded: &mut [f
                 .zip(x.chunks_exact(256))
                 .zip(decoded.chunks_exact_mut(256))
             {
-                *b = BlockQ4K::quantize(
-                    x,
-                    FitSearch::Grid {
-                        offset: -1.0,
-                        steps: 20,
-                    },
-                    Importance::Uniform,
-                );
+                *b = q4k_from_superblock(&fast_fit::quantize_superblock(as_block(x), 15));
                 b.to_float(y);
             }
         }
@@ -117,10 +112,31 @@ fn encode_row(target: RequantTarget, x: &[f32], dst: &mut [u8], decoded: &mut [f
                 .zip(x.chunks_exact(256))
                 .zip(decoded.chunks_exact_mut(256))
             {
-                *b = BlockFq3::quantize(x);
+                *b = BlockFq3::from_superblock(&fast_fit::quantize_superblock(as_block(x), 7));
                 b.to_float(y);
             }
         }
+    }
+}
+
+fn as_block(x: &[f32]) -> &[f32; 256] {
+    x.try_into().expect("chunks_exact(256) yields 256 values")
+}
+
+/// Packs a fitted super-block (codes in `0..16`) as Q4_K: byte `32 * j + l`
+/// holds value `64 * j + l` (low nibble) and `64 * j + 32 + l` (high nibble).
+fn q4k_from_superblock(sb: &AffineSuperBlock) -> BlockQ4K {
+    let mut qs = [0u8; 128];
+    for j in 0..4 {
+        for l in 0..32 {
+            qs[32 * j + l] = sb.codes[64 * j + l] | (sb.codes[64 * j + 32 + l] << 4);
+        }
+    }
+    BlockQ4K {
+        d: sb.d,
+        dmin: sb.dmin,
+        scales: kscales::pack(&sb.scales, &sb.mins),
+        qs,
     }
 }
 
