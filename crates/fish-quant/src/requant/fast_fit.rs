@@ -25,10 +25,6 @@ const ROUND_MAGIC: f32 = 12_582_912.0;
 pub fn quantize_superblock(x: &[f32; 256], nmax: u8) -> AffineSuperBlock {
     #[cfg(target_arch = "x86_64")]
     {
-        if std::arch::is_x86_feature_detected!("avx512f") {
-            // SAFETY: the CPU supports AVX-512F (checked just above).
-            return unsafe { quantize_avx512(x, nmax) };
-        }
         if std::arch::is_x86_feature_detected!("avx2") {
             // SAFETY: the CPU supports AVX2 (checked just above).
             return unsafe { quantize_avx2(x, nmax) };
@@ -38,26 +34,158 @@ pub fn quantize_superblock(x: &[f32; 256], nmax: u8) -> AffineSuperBlock {
 }
 
 #[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f")]
-unsafe fn quantize_avx512(x: &[f32; 256], nmax: u8) -> AffineSuperBlock {
-    quantize_portable(x, nmax)
-}
-
-#[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2")]
 unsafe fn quantize_avx2(x: &[f32; 256], nmax: u8) -> AffineSuperBlock {
-    quantize_portable(x, nmax)
+    quantize_with::<avx2::Avx2>(x, nmax)
 }
 
 /// The fit itself, written for the compiler to vectorise in whatever
 /// target-feature context it is inlined into.
 #[inline(always)]
 pub(crate) fn quantize_portable(x: &[f32; 256], nmax: u8) -> AffineSuperBlock {
+    quantize_with::<Portable>(x, nmax)
+}
+
+/// The two passes over a group that the fit repeats.
+trait GroupPasses {
+    /// Per-lane sums of q, q² and q·x for the nearest codes
+    /// `q = round(clamp((x - offset) * inv, 0, nmax))`.
+    fn code_sums(x: &[f32; 32], offset: f32, inv: f32, nmax: f32) -> [[f32; LANES]; 3];
+    /// Per-lane squared error of those codes under `scale * q + offset`.
+    fn code_error(x: &[f32; 32], scale: f32, offset: f32, inv: f32, nmax: f32) -> [f32; LANES];
+}
+
+struct Portable;
+
+impl GroupPasses for Portable {
+    #[inline(always)]
+    fn code_sums(x: &[f32; 32], offset: f32, inv: f32, nmax: f32) -> [[f32; LANES]; 3] {
+        let (mut sl, mut sl2, mut sxl) = ([0f32; LANES], [0f32; LANES], [0f32; LANES]);
+        for c in lanes(x) {
+            for l in 0..LANES {
+                let q = round_code((c[l] - offset) * inv, nmax);
+                sl[l] += q;
+                sl2[l] += q * q;
+                sxl[l] += q * c[l];
+            }
+        }
+        [sl, sl2, sxl]
+    }
+
+    #[inline(always)]
+    fn code_error(x: &[f32; 32], scale: f32, offset: f32, inv: f32, nmax: f32) -> [f32; LANES] {
+        let mut err = [0f32; LANES];
+        for c in lanes(x) {
+            for l in 0..LANES {
+                let q = round_code((c[l] - offset) * inv, nmax);
+                let e = scale * q + offset - c[l];
+                err[l] += e * e;
+            }
+        }
+        err
+    }
+}
+
+/// The same passes with one 256-bit vector per row of lanes, in the same
+/// operation order as [`Portable`] (so the same bits).
+#[cfg(target_arch = "x86_64")]
+mod avx2 {
+    use super::{GroupPasses, LANES, ROUND_MAGIC};
+    use std::arch::x86_64::*;
+
+    pub(super) struct Avx2;
+
+    impl GroupPasses for Avx2 {
+        #[inline(always)]
+        fn code_sums(x: &[f32; 32], offset: f32, inv: f32, nmax: f32) -> [[f32; LANES]; 3] {
+            // SAFETY: only instantiated inside `quantize_avx2`, which needs AVX2.
+            unsafe { code_sums(x, offset, inv, nmax) }
+        }
+
+        #[inline(always)]
+        fn code_error(x: &[f32; 32], scale: f32, offset: f32, inv: f32, nmax: f32) -> [f32; LANES] {
+            // SAFETY: as above.
+            unsafe { code_error(x, scale, offset, inv, nmax) }
+        }
+    }
+
+    /// `round(clamp((v - offset) * inv, 0, nmax))`; `max_ps(NaN, 0)` is 0
+    /// like `f32::max`.
+    #[inline]
+    #[target_feature(enable = "avx2")]
+    fn codes(v: __m256, offset: __m256, inv: __m256, nmax: __m256) -> __m256 {
+        let magic = _mm256_set1_ps(ROUND_MAGIC);
+        let t = _mm256_mul_ps(_mm256_sub_ps(v, offset), inv);
+        let t = _mm256_min_ps(_mm256_max_ps(t, _mm256_setzero_ps()), nmax);
+        _mm256_sub_ps(_mm256_add_ps(t, magic), magic)
+    }
+
+    #[inline]
+    #[target_feature(enable = "avx2")]
+    fn load(row: &[f32; LANES]) -> __m256 {
+        // SAFETY: `row` is 8 readable f32s.
+        unsafe { _mm256_loadu_ps(row.as_ptr()) }
+    }
+
+    #[inline]
+    #[target_feature(enable = "avx2")]
+    fn store(v: __m256) -> [f32; LANES] {
+        let mut out = [0f32; LANES];
+        // SAFETY: `out` is 8 writable f32s.
+        unsafe { _mm256_storeu_ps(out.as_mut_ptr(), v) };
+        out
+    }
+
+    #[inline]
+    #[target_feature(enable = "avx2")]
+    fn code_sums(x: &[f32; 32], offset: f32, inv: f32, nmax: f32) -> [[f32; LANES]; 3] {
+        let (o, i, n) = (
+            _mm256_set1_ps(offset),
+            _mm256_set1_ps(inv),
+            _mm256_set1_ps(nmax),
+        );
+        let (mut sl, mut sl2, mut sxl) = (
+            _mm256_setzero_ps(),
+            _mm256_setzero_ps(),
+            _mm256_setzero_ps(),
+        );
+        for row in super::lanes(x) {
+            let v = load(row);
+            let q = codes(v, o, i, n);
+            sl = _mm256_add_ps(sl, q);
+            sl2 = _mm256_add_ps(sl2, _mm256_mul_ps(q, q));
+            sxl = _mm256_add_ps(sxl, _mm256_mul_ps(q, v));
+        }
+        [store(sl), store(sl2), store(sxl)]
+    }
+
+    #[inline]
+    #[target_feature(enable = "avx2")]
+    fn code_error(x: &[f32; 32], scale: f32, offset: f32, inv: f32, nmax: f32) -> [f32; LANES] {
+        let (o, i, n) = (
+            _mm256_set1_ps(offset),
+            _mm256_set1_ps(inv),
+            _mm256_set1_ps(nmax),
+        );
+        let s = _mm256_set1_ps(scale);
+        let mut err = _mm256_setzero_ps();
+        for row in super::lanes(x) {
+            let v = load(row);
+            let q = codes(v, o, i, n);
+            let e = _mm256_sub_ps(_mm256_add_ps(_mm256_mul_ps(s, q), o), v);
+            err = _mm256_add_ps(err, _mm256_mul_ps(e, e));
+        }
+        store(err)
+    }
+}
+
+#[inline(always)]
+fn quantize_with<K: GroupPasses>(x: &[f32; 256], nmax: u8) -> AffineSuperBlock {
     let nmax_f = nmax as f32;
     let mut scales = [0f32; 8];
     let mut mins = [0f32; 8];
     for g in 0..8 {
-        (scales[g], mins[g]) = fit_group(group(x, g), nmax_f);
+        (scales[g], mins[g]) = fit_group::<K>(group(x, g), nmax_f);
     }
     let (d, ls) = quantize_group_scales(&scales, 63);
     let (dmin, lm) = quantize_group_scales(&mins, 63);
@@ -71,7 +199,7 @@ pub(crate) fn quantize_portable(x: &[f32; 256], nmax: u8) -> AffineSuperBlock {
         let mut best = (f32::MAX, ls[g], lm[g]);
         for sl in ls[g].saturating_sub(1)..=(ls[g] + 1).min(63) {
             for ml in lm[g].saturating_sub(1)..=(lm[g] + 1).min(63) {
-                let err = group_error(xg, df * sl as f32, -(dminf * ml as f32), nmax_f);
+                let err = group_error::<K>(xg, df * sl as f32, -(dminf * ml as f32), nmax_f);
                 if err < best.0 {
                     best = (err, sl, ml);
                 }
@@ -109,15 +237,16 @@ fn round_code(t: f32, nmax: f32) -> f32 {
 
 /// Squared error of the nearest codes for `x ≈ scale * q + offset`.
 #[inline(always)]
-fn group_error(x: &[f32; 32], scale: f32, offset: f32, nmax: f32) -> f32 {
+fn group_error<K: GroupPasses>(x: &[f32; 32], scale: f32, offset: f32, nmax: f32) -> f32 {
     let inv = if scale != 0.0 { 1.0 / scale } else { 0.0 };
-    let mut err = [0f32; LANES];
-    for (i, &v) in x.iter().enumerate() {
-        let q = round_code((v - offset) * inv, nmax);
-        let e = scale * q + offset - v;
-        err[i % LANES] += e * e;
-    }
-    reduce(err)
+    reduce(K::code_error(x, scale, offset, inv, nmax))
+}
+
+/// A group as rows of `LANES` values: the loops below run over the lanes
+/// of a row so that the compiler keeps each lane in one vector slot.
+#[inline(always)]
+fn lanes(x: &[f32; 32]) -> &[[f32; LANES]] {
+    x.as_chunks::<LANES>().0
 }
 
 /// Sums eight lanes in a fixed order.
@@ -130,16 +259,17 @@ fn reduce(v: [f32; LANES]) -> f32 {
 /// `(scale, m)`. Each step (nearest codes for the current fit, then the
 /// least-squares fit for those codes) cannot increase the squared error.
 #[inline(always)]
-fn fit_group(x: &[f32; 32], nmax: f32) -> (f32, f32) {
+fn fit_group<K: GroupPasses>(x: &[f32; 32], nmax: f32) -> (f32, f32) {
     let mut lo = [f32::MAX; LANES];
     let mut hi = [-f32::MAX; LANES];
     let (mut sx, mut sx2) = ([0f32; LANES], [0f32; LANES]);
-    for (i, &v) in x.iter().enumerate() {
-        let l = i % LANES;
-        lo[l] = lo[l].min(v);
-        hi[l] = hi[l].max(v);
-        sx[l] += v;
-        sx2[l] += v * v;
+    for c in lanes(x) {
+        for l in 0..LANES {
+            lo[l] = lo[l].min(c[l]);
+            hi[l] = hi[l].max(c[l]);
+            sx[l] += c[l];
+            sx2[l] += c[l] * c[l];
+        }
     }
     let min = lo.iter().fold(f32::MAX, |a, &b| a.min(b)).min(0.0);
     let max = hi.iter().fold(-f32::MAX, |a, &b| a.max(b));
@@ -153,14 +283,7 @@ fn fit_group(x: &[f32; 32], nmax: f32) -> (f32, f32) {
         let (mut scale, mut offset) = ((max - min) / (nmax + stretch), min);
         for _ in 0..REFITS {
             let inv = 1.0 / scale;
-            let (mut sl, mut sl2, mut sxl) = ([0f32; LANES], [0f32; LANES], [0f32; LANES]);
-            for (i, &v) in x.iter().enumerate() {
-                let l = i % LANES;
-                let q = round_code((v - offset) * inv, nmax);
-                sl[l] += q;
-                sl2[l] += q * q;
-                sxl[l] += q * v;
-            }
+            let [sl, sl2, sxl] = K::code_sums(x, offset, inv, nmax);
             let (sl, sl2, sxl) = (reduce(sl), reduce(sl2), reduce(sxl));
             let det = n * sl2 - sl * sl;
             if det <= 0.0 {
