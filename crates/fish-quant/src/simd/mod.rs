@@ -157,12 +157,16 @@ pub(crate) struct TileKernels {
 }
 
 /// The AVX-512 VNNI tiles of a 32-value format: 512-bit vectors holding
-/// two rows, bit-identical to the 256-bit tiles.
+/// two rows, bit-identical to the 256-bit tiles (which run where the CPU
+/// lacks AVX-512 BW).
 ///
 /// # Safety
 /// The CPU must have AVX-512 F/VL/VNNI, FMA and F16C.
 #[cfg(target_arch = "x86_64")]
 unsafe fn avx512_tiles<const F: u8>() -> TileKernels {
+    if !is_x86_feature_detected!("avx512bw") {
+        return avx512::tiles::tiles::<F>();
+    }
     TileKernels {
         one: tiles512::tile::<F, 1>,
         many: tiles512::tile::<F, 4>,

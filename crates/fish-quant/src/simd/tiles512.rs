@@ -24,9 +24,46 @@ unsafe fn hsum(v: __m256) -> f32 {
     _mm_cvtss_f32(s)
 }
 
+/// The codes of two rows' blocks (`p0` in the low half, `p1` in the high),
+/// each half what `codes` gives for its row. The 4- and 5-bit formats
+/// spread both rows' nibbles in one 512-bit shift, and set the fifth bits
+/// with one masked add whose mask is the two rows' `qh` words.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+#[inline]
+unsafe fn pair_codes<const F: u8>(p0: *const u8, p1: *const u8) -> __m512i {
+    let nib_off = match F {
+        fmt::Q4_0 => 2,
+        fmt::Q4_1 => 4,
+        fmt::Q5_0 => 6,
+        fmt::Q5_1 => 8,
+        _ => {
+            return _mm512_inserti64x4::<1>(_mm512_castsi256_si512(codes::<F>(p0)), codes::<F>(p1))
+        }
+    };
+    let both = _mm256_inserti128_si256::<1>(
+        _mm256_castsi128_si256(_mm_loadu_si128(p0.add(nib_off) as *const __m128i)),
+        _mm_loadu_si128(p1.add(nib_off) as *const __m128i),
+    );
+    // 128-bit lanes: row 0, row 0, row 1, row 1; the odd ones take the high nibbles.
+    let x = _mm512_shuffle_i64x2::<0b01_01_00_00>(
+        _mm512_castsi256_si512(both),
+        _mm512_castsi256_si512(both),
+    );
+    let x = _mm512_srlv_epi64(x, _mm512_setr_epi64(0, 0, 4, 4, 0, 0, 4, 4));
+    let nibbles = _mm512_and_si512(x, _mm512_set1_epi8(0x0f));
+    let qh_off = match F {
+        fmt::Q5_0 => 2,
+        fmt::Q5_1 => 4,
+        _ => return nibbles,
+    };
+    let qh = |p: *const u8| (p.add(qh_off) as *const u32).read_unaligned() as u64;
+    let fifth = _cvtu64_mask64(qh(p0) | qh(p1) << 32);
+    _mm512_mask_add_epi8(nibbles, fifth, nibbles, _mm512_set1_epi8(0x10))
+}
+
 /// One tile: `t.rows` (1..=4) rows x `t.toks` (1..=T) tokens, rows taken in
 /// pairs. Missing rows and tokens alias the last real one and are not stored.
-#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512vl,avx512vnni")]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
 pub(crate) unsafe fn tile<const F: u8, const T: usize>(t: &Tile) {
     let bb = fmt::bytes(F);
     let act_bytes = fmt::act_qs(F) + 32;
@@ -58,10 +95,7 @@ pub(crate) unsafe fn tile<const F: u8, const T: usize>(t: &Tile) {
         let wb = t.w.add(b * bb);
         let dm = _mm256_cvtph_ps(_mm_i32gather_epi32::<1>(wb as *const i32, gather_idx));
         let q: [__m512i; 2] = core::array::from_fn(|p| {
-            _mm512_inserti64x4::<1>(
-                _mm512_castsi256_si512(codes::<F>(w[2 * p].add(b * bb))),
-                codes::<F>(w[2 * p + 1].add(b * bb)),
-            )
+            pair_codes::<F>(w[2 * p].add(b * bb), w[2 * p + 1].add(b * bb))
         });
         for k in 0..T {
             let s = &*sc[k].add(b);
