@@ -169,10 +169,16 @@ unsafe fn avx512_tiles<const F: u8>() -> TileKernels {
     }
     TileKernels {
         one: tiles512::tile::<F, 1>,
-        many: tiles512::tile::<F, 4>,
-        max_tok: 4,
+        many: tiles512::tile::<F, WIDE_TILE_TOKENS>,
+        max_tok: WIDE_TILE_TOKENS,
     }
 }
+
+/// Tokens per batch tile of the 512-bit tiles: their 2 x 8 accumulators
+/// still fit the 32 vector registers, and each block's codes and scale
+/// gather are shared by twice the tokens of a 4-token tile.
+#[cfg(target_arch = "x86_64")]
+const WIDE_TILE_TOKENS: usize = 8;
 
 /// Rows per tile of every tile kernel.
 pub(crate) const TILE_ROWS: usize = 4;

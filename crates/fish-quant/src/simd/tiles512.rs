@@ -94,6 +94,8 @@ pub(crate) unsafe fn tile<const F: u8, const T: usize>(t: &Tile) {
         prefetch_lines(ahead.wrapping_add(4 * bb * b), (4 * bb).div_ceil(64));
         let wb = t.w.add(b * bb);
         let dm = _mm256_cvtph_ps(_mm_i32gather_epi32::<1>(wb as *const i32, gather_idx));
+        let dw: [__m512; 2] =
+            core::array::from_fn(|p| _mm512_permutexvar_ps(d_lane[p], _mm512_castps256_ps512(dm)));
         let q: [__m512i; 2] = core::array::from_fn(|p| {
             pair_codes::<F>(w[2 * p].add(b * bb), w[2 * p + 1].add(b * bb))
         });
@@ -120,12 +122,18 @@ pub(crate) unsafe fn tile<const F: u8, const T: usize>(t: &Tile) {
                 mins[k] = _mm256_add_ps(mins[k], p);
                 p
             } else {
-                _mm256_mul_ps(dm, _mm256_set1_ps(s.d))
+                dm
             };
-            let scale = _mm512_castps256_ps512(scale);
             for p in 0..2 {
                 let sumi = _mm512_dpbusd_epi32(init, q[p], av);
-                let d = _mm512_permutexvar_ps(d_lane[p], scale);
+                // Without a min, d_w d_a is the same product whether the
+                // row's lane is picked before or after the multiply; picking
+                // it once per block saves two permutes per token.
+                let d = if fmt::has_min(F) {
+                    _mm512_permutexvar_ps(d_lane[p], _mm512_castps256_ps512(scale))
+                } else {
+                    _mm512_mul_ps(dw[p], _mm512_set1_ps(s.d))
+                };
                 acc[p][k] = _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(sumi), acc[p][k]);
             }
         }
