@@ -45,7 +45,11 @@ unsafe fn quantize_avx2(x: &[f32; 256], nmax: u8) -> AffineSuperBlock {
 /// The nearest code in `0..=nmax` to `t`, as a float.
 #[inline(always)]
 fn round_code(t: f32, nmax: f32) -> f32 {
-    (t.max(0.0).min(nmax) + ROUND_MAGIC) - ROUND_MAGIC
+    // Written as comparisons (not f32::max/min, whose NaN rule costs extra
+    // instructions) so each maps to one vector max/min; NaN becomes 0.
+    let t = if t > 0.0 { t } else { 0.0 };
+    let t = if t < nmax { t } else { nmax };
+    (t + ROUND_MAGIC) - ROUND_MAGIC
 }
 
 /// `f` applied lane by lane.
@@ -59,31 +63,54 @@ fn zip(a: Lanes, b: Lanes, f: impl Fn(f32, f32) -> f32) -> Lanes {
 }
 
 /// Per-group sums of q, q² and q·x for the nearest codes
-/// `q = round(clamp((x - offset) * inv, 0, nmax))`.
+/// `q = round(clamp((x - offset) * inv, 0, nmax))`, for `K` fits at once
+/// (independent accumulators, so the adds do not wait on each other).
 #[inline(always)]
-fn code_sums(rows: &[Lanes; 32], offset: Lanes, inv: Lanes, nmax: f32) -> [Lanes; 3] {
-    let (mut sl, mut sl2, mut sxl) = ([0f32; 8], [0f32; 8], [0f32; 8]);
+fn code_sums<const K: usize>(
+    rows: &[Lanes; 32],
+    offset: &[Lanes; K],
+    inv: &[Lanes; K],
+    nmax: f32,
+) -> [[Lanes; 3]; K] {
+    let mut sums = [[[0f32; 8]; 3]; K];
     for row in rows {
-        for g in 0..8 {
-            let q = round_code((row[g] - offset[g]) * inv[g], nmax);
-            sl[g] += q;
-            sl2[g] += q * q;
-            sxl[g] += q * row[g];
+        for k in 0..K {
+            let [sl, sl2, sxl] = &mut sums[k];
+            for g in 0..8 {
+                let q = round_code((row[g] - offset[k][g]) * inv[k][g], nmax);
+                sl[g] += q;
+                sl2[g] += q * q;
+                sxl[g] += q * row[g];
+            }
         }
     }
-    [sl, sl2, sxl]
+    sums
 }
 
-/// Per-group squared error of the nearest codes for `x ≈ scale * q + offset`.
+/// Per-group squared error of the nearest codes for
+/// `x ≈ scale * q + offset`, for `K` candidates at once.
 #[inline(always)]
-fn code_error(rows: &[Lanes; 32], scale: Lanes, offset: Lanes, nmax: f32) -> Lanes {
-    let inv = zip(scale, scale, |s, _| if s != 0.0 { 1.0 / s } else { 0.0 });
-    let mut err = [0f32; 8];
+fn code_errors<const K: usize>(
+    rows: &[Lanes; 32],
+    scale: &[Lanes; K],
+    offset: &[Lanes; K],
+    nmax: f32,
+) -> [Lanes; K] {
+    let inv: [Lanes; K] = std::array::from_fn(|k| {
+        zip(
+            scale[k],
+            scale[k],
+            |s, _| if s != 0.0 { 1.0 / s } else { 0.0 },
+        )
+    });
+    let mut err = [[0f32; 8]; K];
     for row in rows {
-        for g in 0..8 {
-            let q = round_code((row[g] - offset[g]) * inv[g], nmax);
-            let e = scale[g] * q + offset[g] - row[g];
-            err[g] += e * e;
+        for k in 0..K {
+            for g in 0..8 {
+                let q = round_code((row[g] - offset[k][g]) * inv[k][g], nmax);
+                let e = scale[k][g] * q + offset[k][g] - row[g];
+                err[k][g] += e * e;
+            }
         }
     }
     err
@@ -113,13 +140,17 @@ fn fit_groups(rows: &[Lanes; 32], nmax: f32) -> (Lanes, Lanes) {
     let mut best_err = [f32::MAX; 8];
     let mut best_scale = zip(range, range, |r, _| r / nmax);
     let mut best_offset = min;
-    for stretch in STARTS {
-        let mut scale = zip(range, range, |r, _| r / (nmax + stretch));
-        let mut offset = min;
-        let mut alive = flat.map(|f| !f);
-        for _ in 0..REFITS {
-            let inv = zip(scale, scale, |s, _| 1.0 / s);
-            let [sl, sl2, sxl] = code_sums(rows, offset, inv, nmax);
+    // The starts run in lockstep; their order in the best-fit comparison
+    // is refit by refit, start by start.
+    let mut scale: [Lanes; 3] =
+        std::array::from_fn(|k| zip(range, range, |r, _| r / (nmax + STARTS[k])));
+    let mut offset = [min; 3];
+    let mut alive = [flat.map(|f| !f); 3];
+    for _ in 0..REFITS {
+        let inv: [Lanes; 3] = std::array::from_fn(|k| zip(scale[k], scale[k], |s, _| 1.0 / s));
+        let sums = code_sums(rows, &offset, &inv, nmax);
+        for k in 0..3 {
+            let [sl, sl2, sxl] = sums[k];
             for g in 0..8 {
                 let det = n * sl2[g] - sl[g] * sl[g];
                 let s = (n * sxl[g] - sx[g] * sl[g]) / det;
@@ -129,15 +160,15 @@ fn fit_groups(rows: &[Lanes; 32], nmax: f32) -> (Lanes, Lanes) {
                 let m = if clamp_min { 0.0 } else { m };
                 // A degenerate system or a non-positive or non-finite scale
                 // ends this start for the group; it keeps its best so far.
-                alive[g] = alive[g] && det > 0.0 && s > 0.0 && s.is_finite();
+                alive[k][g] = alive[k][g] && det > 0.0 && s > 0.0 && s.is_finite();
                 // Squared error of these codes under (s, m), from the sums.
                 let err = sx2[g] - 2.0 * s * sxl[g] - 2.0 * m * sx[g]
                     + s * s * sl2[g]
                     + 2.0 * s * m * sl[g]
                     + n * m * m;
-                scale[g] = if alive[g] { s } else { scale[g] };
-                offset[g] = if alive[g] { m } else { offset[g] };
-                let better = alive[g] && err < best_err[g];
+                scale[k][g] = if alive[k][g] { s } else { scale[k][g] };
+                offset[k][g] = if alive[k][g] { m } else { offset[k][g] };
+                let better = alive[k][g] && err < best_err[g];
                 best_err[g] = if better { err } else { best_err[g] };
                 best_scale[g] = if better { s } else { best_scale[g] };
                 best_offset[g] = if better { m } else { best_offset[g] };
@@ -162,20 +193,27 @@ pub(crate) fn quantize_portable(x: &[f32; 256], nmax: u8) -> AffineSuperBlock {
     // Rounding scale and min to 6 bits independently is rarely the best
     // pair: try both neighbours of each and keep the smallest error.
     let (ls0, lm0) = (ls, lm);
+    // Candidate c is (ls + c / 3 - 1, lm + c % 3 - 1).
+    let cand: [[[i32; 8]; 2]; 9] = std::array::from_fn(|c| {
+        [
+            std::array::from_fn(|g| ls0[g] as i32 + c as i32 / 3 - 1),
+            std::array::from_fn(|g| lm0[g] as i32 + c as i32 % 3 - 1),
+        ]
+    });
+    let scale: [Lanes; 9] =
+        std::array::from_fn(|c| std::array::from_fn(|g| df * cand[c][0][g].clamp(0, 63) as f32));
+    let offset: [Lanes; 9] = std::array::from_fn(|c| {
+        std::array::from_fn(|g| -(dminf * cand[c][1][g].clamp(0, 63) as f32))
+    });
+    let err = code_errors(&rows, &scale, &offset, nmax_f);
     let mut best = [f32::MAX; 8];
-    for ds in -1i32..=1 {
-        for dm in -1i32..=1 {
-            let sl: [i32; 8] = std::array::from_fn(|g| ls0[g] as i32 + ds);
-            let ml: [i32; 8] = std::array::from_fn(|g| lm0[g] as i32 + dm);
-            let scale = std::array::from_fn(|g| df * sl[g].clamp(0, 63) as f32);
-            let offset = std::array::from_fn(|g| -(dminf * ml[g].clamp(0, 63) as f32));
-            let err = code_error(&rows, scale, offset, nmax_f);
-            for g in 0..8 {
-                let in_range = (0..=63).contains(&sl[g]) && (0..=63).contains(&ml[g]);
-                if in_range && err[g] < best[g] {
-                    best[g] = err[g];
-                    (ls[g], lm[g]) = (sl[g] as u8, ml[g] as u8);
-                }
+    for c in 0..9 {
+        let [sl, ml] = cand[c];
+        for g in 0..8 {
+            let in_range = (0..=63).contains(&sl[g]) && (0..=63).contains(&ml[g]);
+            if in_range && err[c][g] < best[g] {
+                best[g] = err[c][g];
+                (ls[g], lm[g]) = (sl[g] as u8, ml[g] as u8);
             }
         }
     }
