@@ -7,21 +7,7 @@ use anyhow::{bail, Result};
 use fish_gguf::GgmlType;
 
 /// Types `fish_quant::quantize_row` writes and the kernels read.
-pub const PLAIN_TYPES: [GgmlType; 13] = [
-    GgmlType::F32,
-    GgmlType::F16,
-    GgmlType::BF16,
-    GgmlType::Q4_0,
-    GgmlType::Q4_1,
-    GgmlType::Q5_0,
-    GgmlType::Q5_1,
-    GgmlType::Q8_0,
-    GgmlType::Q2_K,
-    GgmlType::Q3_K,
-    GgmlType::Q4_K,
-    GgmlType::Q5_K,
-    GgmlType::Q6_K,
-];
+pub const PLAIN_TYPES: [GgmlType; 13] = fish_quant::WEIGHT_TYPES;
 
 /// The names `Mix::parse` accepts, for error messages and help.
 pub const MIX_NAMES: &str =

@@ -33,5 +33,5 @@ pub use bits::{Bf16Bits, F16Bits, F32Bits};
 pub use error::QuantError;
 pub use fish_gguf::GgmlType;
 pub use matmul::{matmul_batch, matmul_quantized, Weights};
-pub use rows::{dequant_row, is_supported, quantize_row, row_bytes};
+pub use rows::{dequant_row, is_supported, quantize_row, row_bytes, WEIGHT_TYPES};
 pub use simd::{simd_level, SimdLevel};

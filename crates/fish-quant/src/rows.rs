@@ -7,6 +7,23 @@ use bytemuck::Zeroable;
 use fish_gguf::GgmlType;
 
 /// True for the weight types this crate can dequantise and matmul.
+/// Every weight type this crate dequantises, quantises and multiplies.
+pub const WEIGHT_TYPES: [GgmlType; 13] = [
+    GgmlType::F32,
+    GgmlType::F16,
+    GgmlType::BF16,
+    GgmlType::Q4_0,
+    GgmlType::Q4_1,
+    GgmlType::Q5_0,
+    GgmlType::Q5_1,
+    GgmlType::Q8_0,
+    GgmlType::Q2_K,
+    GgmlType::Q3_K,
+    GgmlType::Q4_K,
+    GgmlType::Q5_K,
+    GgmlType::Q6_K,
+];
+
 pub fn is_supported(ty: GgmlType) -> bool {
     with_block_type!(ty, B => { let _ = <B as BlockFormat>::VALUES; true }, _ => false)
 }
@@ -102,4 +119,16 @@ pub fn quantize_row(ty: GgmlType, src: &[f32], dst: &mut [u8]) -> Result<(), Qua
         }
         other => Err(QuantError::Unsupported(other)),
     })
+}
+
+#[cfg(test)]
+mod weight_types_tests {
+    use super::*;
+
+    #[test]
+    fn the_weight_type_list_is_exactly_the_supported_types() {
+        for ty in GgmlType::ALL {
+            assert_eq!(is_supported(ty), WEIGHT_TYPES.contains(&ty), "{ty}");
+        }
+    }
 }

@@ -30,22 +30,8 @@ impl Lcg {
     }
 }
 
-/// Weight types with a quantiser.
-pub const QUANTISABLE: [GgmlType; 13] = [
-    GgmlType::F32,
-    GgmlType::F16,
-    GgmlType::BF16,
-    GgmlType::Q4_0,
-    GgmlType::Q4_1,
-    GgmlType::Q5_0,
-    GgmlType::Q5_1,
-    GgmlType::Q8_0,
-    GgmlType::Q2_K,
-    GgmlType::Q3_K,
-    GgmlType::Q4_K,
-    GgmlType::Q5_K,
-    GgmlType::Q6_K,
-];
+/// Weight types with a quantiser: all of them.
+pub const QUANTISABLE: [GgmlType; 13] = fish_quant::WEIGHT_TYPES;
 
 pub fn quantize(ty: GgmlType, x: &[f32]) -> Vec<u8> {
     let mut out = vec![0u8; fish_quant::row_bytes(ty, x.len()).unwrap()];
