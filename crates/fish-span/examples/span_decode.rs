@@ -7,7 +7,7 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use fish_core::backend::{ComputeBackend, SpanLayer, SpanSpec};
+use fish_core::backend::ComputeBackend;
 use fish_core::model::layer_range::{embed_tokens, forward_layers};
 use fish_core::model::{Model, PlacementLimits};
 use fish_span::VulkanBackend;
@@ -26,29 +26,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     if placement.n_layers_placed() != n_layer {
         return Err(format!("{}/{n_layer} layers placed", placement.n_layers_placed()).into());
     }
-    let layers = (0..n_layer)
-        .map(|il| {
-            let w = &model.weights.layers[il];
-            SpanLayer {
-                ids: placement.layer(il).expect("placed"),
-                attn_norm: &w.attn_norm,
-                bq: w.bq.as_deref(),
-                bk: w.bk.as_deref(),
-                bv: w.bv.as_deref(),
-                q_norm: w.q_norm.as_deref(),
-                k_norm: w.k_norm.as_deref(),
-                post_attn_norm: w.post_attn_norm.as_deref(),
-                ffn_norm: &w.ffn_norm,
-                post_ffn_norm: w.post_ffn_norm.as_deref(),
-            }
-        })
-        .collect();
-    let spec = SpanSpec {
-        cfg: &model.cfg,
-        first_layer: 0,
-        layers,
-        n_ctx: N_CTX,
-    };
+    let spec = model.span_spec(0, N_CTX).ok_or("not placed")?;
     let span = gpu.as_span().ok_or("no spans")?;
     let bytes = span.span_begin(&spec)?;
     println!("{}", gpu.describe());

@@ -8,7 +8,7 @@ mod common;
 use std::sync::Arc;
 
 use common::{backend, model_path};
-use fish_core::backend::{ComputeBackend, SpanLayer, SpanSpec};
+use fish_core::backend::ComputeBackend;
 use fish_core::model::layer_range::{embed_tokens, forward_layers};
 use fish_core::model::{KvCache, Model, PlacementLimits};
 use fish_span::VulkanBackend;
@@ -34,30 +34,7 @@ fn placed(gpu: &Arc<VulkanBackend>, file: &str, n: usize) -> (Model, usize) {
 
 /// Opens the span over the placed layers.
 fn begin_span(gpu: &VulkanBackend, model: &Model, first: usize) -> u64 {
-    let placement = model.gpu.as_ref().expect("placed");
-    let layers = (first..model.cfg.n_layer)
-        .map(|il| {
-            let w = &model.weights.layers[il];
-            SpanLayer {
-                ids: placement.layer(il).expect("layer placed"),
-                attn_norm: &w.attn_norm,
-                bq: w.bq.as_deref(),
-                bk: w.bk.as_deref(),
-                bv: w.bv.as_deref(),
-                q_norm: w.q_norm.as_deref(),
-                k_norm: w.k_norm.as_deref(),
-                post_attn_norm: w.post_attn_norm.as_deref(),
-                ffn_norm: &w.ffn_norm,
-                post_ffn_norm: w.post_ffn_norm.as_deref(),
-            }
-        })
-        .collect();
-    let spec = SpanSpec {
-        cfg: &model.cfg,
-        first_layer: first,
-        layers,
-        n_ctx: N_CTX,
-    };
+    let spec = model.span_spec(first, N_CTX).expect("placed");
     gpu.as_span()
         .expect("spans")
         .span_begin(&spec)

@@ -116,7 +116,8 @@ impl GpuPlacement {
             let Some(first) = self.layers.iter().position(|l| l.is_some()) else {
                 return;
             };
-            let spec = self.span_spec(cfg, w, first);
+            // The device KV grows on demand; the training context only caps it.
+            let spec = self.span_spec(cfg, w, first, cfg.n_ctx_train);
             match span.span_begin(&spec) {
                 Ok(_) => {
                     self.span = Some(SpanRun::new(first));
@@ -137,11 +138,14 @@ impl GpuPlacement {
         }
     }
 
-    fn span_spec<'a>(
+    /// The span description of placed layers `first..`, with the device KV
+    /// capped at `n_ctx` positions.
+    pub fn span_spec<'a>(
         &'a self,
         cfg: &'a ModelConfig,
         w: &'a ModelWeights,
         first: usize,
+        n_ctx: usize,
     ) -> SpanSpec<'a> {
         let layers = (first..w.layers.len())
             .filter_map(|il| {
@@ -164,8 +168,7 @@ impl GpuPlacement {
             cfg,
             first_layer: first,
             layers,
-            // The device KV grows on demand; this only caps it.
-            n_ctx: cfg.n_ctx_train,
+            n_ctx,
         }
     }
 

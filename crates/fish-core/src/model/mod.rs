@@ -86,6 +86,13 @@ impl Model {
         self.gpu.as_ref().map(|p| p.backend.describe())
     }
 
+    /// The span description of the placed layers `first..` (None without a
+    /// placement), for callers that drive a span themselves.
+    pub fn span_spec(&self, first: usize, n_ctx: usize) -> Option<crate::backend::SpanSpec<'_>> {
+        let p = self.gpu.as_ref()?;
+        Some(p.span_spec(&self.cfg, &self.weights, first, n_ctx))
+    }
+
     /// The span's per-stage time shares from its last forward, when the
     /// backend profiles (FISH_GPU_PROFILE=2).
     pub fn gpu_profile(&self) -> Option<String> {
