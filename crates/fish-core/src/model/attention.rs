@@ -11,19 +11,23 @@
 //! - more ([`tiles_of_keys`]): an f32 query, keys in tiles of [`KEY_TILE`]
 //!   positions, q.k and p.v as sequential fused multiply-adds (the reference's
 //!   small GEMM), the softmax of a tile with the vectorised exp polynomial and
-//!   an f32 value accumulator.
+//!   an f32 value accumulator. `attention_tiles` runs it a block of rows at
+//!   a time; `tiles_of_keys` states it for one row.
 
 use half::f16;
 use half::slice::HalfFloatSliceExt;
 use rayon::prelude::*;
 
+use super::attention_tiles::attend_tiled;
 use super::kv_cache::KvCache;
-use super::vec_math::{exp_poly, sum_lanes, LANES};
+#[cfg(test)]
+use super::vec_math::exp_poly;
+use super::vec_math::{sum_lanes, LANES};
 
 /// Batches of at least this many tokens take the tiled kernel.
 pub const TILED_MIN_TOKENS: usize = 64;
 /// Key positions per tile of the tiled kernel (tiles start at position 0).
-const KEY_TILE: usize = 64;
+pub(super) const KEY_TILE: usize = 64;
 
 pub struct AttentionShape {
     pub n_head: usize,
@@ -48,7 +52,9 @@ pub fn attend(
 ) {
     let hd = shape.head_dim;
     let n_tok = q.len() / (shape.n_head * hd);
-    let tiled = n_tok >= TILED_MIN_TOKENS;
+    if n_tok >= TILED_MIN_TOKENS {
+        return attend_tiled(shape, cache, il, q, pos0, out);
+    }
     let keys = Keys { shape, cache, il };
     out.par_chunks_mut(shape.head_dim_v)
         .enumerate()
@@ -65,7 +71,7 @@ pub fn attend(
                 },
                 last: p,
             };
-            attend_row(&keys, &row, tiled, o);
+            attend_row(&keys, &row, o);
         });
 }
 
@@ -96,30 +102,21 @@ struct QueryRow<'a> {
     last: usize,
 }
 
-fn attend_row(keys: &Keys<'_>, row: &QueryRow<'_>, tiled: bool, out: &mut [f32]) {
+fn attend_row(keys: &Keys<'_>, row: &QueryRow<'_>, out: &mut [f32]) {
     #[cfg(target_arch = "x86_64")]
     if std::arch::is_x86_feature_detected!("fma") {
         // SAFETY: the CPU supports FMA, checked just above.
-        return unsafe { attend_row_fma(keys, row, tiled, out) };
+        return unsafe { attend_row_fma(keys, row, out) };
     }
-    attend_row_any(keys, row, tiled, out);
+    one_key_at_a_time(keys, row, out);
 }
 
 /// The same code compiled with FMA instructions, so that `mul_add` is one
 /// instruction rather than a libm call.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "fma")]
-unsafe fn attend_row_fma(keys: &Keys<'_>, row: &QueryRow<'_>, tiled: bool, out: &mut [f32]) {
-    attend_row_any(keys, row, tiled, out);
-}
-
-#[inline(always)]
-fn attend_row_any(keys: &Keys<'_>, row: &QueryRow<'_>, tiled: bool, out: &mut [f32]) {
-    if tiled {
-        tiles_of_keys(keys, row, out);
-    } else {
-        one_key_at_a_time(keys, row, out);
-    }
+unsafe fn attend_row_fma(keys: &Keys<'_>, row: &QueryRow<'_>, out: &mut [f32]) {
+    one_key_at_a_time(keys, row, out);
 }
 
 /// The reference's per-row kernel: online softmax key by key, the query
@@ -178,7 +175,10 @@ fn one_key_at_a_time(keys: &Keys<'_>, row: &QueryRow<'_>, out: &mut [f32]) {
 /// libm's `e^(old - new)`); the weights come from [`exp_poly`], summed 16 at
 /// a time in f64 and added to the f32 sum; the f32 accumulator takes each
 /// weighted value in position order as a fused multiply-add.
-#[inline(always)]
+///
+/// This is the specification of `attention_tiles`, which computes the same
+/// values for a block of rows at once; the tests hold the two to the bit.
+#[cfg(test)]
 fn tiles_of_keys(keys: &Keys<'_>, row: &QueryRow<'_>, out: &mut [f32]) {
     let (hd, hdv) = (keys.shape.head_dim, keys.shape.head_dim_v);
     let mut krow = vec![0f32; hd];
@@ -320,6 +320,70 @@ mod tests {
             let mut v = vec![0f32; hd];
             keys.value(last, 0, &mut v);
             assert_eq!(b, v);
+        }
+    }
+
+    #[test]
+    fn row_blocks_compute_the_per_row_kernel_to_the_bit() {
+        // Grouped heads (4 query heads on 2 key-value heads), a batch of 70
+        // tokens after 50 cached positions (key tiles from 0 to 119, token
+        // blocks cut mid-tile), with and without a sliding window.
+        let (hd, n_head, n_head_kv, pos0, n_tok) = (64, 4, 2, 50, 70);
+        let n_pos = pos0 + n_tok;
+        let mut cache = KvCache::new(1, n_pos, n_head_kv * hd, n_head_kv * hd);
+        let wave = |i: usize, f: f32| ((i as f32 * f).sin() * 1.7) - 0.2;
+        for pos in 0..n_pos {
+            let k: Vec<f32> = (0..n_head_kv * hd)
+                .map(|i| wave(pos * 131 + i, 0.37))
+                .collect();
+            let v: Vec<f32> = (0..n_head_kv * hd)
+                .map(|i| wave(pos * 71 + i, 0.23))
+                .collect();
+            cache.store(0, pos, &k, &v);
+        }
+        cache.set_len(n_pos);
+        let q: Vec<f32> = (0..n_tok * n_head * hd)
+            .map(|i| wave(i, 0.11) * 2.0)
+            .collect();
+        for window in [0, 40] {
+            let shape = AttentionShape {
+                n_head,
+                n_head_kv,
+                head_dim: hd,
+                head_dim_v: hd,
+                scale: 0.125,
+                window,
+            };
+            let mut out = vec![f32::NAN; n_tok * n_head * hd];
+            attend(&shape, &cache, 0, &q, pos0, &mut out);
+            let keys = Keys {
+                shape: &shape,
+                cache: &cache,
+                il: 0,
+            };
+            let mut expected = vec![0f32; hd];
+            for t in 0..n_tok {
+                for h in 0..n_head {
+                    let p = pos0 + t;
+                    let row = QueryRow {
+                        q: &q[(t * n_head + h) * hd..][..hd],
+                        kv_head: h / (n_head / n_head_kv),
+                        first: if window > 0 {
+                            (p + 1).saturating_sub(window)
+                        } else {
+                            0
+                        },
+                        last: p,
+                    };
+                    tiles_of_keys(&keys, &row, &mut expected);
+                    let got = &out[(t * n_head + h) * hd..][..hd];
+                    let same = got
+                        .iter()
+                        .zip(&expected)
+                        .all(|(a, b)| a.to_bits() == b.to_bits());
+                    assert!(same, "window {window}, token {t}, head {h}");
+                }
+            }
         }
     }
 

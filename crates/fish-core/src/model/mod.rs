@@ -1,6 +1,7 @@
 //! A loaded model: configuration, tensors located in the map, and the forward pass.
 
 mod attention;
+mod attention_tiles;
 pub mod config;
 mod forward;
 pub mod forward_batch;

@@ -34,7 +34,11 @@ pub fn exp_poly(x: f32) -> f32 {
     let j = hi.mul_add(u, c1.mul_add(b, 1.0));
     // j * 2^n with one rounding (as a scale-by-power-of-two instruction
     // does, subnormal and overflowing results included): exact in f64.
-    (j as f64 * (n as f64).exp2()) as f32
+    // n is an integer within +-192 (or NaN, which j carries through), so
+    // 2^n is built from its exponent bits rather than by a libm call.
+    let n_int = if n.is_nan() { 0 } else { n as i64 };
+    let pow2 = f64::from_bits(((n_int + 1023) as u64) << 52);
+    (j as f64 * pow2) as f32
 }
 
 /// Horizontal sum of one vector register the way the reference reduces it:
@@ -54,6 +58,24 @@ pub fn sum_lanes(mut lanes: [f32; LANES]) -> f32 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn exp_poly_scales_by_powers_of_two_as_libm_exp2() {
+        // The result's last step against libm's 2^n, over normal, subnormal
+        // (below e^-87) and vanishing results.
+        let mut x = -140.0f32;
+        while x < 88.0 {
+            let n = x.mul_add(f32::from_bits(0x3fb8_aa3b), 12_582_912.0) - 12_582_912.0;
+            let pow2 = f64::from_bits(((n as i64 + 1023) as u64) << 52);
+            assert_eq!(pow2, (n as f64).exp2(), "2^{n}");
+            let a = exp_poly(x);
+            // The smallest subnormal is 2^-149 = e^-103.3.
+            assert!(a >= 0.0 && (x > -103.0) <= (a > 0.0), "exp({x}) = {a}");
+            assert!(x > -104.5 || a == 0.0, "exp({x}) = {a}");
+            x += 0.0071;
+        }
+        assert!(exp_poly(f32::NAN).is_nan());
+    }
 
     #[test]
     fn exp_poly_is_within_two_ulps_of_libm() {
