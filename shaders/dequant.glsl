@@ -4,9 +4,9 @@
 // and unpacked with shifts. Every row starts on a 16-byte boundary (the upload
 // pads the row stride). Rows are stored in the device layout that upload()
 // writes (docs/GPU.md, "Device weight layout"): F32, F16, Q4_K and Q5_K rows
-// keep the GGUF bytes; the other types are split per row into a 16-byte
-// aligned array of quants followed by the small per-block fields, e.g. a
-// Q4_0 row of nb blocks is qs[nb][16] then d[nb] (same size as the GGUF row).
+// keep the GGUF bytes; the other types (and FQ3) are split per row into a
+// 16-byte aligned array of quants followed by the small per-block fields, e.g.
+// a Q4_0 row of nb blocks is qs[nb][16] then d[nb] (same size as the GGUF row).
 //
 // The include site defines exactly one TYPE_X and declares
 //     layout(std430, binding = 0) readonly buffer Weights { uint w[]; };
@@ -63,6 +63,18 @@ uint spread4(uint b) {
 
 // Blocks per row (BLOCK_VALUES is defined below, before any use).
 #define blocks_per_row() (p.n_in / BLOCK_VALUES)
+
+// Scale and min of sub-block j from the 12-byte 6-bit packing of Q4_K, Q5_K
+// and FQ3 that starts at byte scales_byte.
+vec2 scale_min_k4(uint scales_byte, uint j) {
+    if (j < 4u) {
+        return vec2(float(load_u8(scales_byte + j) & 63u), float(load_u8(scales_byte + j + 4u) & 63u));
+    }
+    uint e = load_u8(scales_byte + j + 4u);
+    uint sc = (e & 15u) | ((load_u8(scales_byte + j - 4u) >> 6) << 4);
+    uint m = (e >> 4) | ((load_u8(scales_byte + j) >> 6) << 4);
+    return vec2(float(sc), float(m));
+}
 
 #if defined(TYPE_F32)
 #define BLOCK_VALUES 8u
@@ -181,17 +193,6 @@ void dequant8(uint row_byte, uint blk, uint k, out vec4 lo, out vec4 hi) {
 // high nibbles with sub-block 2c+1; value = d * sc * q - dmin * m.
 #define BLOCK_VALUES 256u
 
-// Scale and min of sub-block j from the 12-byte packing.
-vec2 scale_min_k4(uint scales_byte, uint j) {
-    if (j < 4u) {
-        return vec2(float(load_u8(scales_byte + j) & 63u), float(load_u8(scales_byte + j + 4u) & 63u));
-    }
-    uint e = load_u8(scales_byte + j + 4u);
-    uint sc = (e & 15u) | ((load_u8(scales_byte + j - 4u) >> 6) << 4);
-    uint m = (e >> 4) | ((load_u8(scales_byte + j) >> 6) << 4);
-    return vec2(float(sc), float(m));
-}
-
 #if defined(TYPE_Q4_K)
 #define BLOCK_BYTES 144u
 #define QS_OFFSET 16u
@@ -249,6 +250,37 @@ void dequant8(uint row_byte, uint blk, uint k, out vec4 lo, out vec4 hi) {
     float scale = d * float(int(sc_byte << 24) >> 24);
     lo = scale * (bytes4(a) - 32.0);
     hi = scale * (bytes4(b) - 32.0);
+}
+
+#elif defined(TYPE_FQ3)
+// Device row (upload.rs): one u32 word per group of 32 values in three
+// planes, A[8nb], B[8nb], C[8nb] (group G = 8 blk + g), then the 16-byte
+// block heads[nb]: f16 d, f16 dmin, the 12-byte scale/min packing of Q4_K.
+// Values 4s .. 4s+3 of a group are the bytes of fq3_codes(s < 4 ? A : B, C, s);
+// value = d * sc * q - dmin * m, q in 0..7.
+#define BLOCK_VALUES 256u
+#define BLOCK_BYTES 112u
+
+// The 3-bit codes of values 4s .. 4s+3 of a group, one per byte: two bits
+// from the low word (A for s < 4, B otherwise), the third from C.
+uint fq3_codes(uint low, uint c, uint s) {
+    return ((low >> (2u * (s & 3u))) & 0x03030303u) | (((c >> s) & 0x01010101u) << 2);
+}
+
+void dequant8(uint row_byte, uint blk, uint k, out vec4 lo, out vec4 hi) {
+    uint nb = blocks_per_row();
+    uint g = k >> 2;
+    uint s = 2u * (k & 3u);
+    uint a_word = row_byte / 4u + 8u * blk + g;
+    uint low = w[a_word + (s < 4u ? 0u : 8u * nb)];
+    uint c = w[a_word + 16u * nb];
+    uint head = row_byte + 96u * nb + 16u * blk;
+    vec2 dd = unpackHalf2x16(w[head >> 2]);
+    vec2 sm = scale_min_k4(head + 4u, g);
+    float scale = dd.x * sm.x;
+    float minv = dd.y * sm.y;
+    lo = scale * bytes4(fq3_codes(low, c, s)) - minv;
+    hi = scale * bytes4(fq3_codes(low, c, s + 1u)) - minv;
 }
 
 #else

@@ -275,10 +275,53 @@ uint run_x4(uint u, uint run) {
     return (256u * sb + 128u * ((u / 2u) % 2u) + 32u * run + 16u * (u % 2u)) / 4u;
 }
 
+#elif defined(TYPE_FQ3)
+// Two units per block: unit u is groups 4u .. 4u+3 of the row (values 128u
+// .. 128u+127), sub-blocks j0 .. j0+3 of block u / 2 with j0 = 4 (u % 2). It
+// loads the A, B and C words of its four groups with one 16-byte load each
+// from the row's word planes (dequant.glsl) and its block's head. Run r is
+// group r / 2, values 16 (r % 2) .. +15 of it: s = 4 (r % 2) + k for q[k].
+#define UNIT_VALUES 128u
+#define RUNS 8u
+struct Unit { uvec4 head; uvec4 a; uvec4 b; uvec4 c; uint j0; };
+Unit load_unit(uint row_byte, uint u) {
+    Unit un;
+    uint nb = blocks_per_row();
+    uint row16 = row_byte / 16u;
+    un.a = w4[row16 + u];
+    un.b = w4[row16 + 2u * nb + u];
+    un.c = w4[row16 + 4u * nb + u];
+    un.head = w4[row16 + 6u * nb + u / 2u];
+    un.j0 = 4u * (u & 1u);
+    return un;
+}
+void decode_run(Unit un, uint run, out vec4 q[4], out float scale, out float minv) {
+    uint gi = run / 2u;
+    uint half_run = run & 1u;
+    // The Q4_K packing for sub-block j = j0 + gi (j & 3 = gi): 6 bits of
+    // scale byte gi and gi + 4 for j < 4, else 4 bits of byte gi + 8 and the
+    // top 2 bits of bytes gi / gi + 4.
+    uint sh = 8u * gi;
+    uint b_sc = (un.head.y >> sh) & 0xFFu;
+    uint b_m = (un.head.z >> sh) & 0xFFu;
+    uint b_e = (un.head.w >> sh) & 0xFFu;
+    uint sc = un.j0 == 0u ? b_sc & 63u : (b_e & 15u) | ((b_sc >> 6) << 4);
+    uint m = un.j0 == 0u ? b_m & 63u : (b_e >> 4) | ((b_m >> 6) << 4);
+    vec2 dd = unpackHalf2x16(un.head.x);
+    scale = dd.x * float(sc);
+    minv = -dd.y * float(m);
+    uint low = half_run == 0u ? un.a[gi] : un.b[gi];
+    uint c = un.c[gi];
+    for (uint k = 0u; k < 4u; k++) {
+        q[k] = byte_fields(fq3_codes(low, c, 4u * half_run + k), 0.0);
+    }
+}
+uint run_x4(uint u, uint run) { return 32u * u + 4u * run; }
+
 #else
 #error "define one TYPE_X"
 #endif
 
-#if defined(TYPE_Q4_1) || defined(TYPE_Q5_1) || defined(TYPE_Q4_K) || defined(TYPE_Q5_K)
+#if defined(TYPE_Q4_1) || defined(TYPE_Q5_1) || defined(TYPE_Q4_K) || defined(TYPE_Q5_K) || defined(TYPE_FQ3)
 #define HAS_MIN 1
 #endif

@@ -17,27 +17,33 @@
 
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
 use fish_gguf::GgmlType;
-use fish_vk::{Gpu, Kernel, TensorHandle};
+use fish_vk::{Gpu, Kernel, TensorHandle, WeightFormat};
 use std::time::Duration;
 
-const TYPES: [GgmlType; 10] = [
-    GgmlType::F32,
-    GgmlType::F16,
-    GgmlType::Q4_0,
-    GgmlType::Q4_1,
-    GgmlType::Q5_0,
-    GgmlType::Q5_1,
-    GgmlType::Q8_0,
-    GgmlType::Q4_K,
-    GgmlType::Q5_K,
-    GgmlType::Q6_K,
+const TYPES: [WeightFormat; 11] = [
+    WeightFormat::Ggml(GgmlType::F32),
+    WeightFormat::Ggml(GgmlType::F16),
+    WeightFormat::Ggml(GgmlType::Q4_0),
+    WeightFormat::Ggml(GgmlType::Q4_1),
+    WeightFormat::Ggml(GgmlType::Q5_0),
+    WeightFormat::Ggml(GgmlType::Q5_1),
+    WeightFormat::Ggml(GgmlType::Q8_0),
+    WeightFormat::Ggml(GgmlType::Q4_K),
+    WeightFormat::Ggml(GgmlType::Q5_K),
+    WeightFormat::Ggml(GgmlType::Q6_K),
+    WeightFormat::Fq3,
 ];
 /// (n_in, n_out) of the benchmarked matrices.
 const SHAPES: [(usize, usize); 3] = [(4096, 4096), (4096, 14336), (14336, 4096)];
 const TILED_TOKENS: usize = 512;
 /// Batch sizes of the batched matvec bench and the types it covers.
 const BATCH_TOKENS: [usize; 3] = [2, 4, 8];
-const BATCH_TYPES: [GgmlType; 3] = [GgmlType::Q4_0, GgmlType::Q8_0, GgmlType::Q4_K];
+const BATCH_TYPES: [WeightFormat; 4] = [
+    WeightFormat::Ggml(GgmlType::Q4_0),
+    WeightFormat::Ggml(GgmlType::Q8_0),
+    WeightFormat::Ggml(GgmlType::Q4_K),
+    WeightFormat::Fq3,
+];
 /// Dispatch rounds per submit, so that a long criterion run never builds a
 /// huge command buffer.
 const ROUNDS_PER_SUBMIT: u64 = 16;
@@ -71,13 +77,13 @@ fn weight_bytes(len: usize, seed: u64) -> Vec<u8> {
 /// Uploads enough copies of one matrix to exceed the rotation size.
 fn upload_copies(
     gpu: &Gpu,
-    ty: GgmlType,
+    ty: WeightFormat,
     n_in: usize,
     n_out: usize,
 ) -> Option<(Vec<TensorHandle>, u64)> {
     let bytes = (n_in / ty.block_size() * ty.block_bytes() * n_out) as u64;
     let copies = rotate_bytes().div_ceil(bytes).max(1);
-    let data = weight_bytes(bytes as usize, ty.id() as u64 + 1);
+    let data = weight_bytes(bytes as usize, ty.block_bytes() as u64 + 1);
     let mut handles = Vec::new();
     for _ in 0..copies {
         match gpu.upload(ty, &data, n_in, n_out) {

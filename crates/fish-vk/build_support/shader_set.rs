@@ -2,7 +2,7 @@
 // shaders` and the staleness test (each includes this file with `include!`).
 // Only std is used here so that every includer can compile it as is.
 
-/// Weight types with kernels, as (GgmlType name, lower-case module suffix).
+/// Weight types with kernels, as (WeightFormat name, lower-case module suffix).
 pub const KERNEL_TYPES: &[(&str, &str)] = &[
     ("F32", "f32"),
     ("F16", "f16"),
@@ -14,6 +14,8 @@ pub const KERNEL_TYPES: &[(&str, &str)] = &[
     ("Q4_K", "q4_k"),
     ("Q5_K", "q5_k"),
     ("Q6_K", "q6_k"),
+    // The project's own 3-bit format (fish_vk::WeightFormat::Fq3).
+    ("FQ3", "fq3"),
 ];
 
 /// The span kernels (stage 2) as (module name, source file in shaders/).

@@ -1,7 +1,7 @@
 //! The error type of every fallible fish-vk call.
 
+use crate::weight_format::WeightFormat;
 use ash::vk;
-use fish_gguf::GgmlType;
 
 pub type Result<T> = std::result::Result<T, VkError>;
 
@@ -18,8 +18,8 @@ pub enum VkError {
     },
     #[error("no usable Vulkan device: {0}")]
     NoDevice(String),
-    #[error("weight type {0:?} has no GPU kernel")]
-    Unsupported(GgmlType),
+    #[error("weight type {0} has no GPU kernel")]
+    Unsupported(WeightFormat),
     #[error("bad tensor shape: {0}")]
     Shape(String),
     #[error("allocation of {requested} bytes refused: {reason}")]

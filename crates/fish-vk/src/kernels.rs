@@ -6,6 +6,7 @@ use crate::error::{Result, VkCall, VkError};
 use crate::gpu::{Exec, Gpu};
 use crate::pipeline::Params;
 use crate::upload::{ResidentTensor, TensorHandle};
+use crate::weight_format::WeightFormat;
 use ash::vk;
 use fish_gguf::GgmlType;
 use std::time::{Duration, Instant};
@@ -16,13 +17,17 @@ pub const MATVEC_MAX_TOKENS: usize = 8;
 const TILE_ROWS: u32 = 128;
 const TILE_TOKENS: u32 = 64;
 
-/// Whether `ty` has GPU kernels (other types stay on the CPU).
-pub fn supports(ty: GgmlType) -> bool {
+/// Whether `ty` (a `GgmlType` or `WeightFormat::Fq3`) has GPU kernels
+/// (other types stay on the CPU).
+pub fn supports(ty: impl Into<WeightFormat>) -> bool {
     use GgmlType::*;
-    matches!(
-        ty,
-        F32 | F16 | Q4_0 | Q4_1 | Q5_0 | Q5_1 | Q8_0 | Q4_K | Q5_K | Q6_K
-    )
+    match ty.into() {
+        WeightFormat::Ggml(ty) => matches!(
+            ty,
+            F32 | F16 | Q4_0 | Q4_1 | Q5_0 | Q5_1 | Q8_0 | Q4_K | Q5_K | Q6_K
+        ),
+        WeightFormat::Fq3 => true,
+    }
 }
 
 /// Which kernel computes a matmul.
@@ -102,13 +107,16 @@ impl MatvecShape {
     /// token, 8 rows x 128 threads for the types with the cheapest decode per
     /// byte (more rows share each x value and keep more weight bytes in
     /// flight), 4 rows x 64 threads for those with fifth bits or K-quant
-    /// scales (8 rows cost them registers); 4 x 128 for batches.
-    fn new(ty: GgmlType, kernel: Kernel, n_tok: usize) -> MatvecShape {
+    /// scales (8 rows cost them registers); 4 x 128 for batches. FQ3 units
+    /// are 128 values (shaders/matvec_units.glsl), so a 4096-value row has
+    /// only 32: one subgroup-sized workgroup per 4 rows keeps every lane busy.
+    fn new(ty: WeightFormat, kernel: Kernel, n_tok: usize) -> MatvecShape {
         use GgmlType::*;
         let (rows, threads) = match ty {
+            WeightFormat::Fq3 => (4, 32),
             _ if n_tok > 1 => (4, 128),
-            Q4_0 | Q4_1 | Q8_0 => (8, 128),
-            Q5_0 | Q5_1 | Q4_K | Q5_K | Q6_K => (4, 64),
+            WeightFormat::Ggml(Q4_0 | Q4_1 | Q8_0) => (8, 128),
+            WeightFormat::Ggml(Q5_0 | Q5_1 | Q4_K | Q5_K | Q6_K) => (4, 64),
             _ => (4, 128),
         };
         let o = MatvecOverrides::get();
@@ -131,7 +139,7 @@ impl MatvecShape {
 }
 
 impl Gpu {
-    fn module_name(&self, ty: GgmlType, kernel: Kernel) -> String {
+    fn module_name(&self, ty: WeightFormat, kernel: Kernel) -> String {
         let suffix = ty.name().to_ascii_lowercase();
         match kernel {
             Kernel::Matvec if self.info.subgroup_arithmetic => format!("matvec_subgroup_{suffix}"),

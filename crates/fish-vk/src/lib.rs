@@ -18,6 +18,7 @@ mod pipeline;
 pub mod span;
 mod status;
 mod upload;
+mod weight_format;
 
 pub use budget::Budget;
 pub use config::{Config, CpuDevices, QueuePreference};
@@ -32,3 +33,4 @@ pub use span::{
 };
 pub use status::{enabled, global, status};
 pub use upload::{TensorHandle, ROW_MULTIPLE};
+pub use weight_format::{WeightFormat, FQ3_BLOCK_BYTES, FQ3_BLOCK_VALUES};

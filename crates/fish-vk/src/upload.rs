@@ -7,6 +7,7 @@ use crate::buffer::{Buffer, MemoryKind};
 use crate::error::{Result, VkError};
 use crate::gpu::Gpu;
 use crate::kernels::supports;
+use crate::weight_format::WeightFormat;
 use ash::vk;
 use fish_gguf::GgmlType;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -25,13 +26,13 @@ static NEXT_ID: AtomicU64 = AtomicU64::new(1);
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct TensorHandle {
     id: u64,
-    ty: GgmlType,
+    ty: WeightFormat,
     n_in: usize,
     n_out: usize,
 }
 
 impl TensorHandle {
-    pub fn ty(&self) -> GgmlType {
+    pub fn ty(&self) -> WeightFormat {
         self.ty
     }
     pub fn n_in(&self) -> usize {
@@ -59,7 +60,7 @@ pub(crate) struct ResidentTensor {
     pub bytes: u64,
 }
 
-fn row_bytes(ty: GgmlType, n_in: usize) -> Result<u64> {
+fn row_bytes(ty: WeightFormat, n_in: usize) -> Result<u64> {
     if n_in == 0 || !n_in.is_multiple_of(ROW_MULTIPLE) || !n_in.is_multiple_of(ty.block_size()) {
         return Err(VkError::Shape(format!(
             "rows of {n_in} values ({}) are not a multiple of {ROW_MULTIPLE} and of the block size",
@@ -85,15 +86,18 @@ impl Gpu {
     }
 
     /// Uploads a weight matrix of `n_out` rows of `n_in` values stored as `ty`
-    /// (GGUF row-major bytes). Fails cleanly, holding nothing, when the type
-    /// has no kernel, the shape is wrong or the budget refuses it.
+    /// (row-major blocks as a GGUF file, or fish-quant's FQ3 writer, holds
+    /// them; `ty` is a `GgmlType` or a `WeightFormat`). Fails cleanly, holding
+    /// nothing, when the type has no kernel, the shape is wrong or the budget
+    /// refuses it.
     pub fn upload(
         &self,
-        ty: GgmlType,
+        ty: impl Into<WeightFormat>,
         bytes: &[u8],
         n_in: usize,
         n_out: usize,
     ) -> Result<TensorHandle> {
+        let ty = ty.into();
         if !supports(ty) {
             return Err(VkError::Unsupported(ty));
         }
@@ -166,7 +170,7 @@ impl Gpu {
     fn fill_chunk(
         &self,
         chunk: &Chunk,
-        ty: GgmlType,
+        ty: WeightFormat,
         bytes: &[u8],
         row: usize,
         row_stride: u64,
@@ -235,20 +239,86 @@ impl Gpu {
     }
 }
 
-/// One field of a GGUF block: its offset and length, and whether it holds
-/// Q5 fifth bits (reordered on the way, see `fifth_bits_for_nibbles`).
+/// One field of a block and how it is written to the device row.
 #[derive(Clone, Copy)]
 enum Field {
+    /// `len` bytes at `offset`, copied as they are.
     Bytes(usize, usize),
+    /// Q5 fifth bits at `offset`, reordered (see `fifth_bits_for_nibbles`).
     FifthBits(usize),
+    /// One u32 word per FQ3 group of 32 values: the eight words at
+    /// `offset + 12 g`, gathered into 32 contiguous bytes.
+    GroupWords(usize),
+}
+
+/// Bytes between the words of consecutive FQ3 groups (A, B, C per group).
+const FQ3_GROUP_STRIDE: usize = 12;
+
+impl Field {
+    /// Offset of the field in a block.
+    fn offset(self) -> usize {
+        match self {
+            Field::Bytes(offset, _) | Field::FifthBits(offset) | Field::GroupWords(offset) => {
+                offset
+            }
+        }
+    }
+
+    /// Bytes the field spans in a block.
+    fn source_len(self) -> usize {
+        match self {
+            Field::Bytes(_, len) => len,
+            Field::FifthBits(_) => 4,
+            Field::GroupWords(_) => 7 * FQ3_GROUP_STRIDE + 4,
+        }
+    }
+
+    /// Bytes the field takes in the device row, per block.
+    fn device_len(self) -> usize {
+        match self {
+            Field::Bytes(_, len) => len,
+            Field::FifthBits(_) => 4,
+            Field::GroupWords(_) => 32,
+        }
+    }
+
+    /// Writes the field (`from`, `source_len` bytes) to `to` (`device_len` bytes).
+    fn write(self, from: &[u8], to: &mut [u8]) {
+        let word =
+            |at: usize| u32::from_le_bytes([from[at], from[at + 1], from[at + 2], from[at + 3]]);
+        match self {
+            Field::Bytes(..) => to.copy_from_slice(from),
+            Field::FifthBits(_) => {
+                to.copy_from_slice(&fifth_bits_for_nibbles(word(0)).to_le_bytes())
+            }
+            Field::GroupWords(_) => {
+                for (g, out) in to.chunks_exact_mut(4).enumerate() {
+                    out.copy_from_slice(&word(FQ3_GROUP_STRIDE * g).to_le_bytes());
+                }
+            }
+        }
+    }
 }
 
 /// Where the fields of one block go in a device row: the quants of every
 /// block first, as one array with 16-byte aligned entries, then each small
 /// per-block field (fifth bits, scales) as its own array, in this order.
 /// Types without an entry keep the GGUF bytes.
-fn split_layout(ty: GgmlType) -> Option<(usize, &'static [Field])> {
+fn split_layout(ty: WeightFormat) -> Option<(usize, &'static [Field])> {
     use Field::*;
+    let ty = match ty {
+        // d, dmin, scales[12] | (A, B, C)[8]: the words A of every group of
+        // the row, then the words B, the words C, then the 16-byte heads, so
+        // that the matvec loads the A, B and C words of four consecutive
+        // groups with one 16-byte load each (shaders/matvec_units.glsl).
+        WeightFormat::Fq3 => {
+            return Some((
+                112,
+                &[GroupWords(16), GroupWords(20), GroupWords(24), Bytes(0, 16)],
+            ))
+        }
+        WeightFormat::Ggml(ty) => ty,
+    };
     Some(match ty {
         // d | qs[16]
         GgmlType::Q4_0 => (18, &[Bytes(2, 16), Bytes(0, 2)]),
@@ -266,10 +336,10 @@ fn split_layout(ty: GgmlType) -> Option<(usize, &'static [Field])> {
     })
 }
 
-/// Rewrites one GGUF row (`src`) into the device layout (`dst`, the same
+/// Rewrites one row (`src`) into the device layout (`dst`, the same
 /// length). The kernels read quants with 16-byte loads, which the GGUF blocks
-/// of 18, 20, 22, 24, 34 and 210 bytes do not allow.
-fn device_row(ty: GgmlType, src: &[u8], dst: &mut [u8]) {
+/// of 18, 20, 22, 24, 34 and 210 bytes do not allow; FQ3 groups are 12 bytes.
+fn device_row(ty: WeightFormat, src: &[u8], dst: &mut [u8]) {
     let Some((block_bytes, fields)) = split_layout(ty) else {
         dst.copy_from_slice(src);
         return;
@@ -277,22 +347,12 @@ fn device_row(ty: GgmlType, src: &[u8], dst: &mut [u8]) {
     let nb = src.len() / block_bytes;
     let mut base = 0;
     for &field in fields {
-        let (offset, len) = match field {
-            Field::Bytes(offset, len) => (offset, len),
-            Field::FifthBits(offset) => (offset, 4),
-        };
+        let (offset, len, out_len) = (field.offset(), field.source_len(), field.device_len());
         for b in 0..nb {
             let from = &src[b * block_bytes + offset..b * block_bytes + offset + len];
-            let to = &mut dst[base + b * len..base + (b + 1) * len];
-            match field {
-                Field::Bytes(..) => to.copy_from_slice(from),
-                Field::FifthBits(_) => {
-                    let qh = u32::from_le_bytes([from[0], from[1], from[2], from[3]]);
-                    to.copy_from_slice(&fifth_bits_for_nibbles(qh).to_le_bytes());
-                }
-            }
+            field.write(from, &mut dst[base + b * out_len..base + (b + 1) * out_len]);
         }
-        base += nb * len;
+        base += nb * out_len;
     }
 }
 
@@ -328,10 +388,11 @@ mod tests {
     #[test]
     fn split_rows_keep_their_length_and_every_byte() {
         for ty in [
-            GgmlType::Q4_0,
-            GgmlType::Q4_1,
-            GgmlType::Q8_0,
-            GgmlType::Q6_K,
+            WeightFormat::Ggml(GgmlType::Q4_0),
+            WeightFormat::Ggml(GgmlType::Q4_1),
+            WeightFormat::Ggml(GgmlType::Q8_0),
+            WeightFormat::Ggml(GgmlType::Q6_K),
+            WeightFormat::Fq3,
         ] {
             let len = ty.block_bytes() * 3;
             let src: Vec<u8> = (0..len).map(|i| (i * 7 + 3) as u8).collect();
@@ -343,6 +404,33 @@ mod tests {
             b.sort_unstable();
             assert_eq!(a, b, "{ty:?}");
             assert_ne!(src, dst, "{ty:?}");
+        }
+    }
+
+    /// FQ3 rows become A[8 nb], B[8 nb], C[8 nb] (u32 words, group G = 8 b + g)
+    /// then the 16-byte heads, as shaders/dequant.glsl reads them.
+    #[test]
+    fn fq3_rows_split_into_word_planes_and_heads() {
+        let nb: usize = 3;
+        // Word i of the row holds i, so every word names its source position.
+        let src: Vec<u8> = (0..(nb * 28) as u32)
+            .flat_map(|i| i.to_le_bytes())
+            .collect();
+        let mut dst = vec![0u8; src.len()];
+        device_row(WeightFormat::Fq3, &src, &mut dst);
+        let word = |at: usize| u32::from_le_bytes(dst[at..at + 4].try_into().unwrap());
+        for b in 0..nb {
+            let block_word = 28 * b as u32;
+            for g in 0..8 {
+                let group = 8 * b + g;
+                let first = block_word + 4 + 3 * g as u32;
+                assert_eq!(word(4 * group), first, "A of group {group}");
+                assert_eq!(word(32 * nb + 4 * group), first + 1, "B of group {group}");
+                assert_eq!(word(64 * nb + 4 * group), first + 2, "C of group {group}");
+            }
+            for i in 0..4 {
+                assert_eq!(word(96 * nb + 16 * b + 4 * i), block_word + i as u32);
+            }
         }
     }
 }
