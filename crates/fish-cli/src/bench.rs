@@ -116,6 +116,12 @@ pub fn run(args: &BenchArgs) -> Result<()> {
         rows.push(batched_decode(args, model, b)?);
     }
 
+    if let Some(gpu) = model.gpu_describe() {
+        eprintln!("gpu: {gpu}");
+    }
+    if let Some(profile) = model.gpu_profile() {
+        eprintln!("span profile: {profile}");
+    }
     let mut out = std::io::stdout().lock();
     if args.json {
         let v: Vec<_> = rows

@@ -170,30 +170,42 @@ impl SplitMix {
     }
 }
 
-/// Writes rows of a random matrix, quantised, `ROWS` rows at a time in parallel.
+/// Distinct random rows quantised per tensor; the other rows repeat them.
+/// Quantising every row of an 8B shape costs minutes on 16 cores, while
+/// throughput does not depend on how many rows differ.
+const POOL_ROWS: usize = 256;
+
+/// Writes the rows of a random matrix, quantised: a pool of `POOL_ROWS`
+/// random rows (quantised in parallel), then every row taken from the pool
+/// in a scrambled order.
 fn write_random(
     out: &mut dyn Write,
     spec: &TensorSpec,
     seed: u64,
     std: f32,
 ) -> std::io::Result<()> {
-    const ROWS: usize = 256;
     let n_in = spec.dims[0] as usize;
     let n_rows: usize = spec.dims[1..].iter().product::<u64>() as usize;
     let row_bytes = spec.ty.bytes_for(n_in as u64).unwrap_or(0) as usize;
     // Uniform with this half-width has standard deviation `std`.
     let a = std * 3f32.sqrt();
-    for start in (0..n_rows).step_by(ROWS) {
-        let n = ROWS.min(n_rows - start);
-        let mut buf = vec![0u8; n * row_bytes];
-        buf.par_chunks_mut(row_bytes)
-            .enumerate()
-            .try_for_each(|(i, dst)| {
-                let mut rng =
-                    SplitMix(seed ^ ((start + i) as u64).wrapping_mul(0x2545_F491_4F6C_DD1D));
-                let row: Vec<f32> = (0..n_in).map(|_| rng.uniform(a)).collect();
-                fish_quant::quantize_row(spec.ty, &row, dst).map_err(std::io::Error::other)
-            })?;
+    let n_pool = POOL_ROWS.min(n_rows);
+    let mut pool = vec![0u8; n_pool * row_bytes];
+    pool.par_chunks_mut(row_bytes)
+        .enumerate()
+        .try_for_each(|(i, dst)| {
+            let mut rng = SplitMix(seed ^ (i as u64).wrapping_mul(0x2545_F491_4F6C_DD1D));
+            let row: Vec<f32> = (0..n_in).map(|_| rng.uniform(a)).collect();
+            fish_quant::quantize_row(spec.ty, &row, dst).map_err(std::io::Error::other)
+        })?;
+    let mut rng = SplitMix(seed);
+    let mut buf = Vec::with_capacity(n_pool * row_bytes);
+    for start in (0..n_rows).step_by(n_pool) {
+        buf.clear();
+        for _ in start..(start + n_pool).min(n_rows) {
+            let pick = (rng.next() % n_pool as u64) as usize;
+            buf.extend_from_slice(&pool[pick * row_bytes..(pick + 1) * row_bytes]);
+        }
         out.write_all(&buf)?;
     }
     Ok(())
