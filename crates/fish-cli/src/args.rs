@@ -61,6 +61,10 @@ pub struct GpuArgs {
     /// Layers to offload to the GPU (default: as many as fit; also FISH_GPU_LAYERS).
     #[arg(long = "n-gpu-layers", visible_alias = "ngl")]
     pub n_gpu_layers: Option<usize>,
+    /// Re-quantise the device copy of the weights: 1 every weight to FQ3, 2 Q5_K, Q6_K and
+    /// Q8_0 to Q4_K, 3 Q4_K to FQ3 and Q6_K to Q4_K (default: FISH_GPU_REQUANT, else 0).
+    #[arg(long = "requant", value_parser = clap::value_parser!(u8).range(0..=3))]
+    pub requant: Option<u8>,
 }
 
 impl GpuArgs {
@@ -70,6 +74,17 @@ impl GpuArgs {
             std::env::var("FISH_GPU_LAYERS")
                 .ok()
                 .and_then(|v| v.trim().parse().ok())
+        })
+    }
+
+    /// The re-quantisation level: the flag, else FISH_GPU_REQUANT, else 0.
+    pub fn requant_level(&self) -> u8 {
+        self.requant.unwrap_or_else(|| {
+            std::env::var("FISH_GPU_REQUANT")
+                .ok()
+                .and_then(|v| v.trim().parse().ok())
+                .filter(|&level| level <= 3)
+                .unwrap_or(0)
         })
     }
 }

@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
 use fish_core::chat::ChatTemplate;
-use fish_core::model::{Model, PlacementLimits};
+use fish_core::model::Model;
 use fish_core::tokenizer::Tokenizer;
 use fish_gguf::Gguf;
 use indicatif::{ProgressBar, ProgressStyle};
@@ -24,17 +24,20 @@ pub struct Loaded {
 /// places what fits on the GPU.
 pub fn load(path: &Path, gpu: &GpuArgs) -> Result<Loaded> {
     let t0 = Instant::now();
+    let mut loaded = load_cpu(path)?;
+    attach_gpu(&mut loaded.model, gpu);
+    loaded.load_time = t0.elapsed();
+    Ok(loaded)
+}
+
+/// Loads a model without touching the GPU.
+pub fn load_cpu(path: &Path) -> Result<Loaded> {
+    let t0 = Instant::now();
     let gguf = Arc::new(Gguf::open(path).with_context(|| path.display().to_string())?);
     let tokenizer = Tokenizer::from_gguf(&gguf).context("tokenizer")?;
     let template = ChatTemplate::from_gguf(&gguf, &tokenizer).context("chat template")?;
     warm_pages(&gguf);
-    let mut model = Model::from_gguf(gguf).with_context(|| path.display().to_string())?;
-    attach_gpu(
-        &mut model,
-        PlacementLimits {
-            max_layers: gpu.max_layers(),
-        },
-    );
+    let model = Model::from_gguf(gguf).with_context(|| path.display().to_string())?;
     Ok(Loaded {
         model,
         tokenizer,
@@ -43,12 +46,24 @@ pub fn load(path: &Path, gpu: &GpuArgs) -> Result<Loaded> {
     })
 }
 
+/// Places what fits on the GPU, unless FISH_GPU disables it or no device
+/// opens (then the model stays on the CPU).
 #[cfg(feature = "vulkan")]
-fn attach_gpu(model: &mut Model, limits: PlacementLimits) {
+pub fn attach_gpu(model: &mut Model, gpu: &GpuArgs) {
     let verbose = std::env::var("FISH_GPU_VERBOSE").is_ok_and(|v| v == "1");
+    let limits = fish_core::model::PlacementLimits {
+        max_layers: gpu.max_layers(),
+    };
     match fish_span::open_global() {
         Ok(backend) => {
-            let pb = bar(model.cfg.n_layer as u64, "uploading", Unit::Layers);
+            let level = gpu.requant_level();
+            backend.set_requant(fish_span::RequantMode::from_level(level).unwrap_or_default());
+            // Re-quantisation happens inside each upload, so the layer bar is its bar.
+            let what = match level {
+                0 => "uploading".to_owned(),
+                n => format!("re-quantising (mode {n}) and uploading"),
+            };
+            let pb = bar(model.cfg.n_layer as u64, &what, Unit::Layers);
             model.place_on_with_progress(backend, limits, &mut |p| {
                 pb.set_length(p.total as u64);
                 pb.set_position(p.done as u64);
@@ -61,7 +76,7 @@ fn attach_gpu(model: &mut Model, limits: PlacementLimits) {
 }
 
 #[cfg(not(feature = "vulkan"))]
-fn attach_gpu(_model: &mut Model, _limits: PlacementLimits) {}
+pub fn attach_gpu(_model: &mut Model, _gpu: &GpuArgs) {}
 
 /// Files at least this large get a progress bar while their pages are read in.
 const WARM_BAR_BYTES: u64 = 512 << 20;

@@ -2,10 +2,12 @@
 
 mod args;
 mod bench;
+mod divergence;
 mod info;
 mod load;
 mod mix;
 mod perplexity;
+mod quality;
 mod quantize;
 mod run;
 mod synth;
@@ -39,6 +41,9 @@ enum Command {
     Info(info::InfoArgs),
     /// Rewrite a model's weights in another type or mix, like llama-quantize.
     Quantize(quantize::QuantizeArgs),
+    /// Compare the GPU placement (and its re-quantisation) with the CPU:
+    /// top-1 agreement and KL over a teacher-forced greedy run.
+    Quality(quality::QualityArgs),
 }
 
 fn main() -> ExitCode {
@@ -59,6 +64,7 @@ fn main() -> ExitCode {
         Command::Synth(args) => synth::run(&args),
         Command::Info(args) => info::run(&args),
         Command::Quantize(args) => quantize::run(&args),
+        Command::Quality(args) => quality::run(&args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

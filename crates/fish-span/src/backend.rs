@@ -9,6 +9,9 @@ use fish_gguf::GgmlType;
 use fish_quant::Weights;
 use fish_vk::{Gpu, TensorHandle, VkError};
 
+use crate::requant::RequantMode;
+use crate::requant_mix::{describe_mix, RequantRecord};
+
 /// The device a backend runs on: the process-wide one (never torn down) or
 /// one it owns (released when the backend is dropped).
 enum Device {
@@ -21,6 +24,10 @@ pub struct VulkanBackend {
     handles: Mutex<HashMap<u64, TensorHandle>>,
     next_id: AtomicU64,
     note: Mutex<String>,
+    /// What uploads re-quantise to (FISH_GPU_REQUANT unless set).
+    requant: Mutex<RequantMode>,
+    /// What re-quantisation did to each resident tensor it applied to.
+    requant_records: Mutex<HashMap<u64, RequantRecord>>,
     /// The stage-2 span, between span_begin and span_end.
     pub(crate) span: Mutex<Option<fish_vk::Span>>,
 }
@@ -52,6 +59,8 @@ impl VulkanBackend {
             handles: Mutex::new(HashMap::new()),
             next_id: AtomicU64::new(1),
             note: Mutex::new(String::new()),
+            requant: Mutex::new(RequantMode::from_env()),
+            requant_records: Mutex::new(HashMap::new()),
             span: Mutex::new(None),
         }
     }
@@ -73,6 +82,36 @@ impl VulkanBackend {
         self.handles.lock().unwrap_or_else(|e| e.into_inner())
     }
 
+    /// The re-quantisation mode for later uploads (tensors already resident keep theirs).
+    pub fn set_requant(&self, mode: RequantMode) {
+        *self.requant.lock().unwrap_or_else(|e| e.into_inner()) = mode;
+    }
+
+    pub fn requant_mode(&self) -> RequantMode {
+        *self.requant.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn requant_records(&self) -> MutexGuard<'_, HashMap<u64, RequantRecord>> {
+        self.requant_records
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// What re-quantisation did to each resident tensor it applied to
+    /// (relative RMS error per tensor), in upload order.
+    pub fn requant_report(&self) -> Vec<RequantRecord> {
+        let records = self.requant_records();
+        let mut ids: Vec<_> = records.keys().copied().collect();
+        ids.sort_unstable();
+        ids.iter().map(|id| records[id].clone()).collect()
+    }
+
+    /// The device handle of a tensor this backend uploaded (tests compare
+    /// kernels on it).
+    pub fn device_handle(&self, id: TensorId) -> Option<TensorHandle> {
+        self.handles().get(&id.0).copied()
+    }
+
     pub(crate) fn handle(&self, id: TensorId) -> Result<TensorHandle, BackendError> {
         self.handles()
             .get(&id.0)
@@ -89,6 +128,9 @@ impl ComputeBackend for VulkanBackend {
     fn describe(&self) -> String {
         let note = self.note.lock().unwrap_or_else(|e| e.into_inner()).clone();
         let mut line = self.gpu().describe();
+        if let Some(mix) = describe_mix(self.requant_records().values()) {
+            line = format!("{line}, {mix}");
+        }
         if !note.is_empty() {
             line = format!("{line}; {note}");
         }
@@ -106,13 +148,13 @@ impl ComputeBackend for VulkanBackend {
         self.gpu().memory_free()
     }
 
-    fn upload(&self, _name: &str, w: Weights<'_>) -> Result<TensorId, BackendError> {
-        let h = self
-            .gpu()
-            .upload(w.ty, w.data, w.n_in, w.n_out)
-            .map_err(map_err)?;
+    fn upload(&self, name: &str, w: Weights<'_>) -> Result<TensorId, BackendError> {
+        let (h, record) = self.upload_requantized(name, &w)?;
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         self.handles().insert(id, h);
+        if let Some(record) = record {
+            self.requant_records().insert(id, record);
+        }
         Ok(TensorId(id))
     }
 
@@ -123,6 +165,7 @@ impl ComputeBackend for VulkanBackend {
     fn free(&self, id: TensorId) {
         let mut handles = self.handles();
         if let Some(h) = handles.remove(&id.0) {
+            self.requant_records().remove(&id.0);
             // A handle we hold is resident; a failure here means a lost device,
             // which later calls report.
             let _ = self.gpu().free(h);

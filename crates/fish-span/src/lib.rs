@@ -4,6 +4,12 @@
 //! (stage 2).
 
 mod backend;
+pub mod requant;
+pub mod requant_mix;
+mod requant_upload;
 mod span;
 
 pub use backend::{open_global, VulkanBackend};
+pub use requant::RequantMode;
+pub use requant_mix::{RequantOutcome, RequantRecord};
+pub use requant_upload::device_has;
