@@ -3,7 +3,7 @@
 use crate::bits::F16Bits;
 use crate::blocks::{ActFormat, BlockQ8K, BlockQ8_0, BlockQ8_1};
 use crate::error::QuantError;
-use crate::simd::{quantize_q8_block, ActScale};
+use crate::simd::{quantize_q8_block, quantize_q8_k_block, ActScale};
 use fish_gguf::GgmlType;
 use half::{bf16, f16};
 use rayon::prelude::*;
@@ -127,7 +127,7 @@ pub fn quantize_acts_into(
         GgmlType::BF16 => fill::<bf16>(acts, x, n_in)?,
         GgmlType::Q8_0 => fill_with::<BlockQ8_0>(acts, x, n_in, q8_0_rows)?,
         GgmlType::Q8_1 => fill_with::<BlockQ8_1>(acts, x, n_in, q8_1_rows)?,
-        GgmlType::Q8_K => fill::<BlockQ8K>(acts, x, n_in)?,
+        GgmlType::Q8_K => fill_with::<BlockQ8K>(acts, x, n_in, q8_k_rows)?,
         other => return Err(QuantError::Unsupported(other)),
     }
     acts.dot_type = Some(dot_type);
@@ -169,6 +169,19 @@ fn q8_1_rows(x: &[f32], out: &mut [BlockQ8_1]) {
                 b.s = F16Bits::from_f32(d * sum as f32);
             }
             None => BlockQ8_1::quantize_acts(x, std::slice::from_mut(b)),
+        }
+    }
+}
+
+/// Q8_K activations, SIMD per block where possible (bit-identical to
+/// `BlockQ8K::quantize`, which handles the other blocks).
+fn q8_k_rows(x: &[f32], out: &mut [BlockQ8K]) {
+    for (b, x) in out.iter_mut().zip(x.chunks_exact(256)) {
+        let done = <&[f32; 256]>::try_from(x)
+            .ok()
+            .is_some_and(|xb| quantize_q8_k_block(xb, b));
+        if !done {
+            *b = BlockQ8K::quantize(x);
         }
     }
 }

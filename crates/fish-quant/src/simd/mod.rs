@@ -273,3 +273,17 @@ pub(crate) fn quantize_q8_block(x: &[f32; 32], qs: &mut [i8; 32]) -> Option<(f32
     let _ = (x, qs);
     None
 }
+
+/// Quantises 256 activations the Q8_K way into `out` with SIMD where the
+/// CPU has it; false (nothing written) where the portable code must do it
+/// (no SIMD, or a non-finite value).
+#[inline]
+pub(crate) fn quantize_q8_k_block(x: &[f32; 256], out: &mut crate::blocks::BlockQ8K) -> bool {
+    #[cfg(target_arch = "x86_64")]
+    if simd_level() != SimdLevel::Portable {
+        // SAFETY: every level above portable has AVX2.
+        return unsafe { quant_acts::q8_k_block(x, out) };
+    }
+    let _ = (x, out);
+    false
+}

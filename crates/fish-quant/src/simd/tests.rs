@@ -208,6 +208,41 @@ fn simd_activation_quantisation_is_bit_identical() {
     }
 }
 
+/// The SIMD Q8_K quantiser writes exactly the bytes of the portable one:
+/// a zero block, exact .5 ties, huge and tiny magnitudes, a maximum whose
+/// magnitude recurs with the other sign (the first one sets the scale's
+/// sign), a negative maximum, and blocks with NaN or infinities.
+#[test]
+fn simd_q8_k_activation_quantisation_is_bit_identical() {
+    use crate::blocks::BlockQ8K;
+    let mut x = pseudo_random(256 * 10, 9);
+    x[..256].fill(0.0);
+    for (i, v) in x[256..512].iter_mut().enumerate() {
+        *v = ((i % 64) as f32 - 32.0) * 0.25;
+    }
+    x[512..768].iter_mut().for_each(|v| *v *= 1e30);
+    x[768..1024].iter_mut().for_each(|v| *v *= 1e-30);
+    x[1024 + 40] = -7.0;
+    x[1024 + 41] = 7.0;
+    x[1280 + 100] = 9.0;
+    x[1280 + 200] = -9.0;
+    x[1536 + 3] = f32::NAN;
+    x[1792 + 250] = f32::INFINITY;
+    x[2048 + 7] = f32::MAX;
+    let got = quantize_acts(crate::GgmlType::Q8_K, &x, 2, x.len() / 2).unwrap();
+    let crate::acts::ActsData::Q8K(got) = &got.data else {
+        panic!("Q8_K activations stored in another format");
+    };
+    let want: Vec<BlockQ8K> = x.chunks_exact(256).map(BlockQ8K::quantize).collect();
+    for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+        let (g, w): (&[u8], &[u8]) = (bytemuck::bytes_of(g), bytemuck::bytes_of(w));
+        assert_eq!(g, w, "block {i} differs from the portable quantiser");
+    }
+    assert_eq!(got.len(), want.len());
+    // The sign of the first maximum: -7 comes before 7, 9 before -9.
+    assert!(want[4].d > 0.0 && want[5].d < 0.0);
+}
+
 /// For the 32-value formats the tile kernels must give the per-row SIMD dot
 /// product bit for bit: both keep 8 f32 lanes of 4-byte integer sums, scale
 /// and add them block by block, then sum the lanes, as ggml's x86 kernels do.
