@@ -244,3 +244,82 @@ fn partial_rows_and_missing_kernels_keep_their_type_and_are_counted() {
         .expect("upload");
     assert_eq!(gpu.requant_report().len(), 2);
 }
+
+/// Qwen2.5-Coder-1.5B Q4_K_M (scripts/fetch-model.sh qwen15): run when
+/// present, required when listed in FISH_TEST_MODELS.
+fn qwen15() -> Option<fish_gguf::Gguf> {
+    let file = "qwen2.5-coder-1.5b-instruct-q4_k_m.gguf";
+    let listed =
+        std::env::var("FISH_TEST_MODELS").is_ok_and(|v| v.split(' ').any(|m| m == "qwen15"));
+    let path = common::model_path(file);
+    assert!(path.exists() || !listed, "{file} is listed but missing");
+    if !path.exists() {
+        eprintln!("skipping: {file} is not fetched");
+        return None;
+    }
+    Some(fish_gguf::Gguf::open(path).expect("open"))
+}
+
+/// Seed 000's measured errors on blk.0 (Q6_K -> Q4_K 7.3-7.5%, Q4_K -> FQ3
+/// 13.9-14.6%), with room for single tensors.
+fn error_ceiling(target: RequantTarget) -> f64 {
+    match target {
+        RequantTarget::Q4K => 0.08,
+        RequantTarget::Fq3 => 0.16,
+    }
+}
+
+#[test]
+fn qwen15_blk0_projections_in_mode_3_report_their_error_and_match_the_cpu() {
+    let Some(g) = qwen15() else {
+        return;
+    };
+    let Some(gpu) = backend_with(RequantMode::Mixed) else {
+        return;
+    };
+    let names = [
+        "attn_q",
+        "attn_k",
+        "attn_v",
+        "attn_output",
+        "ffn_gate",
+        "ffn_up",
+        "ffn_down",
+    ];
+    for name in names {
+        let info = g.tensor(&format!("blk.0.{name}.weight")).expect("tensor");
+        let (n_in, n_out) = (info.dims[0] as usize, info.dims[1] as usize);
+        let data = g.tensor_data(info);
+        let id = gpu
+            .upload(
+                &info.name,
+                Weights::new(info.ty, data, n_in, n_out).unwrap(),
+            )
+            .expect("upload");
+        let report = gpu.requant_report();
+        let record = report.last().expect("mode 3 names Q4_K and Q6_K");
+        eprintln!("{}", record.line());
+        let weights = match record.outcome {
+            RequantOutcome::Converted { to, rel_rms, .. } => {
+                assert!(rel_rms <= error_ceiling(to), "{}", record.line());
+                let r = requantize(info.ty, data, n_in, n_out, to).expect("requantize");
+                decode_target(to, &r.bytes, n_in)
+            }
+            RequantOutcome::Kept(_) => decode(info.ty, data, n_in),
+        };
+        for n_tok in [1, 3] {
+            let x = values(n_in * n_tok, 200 + n_tok as u64);
+            let y = gpu.matmul(id, &x, n_tok).expect("matmul");
+            check_against_decoded(
+                &weights,
+                n_in,
+                &x,
+                n_tok,
+                &y,
+                &format!("{name} n_tok {n_tok}"),
+            );
+        }
+        gpu.free(id);
+    }
+    assert_eq!(gpu.gpu().validation_messages(), 0);
+}
