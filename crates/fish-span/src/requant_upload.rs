@@ -5,34 +5,23 @@ use fish_core::backend::BackendError;
 use fish_gguf::GgmlType;
 use fish_quant::requant::{requantize, RequantTarget};
 use fish_quant::Weights;
-use fish_vk::{Gpu, TensorHandle, VkError};
+use fish_vk::{TensorHandle, WeightFormat};
 
 use crate::backend::{map_err, VulkanBackend};
 use crate::requant::{plan, Conversion, KeptReason};
 use crate::requant_mix::{RequantOutcome, RequantRecord};
 
-/// Whether the device runs the kernels of a re-quantisation target. FQ3 has
-/// no GGUF type id; until fish-vk runs FQ3 matmuls, weights bound for FQ3
-/// keep their source type (and the mix counts them as kept).
+/// Whether the device runs the kernels of a re-quantisation target (weights
+/// bound for a target without kernels keep their source type, counted as kept).
 pub fn device_has(target: RequantTarget) -> bool {
-    match target {
-        RequantTarget::Q4K => fish_vk::supports(GgmlType::Q4_K),
-        RequantTarget::Fq3 => false,
-    }
+    fish_vk::supports(device_format(target))
 }
 
-/// Uploads re-quantised rows in the target's device format.
-fn upload_as(
-    gpu: &Gpu,
-    target: RequantTarget,
-    bytes: &[u8],
-    n_in: usize,
-    n_out: usize,
-) -> Result<TensorHandle, VkError> {
+/// The device format of a re-quantisation target (FQ3 has no GGUF type id).
+fn device_format(target: RequantTarget) -> WeightFormat {
     match target {
-        RequantTarget::Q4K => gpu.upload(GgmlType::Q4_K, bytes, n_in, n_out),
-        // `device_has` keeps FQ3 conversions from getting here.
-        RequantTarget::Fq3 => Err(VkError::Shape("the device has no FQ3 kernels".into())),
+        RequantTarget::Q4K => WeightFormat::Ggml(GgmlType::Q4_K),
+        RequantTarget::Fq3 => WeightFormat::Fq3,
     }
 }
 
@@ -62,8 +51,9 @@ impl VulkanBackend {
             Conversion::Convert(target) => {
                 match requantize(w.ty, w.data, w.n_in, w.n_out, target) {
                     Ok(r) => {
-                        let h =
-                            upload_as(gpu, target, &r.bytes, w.n_in, w.n_out).map_err(map_err)?;
+                        let h = gpu
+                            .upload(device_format(target), &r.bytes, w.n_in, w.n_out)
+                            .map_err(map_err)?;
                         let outcome = RequantOutcome::Converted {
                             to: target,
                             bytes: r.bytes.len() as u64,

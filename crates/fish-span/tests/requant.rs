@@ -115,10 +115,12 @@ fn conversions() -> Vec<(RequantMode, GgmlType, RequantTarget)> {
 fn gpu_kernels_match_the_cpu_decode_of_the_same_re_quantised_bytes() {
     let (n_in, n_out) = (512, 37);
     let cases = conversions();
-    assert!(
-        cases.iter().any(|c| c.2 == RequantTarget::Q4K),
-        "Q4_K kernels exist, so mode 2 must convert"
-    );
+    for target in [RequantTarget::Q4K, RequantTarget::Fq3] {
+        assert!(
+            cases.iter().any(|c| c.2 == target),
+            "the device runs {target:?} kernels, so some mode must convert to it"
+        );
+    }
     for (mode, ty, target) in cases {
         let Some(gpu) = backend_with(mode) else {
             return;
@@ -127,9 +129,11 @@ fn gpu_kernels_match_the_cpu_decode_of_the_same_re_quantised_bytes() {
         let w = Weights::new(ty, &src, n_in, n_out).expect("weights");
         let id = gpu.upload("w", w).expect("upload");
         let on_device = gpu.device_handle(id).expect("resident");
-        if target == RequantTarget::Q4K {
-            assert_eq!(on_device.ty(), GgmlType::Q4_K, "{mode:?} {ty:?}");
-        }
+        let format = match target {
+            RequantTarget::Q4K => fish_vk::WeightFormat::Ggml(GgmlType::Q4_K),
+            RequantTarget::Fq3 => fish_vk::WeightFormat::Fq3,
+        };
+        assert_eq!(on_device.ty(), format, "{mode:?} {ty:?}");
         let requantized = requantize(ty, &src, n_in, n_out, target).expect("requantize");
         let decoded = decode_target(target, &requantized.bytes, n_in);
         for n_tok in [1, 3, 37] {
