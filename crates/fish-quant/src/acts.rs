@@ -3,7 +3,7 @@
 use crate::bits::F16Bits;
 use crate::blocks::{ActFormat, BlockQ8K, BlockQ8_0, BlockQ8_1};
 use crate::error::QuantError;
-use crate::simd::{quantize_q8_block, quantize_q8_k_block, ActScale};
+use crate::simd::{quantize_q8_block, quantize_q8_k_block, ActScale, LaneOffsets};
 use fish_gguf::GgmlType;
 use half::{bf16, f16};
 use rayon::prelude::*;
@@ -209,6 +209,24 @@ fn fill_with<A: ActFormat>(
         quantize(x, out);
     }
     Ok(())
+}
+
+/// The [`LaneOffsets`] of Q8_0 activations for codes stored as `q + k`,
+/// into `out`, laid out as the blocks; false for other formats.
+pub(crate) fn lane_offsets(acts: &QuantizedActs, k: i32, out: &mut Vec<LaneOffsets>) -> bool {
+    out.clear();
+    let ActsData::Q8_0(v) = &acts.data else {
+        return false;
+    };
+    out.extend(v.iter().map(|b| {
+        LaneOffsets(core::array::from_fn(|l| {
+            -k * b.qs[4 * l..4 * l + 4]
+                .iter()
+                .map(|&q| q as i32)
+                .sum::<i32>()
+        }))
+    }));
+    true
 }
 
 /// The per-block scales of Q8_0, Q8_1 or Q8_K activations as the tile

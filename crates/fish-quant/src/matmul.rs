@@ -1,11 +1,11 @@
 //! `y = W x` for a batch of tokens, rows split across the current rayon pool.
 
-use crate::acts::{dot_type, quantize_acts_into, tile_scales, QuantizedActs};
+use crate::acts::{dot_type, lane_offsets, quantize_acts_into, tile_scales, QuantizedActs};
 use crate::blocks::{ActFormat, BlockFormat};
 use crate::dispatch::with_block_type;
 use crate::error::QuantError;
 use crate::rows::{is_supported, row_bytes};
-use crate::simd::{tile_kernels, ActScale, Tile, TileKernels, TILE_ROWS};
+use crate::simd::{code_offset, tile_kernels, ActScale, LaneOffsets, Tile, TileKernels, TILE_ROWS};
 use fish_gguf::GgmlType;
 use rayon::prelude::*;
 use std::cell::RefCell;
@@ -66,8 +66,8 @@ impl<'a> Weights<'a> {
 thread_local! {
     /// Activation storage reused across calls, so decode allocates nothing.
     static SCRATCH_ACTS: RefCell<QuantizedActs> = RefCell::new(QuantizedActs::default());
-    /// Activation scales of the tile kernels, reused across calls.
-    static SCRATCH_SCALES: RefCell<Vec<ActScale>> = const { RefCell::new(Vec::new()) };
+    /// Activation scales and lane offsets of the tile kernels, reused across calls.
+    static SCRATCH_TILE_ACTS: RefCell<TileActs> = const { RefCell::new(TileActs::new()) };
 }
 
 /// `y[t * n_out + o] = dot(row o of w, x[t * n_in .. (t + 1) * n_in])` for
@@ -146,9 +146,11 @@ fn run<B: BlockFormat>(
         .checked_mul(TILE_ROWS)
         .is_some_and(|b| b <= i32::MAX as usize);
     if let Some(kernels) = tile_kernels(w.ty).filter(|_| offsets_fit) {
-        let ran = SCRATCH_SCALES.with(|cell| {
-            let mut scales = cell.take();
-            let ran = tile_scales(acts, &mut scales);
+        let ran = SCRATCH_TILE_ACTS.with(|cell| {
+            let mut tile_acts = cell.take();
+            let TileActs { scales, offsets } = &mut tile_acts;
+            let ran = tile_scales(acts, scales)
+                && code_offset(w.ty).is_none_or(|k| lane_offsets(acts, k, offsets));
             if ran {
                 let geometry = TiledMatmul {
                     w: w.data,
@@ -157,12 +159,13 @@ fn run<B: BlockFormat>(
                     acts: bytemuck::cast_slice(a),
                     act_row_bytes: apr * size_of::<B::Act>(),
                     apr,
-                    scales: &scales,
+                    scales,
+                    offsets: code_offset(w.ty).map(|_| &offsets[..]),
                     n_tok: acts.n_tok,
                 };
                 geometry.run(kernels, y);
             }
-            cell.replace(scales);
+            cell.replace(tile_acts);
             ran
         });
         if ran {
@@ -225,7 +228,25 @@ struct TiledMatmul<'a> {
     act_row_bytes: usize,
     apr: usize,
     scales: &'a [ActScale],
+    /// Laid out as `scales`, for formats with a code offset.
+    offsets: Option<&'a [LaneOffsets]>,
     n_tok: usize,
+}
+
+/// The per-call activation data of the tile kernels.
+#[derive(Default)]
+struct TileActs {
+    scales: Vec<ActScale>,
+    offsets: Vec<LaneOffsets>,
+}
+
+impl TileActs {
+    const fn new() -> Self {
+        Self {
+            scales: Vec::new(),
+            offsets: Vec::new(),
+        }
+    }
 }
 
 impl TiledMatmul<'_> {
@@ -238,6 +259,7 @@ impl TiledMatmul<'_> {
         debug_assert_eq!(self.w.len(), self.row_bytes * n_out);
         debug_assert_eq!(self.acts.len(), self.act_row_bytes * n_tok);
         debug_assert_eq!(self.scales.len(), self.apr * n_tok);
+        debug_assert!(self.offsets.is_none_or(|o| o.len() == self.apr * n_tok));
         debug_assert_eq!(y.len(), n_out * n_tok);
         let groups = n_out.div_ceil(TILE_ROWS);
         let group_bytes = self.row_bytes * TILE_ROWS;
@@ -269,13 +291,16 @@ impl TiledMatmul<'_> {
                         a: self.acts[t0 * self.act_row_bytes..].as_ptr(),
                         act_row_bytes: self.act_row_bytes,
                         scales: self.scales[t0 * self.apr..].as_ptr(),
+                        offsets: self
+                            .offsets
+                            .map_or(core::ptr::null(), |o| o[t0 * self.apr..].as_ptr()),
                         apr: self.apr,
                         toks: (n_tok - t0).min(step),
                         y: out.at(t0 * n_out + r),
                         y_stride: n_out,
                     };
                     // SAFETY: the tile's rows r..r + rows lie in w, its
-                    // tokens t0..t0 + toks in acts and scales (lengths
+                    // tokens t0..t0 + toks in acts, scales and offsets (lengths
                     // checked by the caller), and it writes y[t * n_out + r']
                     // for those rows and tokens only: disjoint across tasks.
                     unsafe { kernel(&tile) };

@@ -121,6 +121,25 @@ pub(crate) struct ActScale {
     pub aux: u32,
 }
 
+/// What one Q8_0 activation block contributes to each of the 8 i32 lanes
+/// of a dot product with codes stored as `q + K` (formats without a min):
+/// `-K` times the sum of the lane's 4 activations. The same for every
+/// weight row, so it is computed once per matmul call rather than per tile.
+#[derive(Clone, Copy, Debug, Default, bytemuck::Pod, bytemuck::Zeroable)]
+#[repr(C, align(32))]
+pub(crate) struct LaneOffsets(pub [i32; 8]);
+
+/// `K` of the codes `q + K` that the tile kernels use for weight type `ty`
+/// (formats whose values are `d * (q - K)`), `None` for the others.
+pub(crate) fn code_offset(ty: GgmlType) -> Option<i32> {
+    match ty {
+        GgmlType::Q4_0 => Some(8),
+        GgmlType::Q5_0 => Some(16),
+        GgmlType::Q8_0 => Some(128),
+        _ => None,
+    }
+}
+
 /// One tile of a matmul: `rows` (1..=4) consecutive weight rows times
 /// `toks` consecutive tokens, `y[k * y_stride + r] = dot(row r, token k)`.
 pub(crate) struct Tile {
@@ -134,6 +153,9 @@ pub(crate) struct Tile {
     pub act_row_bytes: usize,
     /// `apr` scales per token, first token first.
     pub scales: *const ActScale,
+    /// `apr` lane offsets per token, laid out as `scales`; read only by
+    /// the tiles of formats with a [`code_offset`].
+    pub offsets: *const LaneOffsets,
     /// Blocks per row (weights and activations alike).
     pub apr: usize,
     pub toks: usize,

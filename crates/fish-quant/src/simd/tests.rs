@@ -314,6 +314,10 @@ fn wide_tiles_are_bit_identical_to_256_bit_tiles() {
             let acts = quantize_acts(crate::dot_type(B::TYPE), &x, n_tok, n_in).unwrap();
             let mut scales = Vec::new();
             assert!(crate::acts::tile_scales(&acts, &mut scales));
+            let mut offsets = Vec::new();
+            if let Some(k) = code_offset(B::TYPE) {
+                assert!(crate::acts::lane_offsets(&acts, k, &mut offsets));
+            }
             let a: &[B::Act] = <B::Act as ActFormat>::view(&acts.data).unwrap();
             let apr = n_in / 32;
             let narrow = unsafe { avx512::tiles::tiles::<F>() };
@@ -330,6 +334,7 @@ fn wide_tiles_are_bit_identical_to_256_bit_tiles() {
                         a: bytemuck::cast_slice::<B::Act, u8>(a).as_ptr(),
                         act_row_bytes: apr * size_of::<B::Act>(),
                         scales: scales.as_ptr(),
+                        offsets: offsets.as_ptr(),
                         apr,
                         toks,
                         y: y.as_mut_ptr(),

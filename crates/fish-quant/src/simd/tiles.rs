@@ -13,7 +13,9 @@
 //! Numerics are those of the row kernels, bit for bit: for every block the
 //! exact integer lane sums (the codes' offset enters each lane as `-K` times
 //! its own activations), scaled by `d_w * d_a` with one fused multiply-add
-//! per block; min terms `m_w * s_a` are accumulated separately.
+//! per block; min terms `m_w * s_a` are accumulated separately. The
+//! offset terms (`-K` times each lane's activations, for codes stored as
+//! `q + K`) come precomputed per activation block ([`super::LaneOffsets`]).
 
 /// The layout of one 32-value weight format, as a const generic selector.
 pub(crate) mod fmt {
@@ -40,16 +42,6 @@ pub(crate) mod fmt {
         matches!(f, Q4_1 | Q5_1)
     }
 
-    /// `K` of `d * (q - K)`, for formats without a min.
-    pub const fn code_offset(f: u8) -> i32 {
-        match f {
-            Q4_0 => 8,
-            Q5_0 => 16,
-            Q8_0 => 128,
-            _ => 0,
-        }
-    }
-
     /// Offset of the 32 signed codes inside an activation block (Q8_1
     /// carries `s` after `d`).
     pub const fn act_qs(f: u8) -> usize {
@@ -64,7 +56,7 @@ pub(crate) mod fmt {
 macro_rules! define_tiles {
     ($features:literal, $dot_u8_i8:path, $max_tok:literal) => {
         use crate::simd::tiles::fmt;
-        use crate::simd::{ActScale, Tile};
+        use crate::simd::{ActScale, LaneOffsets, Tile};
         use core::arch::x86_64::*;
 
         /// `acc` plus the sums of 4 adjacent byte products (x unsigned, y signed).
@@ -139,6 +131,8 @@ macro_rules! define_tiles {
                 core::array::from_fn(|k| t.a.add(k.min(toks - 1) * t.act_row_bytes));
             let sc: [*const ActScale; T] =
                 core::array::from_fn(|k| t.scales.add(k.min(toks - 1) * t.apr));
+            let offsets: [*const LaneOffsets; T] =
+                core::array::from_fn(|k| t.offsets.wrapping_add(k.min(toks - 1) * t.apr));
             let gather_idx = _mm_setr_epi32(
                 row_off[0] as i32,
                 row_off[1] as i32,
@@ -162,18 +156,14 @@ macro_rules! define_tiles {
                     let ab = a[k].add(b * (fmt::act_qs(F) + 32));
                     let av = _mm256_loadu_si256(ab.add(fmt::act_qs(F)) as *const __m256i);
                     // Without a min the codes are stored as q + K; each lane
-                    // subtracts K times its own 4 activations, so that lane
+                    // starts at -K times its own 4 activations, so that lane
                     // sums are those of the signed products (q - K) * a, as in
                     // ggml's kernels: the lanes are scaled and summed in f32,
                     // and a different split between lanes rounds differently.
                     let init = if fmt::has_min(F) {
                         _mm256_setzero_si256()
                     } else {
-                        let k = _mm256_set1_epi8(fmt::code_offset(F) as u8 as i8);
-                        _mm256_sub_epi32(
-                            _mm256_setzero_si256(),
-                            dot_acc(_mm256_setzero_si256(), k, av),
-                        )
+                        _mm256_load_si256(offsets[k].add(b) as *const __m256i)
                     };
                     let scale = if fmt::has_min(F) {
                         // (d_a, s_a) pairs: lanes 2r = d_w d_a, 2r + 1 = m_w s_a.

@@ -11,7 +11,7 @@
 
 use super::avx512::tiles::codes;
 use super::tiles::fmt;
-use super::{prefetch_distance, prefetch_lines, ActScale, Tile};
+use super::{prefetch_distance, prefetch_lines, ActScale, LaneOffsets, Tile};
 use core::arch::x86_64::*;
 
 /// The lane sum of the 256-bit tile, on one half of a 512-bit accumulator.
@@ -73,6 +73,8 @@ pub(crate) unsafe fn tile<const F: u8, const T: usize>(t: &Tile) {
     let w: [*const u8; 4] = core::array::from_fn(|r| t.w.add(row_off[r]));
     let a: [*const u8; T] = core::array::from_fn(|k| t.a.add(k.min(toks - 1) * t.act_row_bytes));
     let sc: [*const ActScale; T] = core::array::from_fn(|k| t.scales.add(k.min(toks - 1) * t.apr));
+    let offsets: [*const LaneOffsets; T] =
+        core::array::from_fn(|k| t.offsets.wrapping_add(k.min(toks - 1) * t.apr));
     let gather_idx = _mm_setr_epi32(
         row_off[0] as i32,
         row_off[1] as i32,
@@ -104,15 +106,11 @@ pub(crate) unsafe fn tile<const F: u8, const T: usize>(t: &Tile) {
             let ab = a[k].add(b * act_bytes + fmt::act_qs(F));
             let av = _mm512_broadcast_i64x4(_mm256_loadu_si256(ab as *const __m256i));
             // As in the 256-bit tile: without a min the codes are q + K and
-            // each lane subtracts K times its own 4 activations.
+            // each lane starts at -K times its own 4 activations.
             let init = if fmt::has_min(F) {
                 _mm512_setzero_si512()
             } else {
-                let k = _mm512_set1_epi8(fmt::code_offset(F) as u8 as i8);
-                _mm512_sub_epi32(
-                    _mm512_setzero_si512(),
-                    _mm512_dpbusd_epi32(_mm512_setzero_si512(), k, av),
-                )
+                _mm512_broadcast_i64x4(_mm256_load_si256(offsets[k].add(b) as *const __m256i))
             };
             let scale = if fmt::has_min(F) {
                 let pair = _mm256_castsi256_ps(_mm256_set1_epi64x(
