@@ -3,10 +3,11 @@
 use crate::bits::F16Bits;
 use crate::blocks::{ActFormat, BlockQ8K, BlockQ8_0, BlockQ8_1};
 use crate::error::QuantError;
-use crate::simd::{quantize_q8_block, quantize_q8_k_block, ActScale, LaneOffsets};
+use crate::simd::{quantize_q8_block, quantize_q8_k_block, ActScale, CodeOffset, LaneOffsets};
 use fish_gguf::GgmlType;
 use half::{bf16, f16};
 use rayon::prelude::*;
+use std::sync::OnceLock;
 
 /// Storage for activations in one of the dot-product formats.
 #[derive(Clone, Debug, Default)]
@@ -56,6 +57,7 @@ pub struct QuantizedActs {
     pub(crate) dot_type: Option<GgmlType>,
     pub(crate) n_tok: usize,
     pub(crate) n_in: usize,
+    pub(crate) tiles: TileCache,
 }
 
 impl QuantizedActs {
@@ -131,6 +133,7 @@ pub fn quantize_acts_into(
         other => return Err(QuantError::Unsupported(other)),
     }
     acts.dot_type = Some(dot_type);
+    acts.tiles = TileCache::default();
     acts.n_tok = n_tok;
     acts.n_in = n_in;
     Ok(())
@@ -211,40 +214,67 @@ fn fill_with<A: ActFormat>(
     Ok(())
 }
 
-/// The [`LaneOffsets`] of Q8_0 activations for codes stored as `q + k`,
-/// into `out`, laid out as the blocks; false for other formats.
-pub(crate) fn lane_offsets(acts: &QuantizedActs, k: i32, out: &mut Vec<LaneOffsets>) -> bool {
-    out.clear();
-    let ActsData::Q8_0(v) = &acts.data else {
-        return false;
-    };
-    out.extend(v.iter().map(|b| {
-        LaneOffsets(core::array::from_fn(|l| {
-            -k * b.qs[4 * l..4 * l + 4]
-                .iter()
-                .map(|&q| q as i32)
-                .sum::<i32>()
-        }))
-    }));
-    true
+/// Per-block data of the tile kernels, derived from the activations on
+/// first use and shared by every matmul with the same input (q/k/v,
+/// gate/up).
+#[derive(Clone, Debug, Default)]
+pub(crate) struct TileCache {
+    scales: OnceLock<Option<Vec<ActScale>>>,
+    /// One slot per code offset `K`, as indexed by [`CodeOffset::index`].
+    offsets: [OnceLock<Option<Vec<LaneOffsets>>>; CodeOffset::COUNT],
 }
 
-/// The per-block scales of Q8_0, Q8_1 or Q8_K activations as the tile
-/// kernels read them (see [`ActScale`]; Q8_K: `d` only), into `out`; false
-/// for other formats.
-pub(crate) fn tile_scales(acts: &QuantizedActs, out: &mut Vec<ActScale>) -> bool {
-    out.clear();
-    match &acts.data {
-        ActsData::Q8_0(v) => out.extend(v.iter().map(|b| ActScale {
-            d: b.d.to_f32(),
-            aux: b.qs.iter().map(|&q| q as i32).sum::<i32>() as u32,
-        })),
-        ActsData::Q8_1(v) => out.extend(v.iter().map(|b| ActScale {
-            d: b.d.to_f32(),
-            aux: b.s.to_f32().to_bits(),
-        })),
-        ActsData::Q8K(v) => out.extend(v.iter().map(|b| ActScale { d: b.d, aux: 0 })),
-        _ => return false,
+/// Blocks below which the tile data is derived on the calling thread.
+const PARALLEL_TILE_BLOCKS: usize = 8192;
+
+/// Maps every block of `blocks` through `f`, on the pool when there are many.
+fn map_blocks<A: Sync, T: Send>(blocks: &[A], f: impl Fn(&A) -> T + Sync + Send) -> Vec<T> {
+    if blocks.len() >= PARALLEL_TILE_BLOCKS {
+        blocks.par_iter().map(f).collect()
+    } else {
+        blocks.iter().map(f).collect()
     }
-    true
+}
+
+impl QuantizedActs {
+    /// The per-block scales as the tile kernels read them (see
+    /// [`ActScale`]; Q8_K: `d` only); `None` for formats without tiles.
+    pub(crate) fn tile_scales(&self) -> Option<&[ActScale]> {
+        self.tiles
+            .scales
+            .get_or_init(|| match &self.data {
+                ActsData::Q8_0(v) => Some(map_blocks(v, |b| ActScale {
+                    d: b.d.to_f32(),
+                    aux: 0,
+                })),
+                ActsData::Q8_1(v) => Some(map_blocks(v, |b| ActScale {
+                    d: b.d.to_f32(),
+                    aux: b.s.to_f32().to_bits(),
+                })),
+                ActsData::Q8K(v) => Some(map_blocks(v, |b| ActScale { d: b.d, aux: 0 })),
+                _ => None,
+            })
+            .as_deref()
+    }
+
+    /// The [`LaneOffsets`] of Q8_0 activations for codes stored as `q + K`,
+    /// laid out as the blocks; `None` for other formats.
+    pub(crate) fn lane_offsets(&self, k: CodeOffset) -> Option<&[LaneOffsets]> {
+        self.tiles.offsets[k.index()]
+            .get_or_init(|| {
+                let ActsData::Q8_0(v) = &self.data else {
+                    return None;
+                };
+                let k = k.value();
+                Some(map_blocks(v, |b| {
+                    LaneOffsets(core::array::from_fn(|l| {
+                        -k * b.qs[4 * l..4 * l + 4]
+                            .iter()
+                            .map(|&q| q as i32)
+                            .sum::<i32>()
+                    }))
+                }))
+            })
+            .as_deref()
+    }
 }

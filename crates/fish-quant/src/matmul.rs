@@ -1,11 +1,11 @@
 //! `y = W x` for a batch of tokens, rows split across the current rayon pool.
 
-use crate::acts::{dot_type, lane_offsets, quantize_acts_into, tile_scales, QuantizedActs};
+use crate::acts::{dot_type, quantize_acts_into, QuantizedActs};
 use crate::blocks::{ActFormat, BlockFormat};
 use crate::dispatch::with_block_type;
 use crate::error::QuantError;
 use crate::rows::{is_supported, row_bytes};
-use crate::simd::{code_offset, tile_kernels, ActScale, LaneOffsets, Tile, TileKernels, TILE_ROWS};
+use crate::simd::{tile_kernels, ActScale, CodeOffset, LaneOffsets, Tile, TileKernels, TILE_ROWS};
 use fish_gguf::GgmlType;
 use rayon::prelude::*;
 use std::cell::RefCell;
@@ -66,8 +66,6 @@ impl<'a> Weights<'a> {
 thread_local! {
     /// Activation storage reused across calls, so decode allocates nothing.
     static SCRATCH_ACTS: RefCell<QuantizedActs> = RefCell::new(QuantizedActs::default());
-    /// Activation scales and lane offsets of the tile kernels, reused across calls.
-    static SCRATCH_TILE_ACTS: RefCell<TileActs> = const { RefCell::new(TileActs::new()) };
 }
 
 /// `y[t * n_out + o] = dot(row o of w, x[t * n_in .. (t + 1) * n_in])` for
@@ -146,29 +144,23 @@ fn run<B: BlockFormat>(
         .checked_mul(TILE_ROWS)
         .is_some_and(|b| b <= i32::MAX as usize);
     if let Some(kernels) = tile_kernels(w.ty).filter(|_| offsets_fit) {
-        let ran = SCRATCH_TILE_ACTS.with(|cell| {
-            let mut tile_acts = cell.take();
-            let TileActs { scales, offsets } = &mut tile_acts;
-            let ran = tile_scales(acts, scales)
-                && code_offset(w.ty).is_none_or(|k| lane_offsets(acts, k, offsets));
-            if ran {
-                let geometry = TiledMatmul {
-                    w: w.data,
-                    row_bytes,
-                    n_out: w.n_out,
-                    acts: bytemuck::cast_slice(a),
-                    act_row_bytes: apr * size_of::<B::Act>(),
-                    apr,
-                    scales,
-                    offsets: code_offset(w.ty).map(|_| &offsets[..]),
-                    n_tok: acts.n_tok,
-                };
-                geometry.run(kernels, y);
-            }
-            cell.replace(tile_acts);
-            ran
-        });
-        if ran {
+        let offsets = match CodeOffset::of(w.ty) {
+            Some(k) => acts.lane_offsets(k).map(Some),
+            None => Some(None),
+        };
+        if let (Some(scales), Some(offsets)) = (acts.tile_scales(), offsets) {
+            let geometry = TiledMatmul {
+                w: w.data,
+                row_bytes,
+                n_out: w.n_out,
+                acts: bytemuck::cast_slice(a),
+                act_row_bytes: apr * size_of::<B::Act>(),
+                apr,
+                scales,
+                offsets,
+                n_tok: acts.n_tok,
+            };
+            geometry.run(kernels, y);
             return Ok(());
         }
     }
@@ -231,22 +223,6 @@ struct TiledMatmul<'a> {
     /// Laid out as `scales`, for formats with a code offset.
     offsets: Option<&'a [LaneOffsets]>,
     n_tok: usize,
-}
-
-/// The per-call activation data of the tile kernels.
-#[derive(Default)]
-struct TileActs {
-    scales: Vec<ActScale>,
-    offsets: Vec<LaneOffsets>,
-}
-
-impl TileActs {
-    const fn new() -> Self {
-        Self {
-            scales: Vec::new(),
-            offsets: Vec::new(),
-        }
-    }
 }
 
 impl TiledMatmul<'_> {

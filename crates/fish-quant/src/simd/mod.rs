@@ -111,9 +111,9 @@ select!(best_q4_k_dot, BlockQ4K, q4_k);
 select!(best_q5_k_dot, BlockQ5K, q5_k);
 select!(best_q6_k_dot, BlockQ6K, q6_k);
 
-/// One activation block's scale, converted once per matmul call: `d` as
-/// f32, and `aux` the f32 bits of `s` (Q8_1) or the code sum `sum(qs)` as
-/// an i32 (Q8_0), which carries the weights' code offset.
+/// One activation block's scale, converted once per set of activations:
+/// `d` as f32, and `aux` the f32 bits of `s` (Q8_1; 0 for the others, whose
+/// code offsets come as [`LaneOffsets`]).
 #[derive(Clone, Copy, Debug, Default, bytemuck::Pod, bytemuck::Zeroable)]
 #[repr(C)]
 pub(crate) struct ActScale {
@@ -129,14 +129,42 @@ pub(crate) struct ActScale {
 #[repr(C, align(32))]
 pub(crate) struct LaneOffsets(pub [i32; 8]);
 
-/// `K` of the codes `q + K` that the tile kernels use for weight type `ty`
-/// (formats whose values are `d * (q - K)`), `None` for the others.
-pub(crate) fn code_offset(ty: GgmlType) -> Option<i32> {
-    match ty {
-        GgmlType::Q4_0 => Some(8),
-        GgmlType::Q5_0 => Some(16),
-        GgmlType::Q8_0 => Some(128),
-        _ => None,
+/// `K` of the codes `q + K` that the tile kernels use for the formats whose
+/// values are `d * (q - K)`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum CodeOffset {
+    /// Q4_0.
+    K8,
+    /// Q5_0.
+    K16,
+    /// Q8_0 (signed codes as unsigned bytes).
+    K128,
+}
+
+impl CodeOffset {
+    pub const COUNT: usize = 3;
+
+    /// The offset of weight type `ty`'s tile codes, `None` for formats
+    /// with a min or without tiles.
+    pub fn of(ty: GgmlType) -> Option<Self> {
+        match ty {
+            GgmlType::Q4_0 => Some(Self::K8),
+            GgmlType::Q5_0 => Some(Self::K16),
+            GgmlType::Q8_0 => Some(Self::K128),
+            _ => None,
+        }
+    }
+
+    pub fn value(self) -> i32 {
+        match self {
+            Self::K8 => 8,
+            Self::K16 => 16,
+            Self::K128 => 128,
+        }
+    }
+
+    pub fn index(self) -> usize {
+        self as usize
     }
 }
 
@@ -154,7 +182,7 @@ pub(crate) struct Tile {
     /// `apr` scales per token, first token first.
     pub scales: *const ActScale,
     /// `apr` lane offsets per token, laid out as `scales`; read only by
-    /// the tiles of formats with a [`code_offset`].
+    /// the tiles of formats with a [`CodeOffset`].
     pub offsets: *const LaneOffsets,
     /// Blocks per row (weights and activations alike).
     pub apr: usize,

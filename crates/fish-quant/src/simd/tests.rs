@@ -312,12 +312,9 @@ fn wide_tiles_are_bit_identical_to_256_bit_tiles() {
                 .collect();
             let x = pseudo_random(n_in * n_tok, 11);
             let acts = quantize_acts(crate::dot_type(B::TYPE), &x, n_tok, n_in).unwrap();
-            let mut scales = Vec::new();
-            assert!(crate::acts::tile_scales(&acts, &mut scales));
-            let mut offsets = Vec::new();
-            if let Some(k) = code_offset(B::TYPE) {
-                assert!(crate::acts::lane_offsets(&acts, k, &mut offsets));
-            }
+            let scales = acts.tile_scales().unwrap();
+            let offsets =
+                CodeOffset::of(B::TYPE).map_or(&[][..], |k| acts.lane_offsets(k).unwrap());
             let a: &[B::Act] = <B::Act as ActFormat>::view(&acts.data).unwrap();
             let apr = n_in / 32;
             let narrow = unsafe { avx512::tiles::tiles::<F>() };
