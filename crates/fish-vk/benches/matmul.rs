@@ -208,5 +208,45 @@ fn bench_tiled(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(benches, bench_matvec, bench_matvec_batch, bench_tiled);
+/// The cooperative-matrix kernel where the device has one, at the same
+/// shape and batch as `tiled` on the 4096 x 14336 matrix (GFLOP/s as above).
+/// FISH_VK_COOPMAT_TILE / FISH_VK_COOPMAT_LOAD_DWORDS pick the tile (docs/GPU.md).
+fn bench_coopmat(c: &mut Criterion) {
+    let Some(gpu) = fish_vk::global() else { return };
+    let Some(tile) = gpu.coopmat_tile_in_use() else {
+        eprintln!("coopmat: skipped, no cooperative matrices on this device");
+        return;
+    };
+    eprintln!("coopmat: {}", tile.describe());
+    let mut group = c.benchmark_group("coopmat");
+    group
+        .sample_size(10)
+        .measurement_time(Duration::from_secs(3));
+    let (n_in, n_out) = shapes()[1];
+    for ty in TYPES {
+        let Some((handles, _)) = upload_copies(gpu, ty, n_in, n_out) else {
+            continue;
+        };
+        let flops = 2 * n_in as u64 * n_out as u64 * TILED_TOKENS as u64;
+        group.throughput(Throughput::Elements(flops));
+        group.bench_function(
+            format!("{}/{n_in}x{n_out}/n_tok{TILED_TOKENS}", ty.name()),
+            |b| {
+                b.iter_custom(|iters| gpu_time(gpu, &handles, TILED_TOKENS, Kernel::CoopMat, iters))
+            },
+        );
+        for h in handles {
+            let _ = gpu.free(h);
+        }
+    }
+    group.finish();
+}
+
+criterion_group!(
+    benches,
+    bench_matvec,
+    bench_matvec_batch,
+    bench_tiled,
+    bench_coopmat
+);
 criterion_main!(benches);

@@ -27,14 +27,39 @@ pub const SPAN_MODULES: &[(&str, &str)] = &[
     ("span_attention", "span_attention.comp"),
 ];
 
-/// Arguments every module is compiled with (part of the staleness hash).
+/// Arguments every glslc module is compiled with (part of the staleness hash).
 pub const GLSLC_ARGS: &[&str] = &["--target-env=vulkan1.1", "-O"];
+
+/// Arguments of the glslangValidator modules (part of their staleness hash).
+/// SPIR-V 1.3 with SPV_KHR_cooperative_matrix and SPV_KHR_vulkan_memory_model,
+/// which a Vulkan 1.1 device takes with those extensions enabled.
+pub const GLSLANG_ARGS: &[&str] = &["-V", "--target-env", "vulkan1.1"];
+
+/// The compiler a module needs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ShaderCompiler {
+    /// glslc (Debian 12's works); build.rs compiles these when it finds one.
+    Glslc,
+    /// glslangValidator with GL_KHR_cooperative_matrix (glslc 2023.2 lacks it):
+    /// only `cargo xtask shaders` runs it; builds embed the prebuilt module.
+    GlslangCoopMat,
+}
+
+impl ShaderCompiler {
+    pub fn args(self) -> &'static [&'static str] {
+        match self {
+            ShaderCompiler::Glslc => GLSLC_ARGS,
+            ShaderCompiler::GlslangCoopMat => GLSLANG_ARGS,
+        }
+    }
+}
 
 /// One SPIR-V module: its name, its GLSL source file in shaders/ and its defines.
 pub struct ShaderSpec {
     pub name: String,
     pub source: &'static str,
     pub defines: Vec<String>,
+    pub compiler: ShaderCompiler,
 }
 
 /// Every module, in a fixed order.
@@ -46,16 +71,31 @@ pub fn shader_specs() -> Vec<ShaderSpec> {
             name: format!("matvec_{suffix}"),
             source: "matvec.comp",
             defines: vec![type_define.clone()],
+            compiler: ShaderCompiler::Glslc,
         });
         specs.push(ShaderSpec {
             name: format!("matvec_subgroup_{suffix}"),
             source: "matvec.comp",
             defines: vec![type_define.clone(), "USE_SUBGROUP".to_string()],
+            compiler: ShaderCompiler::Glslc,
+        });
+        specs.push(ShaderSpec {
+            name: format!("coopmat_{suffix}"),
+            source: "matmul_coopmat.comp",
+            defines: vec![type_define.clone()],
+            compiler: ShaderCompiler::GlslangCoopMat,
+        });
+        specs.push(ShaderSpec {
+            name: format!("coopmat_emu_{suffix}"),
+            source: "matmul_coopmat.comp",
+            defines: vec![type_define.clone(), "EMULATE_COOPMAT".to_string()],
+            compiler: ShaderCompiler::Glslc,
         });
         specs.push(ShaderSpec {
             name: format!("tiled_{suffix}"),
             source: "matmul_tiled.comp",
             defines: vec![type_define],
+            compiler: ShaderCompiler::Glslc,
         });
     }
     for (name, source) in SPAN_MODULES {
@@ -63,6 +103,7 @@ pub fn shader_specs() -> Vec<ShaderSpec> {
             name: name.to_string(),
             source,
             defines: Vec::new(),
+            compiler: ShaderCompiler::Glslc,
         });
     }
     specs
@@ -116,7 +157,7 @@ pub fn spec_hash(dir: &std::path::Path, spec: &ShaderSpec) -> std::io::Result<u6
     for d in &spec.defines {
         fnv1a(&mut hash, d.as_bytes());
     }
-    for a in GLSLC_ARGS {
+    for a in spec.compiler.args() {
         fnv1a(&mut hash, a.as_bytes());
     }
     hash_file(dir, spec.source, &mut hash, &mut Vec::new())?;
@@ -143,26 +184,32 @@ pub fn glslc_works(glslc: &std::path::Path) -> bool {
         .unwrap_or(false)
 }
 
-/// Compiles one module to `out`; the error carries glslc's message.
+/// Compiles one module to `out` with `compiler` (the program that
+/// spec.compiler names); the error carries the compiler's message.
 pub fn compile(
-    glslc: &std::path::Path,
+    compiler: &std::path::Path,
     dir: &std::path::Path,
     spec: &ShaderSpec,
     out: &std::path::Path,
 ) -> Result<(), String> {
-    let mut cmd = std::process::Command::new(glslc);
-    cmd.args(GLSLC_ARGS);
+    let mut cmd = std::process::Command::new(compiler);
+    cmd.args(spec.compiler.args());
     for d in &spec.defines {
         cmd.arg(format!("-D{d}"));
     }
     cmd.arg(dir.join(spec.source)).arg("-o").arg(out);
-    let output = cmd.output().map_err(|e| format!("running glslc: {e}"))?;
+    let output = cmd
+        .output()
+        .map_err(|e| format!("running {}: {e}", compiler.display()))?;
     if output.status.success() {
         Ok(())
     } else {
+        // glslangValidator reports errors on stdout, glslc on stderr.
         Err(format!(
-            "glslc failed on {}: {}",
+            "{} failed on {}: {}{}",
+            compiler.display(),
             spec.name,
+            String::from_utf8_lossy(&output.stdout),
             String::from_utf8_lossy(&output.stderr)
         ))
     }

@@ -1,6 +1,7 @@
 //! Physical-device selection and the logical device with its one queue.
 
 use crate::config::{Config, CpuDevices, QueuePreference};
+use crate::coopmat::{CoopMatFeatures, CoopMatTile};
 use crate::error::{Result, VkCall, VkError};
 use ash::{ext, vk};
 
@@ -26,6 +27,11 @@ pub struct DeviceInfo {
     pub memory_budget_ext: bool,
     /// Nanoseconds per timestamp tick; None when the queue has no timestamps.
     pub timestamp_period_ns: Option<f64>,
+    /// maxComputeSharedMemorySize and maxComputeWorkGroupInvocations.
+    pub max_shared_memory: u32,
+    pub max_workgroup_threads: u32,
+    /// The cooperative-matrix prefill tile; None: plain tiles (coopmat.rs).
+    pub cooperative_matrix: Option<CoopMatTile>,
 }
 
 /// Lower is better; None: never chosen automatically.
@@ -180,6 +186,9 @@ fn describe_physical(
         heap_size,
         memory_budget_ext,
         timestamp_period_ns,
+        max_shared_memory: props.limits.max_compute_shared_memory_size,
+        max_workgroup_threads: props.limits.max_compute_work_group_invocations,
+        cooperative_matrix: None,
     })
 }
 
@@ -197,9 +206,16 @@ pub(crate) fn create_logical(
     if info.memory_budget_ext {
         exts.push(ext::memory_budget::NAME.as_ptr());
     }
-    let create = vk::DeviceCreateInfo::default()
+    let mut coop_features = CoopMatFeatures::enabled();
+    if info.cooperative_matrix.is_some() {
+        exts.extend(CoopMatFeatures::extension_names());
+    }
+    let mut create = vk::DeviceCreateInfo::default()
         .queue_create_infos(&queues)
         .enabled_extension_names(&exts);
+    if info.cooperative_matrix.is_some() {
+        create = coop_features.chain(create);
+    }
     // SAFETY: the create info refers to locals alive across the call.
     let device =
         unsafe { instance.create_device(physical, &create, None) }.call("vkCreateDevice")?;

@@ -30,6 +30,8 @@ pub enum VkError {
     Input(String),
     #[error("embedded shader {0} is missing or invalid")]
     Shader(String),
+    #[error("kernel not available on this device: {0}")]
+    KernelUnavailable(String),
 }
 
 /// Attaches the name of the Vulkan call to a raw result.

@@ -4,6 +4,7 @@
 use crate::budget::{self, Budget};
 use crate::buffer::{Buffer, MemoryKind};
 use crate::config::Config;
+use crate::coopmat;
 use crate::device::{self, DeviceInfo};
 use crate::error::{Result, VkCall, VkError};
 use crate::instance::Instance;
@@ -56,7 +57,13 @@ impl Gpu {
         }
         let entry = loader::load_entry(config.loader.as_deref())?;
         let instance = Instance::create(entry, config)?;
-        let (physical, info) = device::select(&instance.raw, config)?;
+        let (physical, mut info) = device::select(&instance.raw, config)?;
+        // SAFETY: `physical` was enumerated from this instance.
+        let prefill = unsafe { coopmat::probe(&instance.entry, &instance.raw, physical, &info) };
+        if config.verbose {
+            coopmat::log_choice(&prefill);
+        }
+        info.cooperative_matrix = prefill.ok();
         let (device, queue) = device::create_logical(&instance.raw, physical, &info)?;
         // From here on, failures must destroy what was created.
         let mut alloc_info = vk_mem::AllocatorCreateInfo::new(&instance.raw, &device, physical);

@@ -33,7 +33,8 @@ pub fn supports(ty: impl Into<WeightFormat>) -> bool {
 /// Which kernel computes a matmul.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Kernel {
-    /// Matvec up to MATVEC_MAX_TOKENS tokens, tiled above.
+    /// Matvec up to MATVEC_MAX_TOKENS tokens, above that
+    /// `Gpu::prefill_kernel()` (cooperative matrices where the device has them).
     Auto,
     /// The matvec kernel, reducing with subgroup arithmetic when the device has it.
     Matvec,
@@ -41,13 +42,19 @@ pub enum Kernel {
     MatvecSharedReduce,
     /// The tiled matmul kernel.
     Tiled,
+    /// The tiled kernel on cooperative matrices (coopmat.rs); an error on
+    /// devices without them.
+    CoopMat,
+    /// The cooperative-matrix kernel's tiling with the matrix operations
+    /// done by plain code, on any device: tests its staging paths; slow.
+    CoopMatEmulated,
 }
 
 impl Kernel {
-    fn resolve(self, n_tok: usize) -> Kernel {
+    fn resolve(self, n_tok: usize, prefill: Kernel) -> Kernel {
         match self {
             Kernel::Auto if n_tok <= MATVEC_MAX_TOKENS => Kernel::Matvec,
-            Kernel::Auto => Kernel::Tiled,
+            Kernel::Auto => prefill,
             k => k,
         }
     }
@@ -145,6 +152,8 @@ impl Gpu {
             Kernel::Matvec if self.info.subgroup_arithmetic => format!("matvec_subgroup_{suffix}"),
             Kernel::Matvec | Kernel::MatvecSharedReduce => format!("matvec_{suffix}"),
             Kernel::Tiled | Kernel::Auto => format!("tiled_{suffix}"),
+            Kernel::CoopMat => format!("coopmat_{suffix}"),
+            Kernel::CoopMatEmulated => format!("coopmat_emu_{suffix}"),
         }
     }
 
@@ -364,24 +373,30 @@ impl Gpu {
         n_tok: usize,
         kernel: Kernel,
     ) -> Result<Vec<Dispatch>> {
-        let kernel = kernel.resolve(n_tok);
+        let kernel = kernel.resolve(n_tok, self.prefill_kernel());
+        let coop_tile = self.coopmat_tile(kernel)?;
         let max_x = self.info.max_workgroups_x.clamp(1, 65535);
         let mut out = Vec::new();
         let mut y_base = 0u32;
         for t in tensors {
             let h = t.handle;
             let matvec = MatvecShape::new(h.ty(), kernel, n_tok);
-            let spec: &[u32] = match kernel {
-                Kernel::Tiled | Kernel::Auto => &[],
-                Kernel::Matvec | Kernel::MatvecSharedReduce => &matvec.spec(),
+            let spec: Vec<u32> = match (kernel, coop_tile) {
+                (Kernel::Matvec | Kernel::MatvecSharedReduce, _) => matvec.spec().to_vec(),
+                (_, Some(tile)) => tile.spec(),
+                _ => Vec::new(),
             };
             let pipeline =
                 self.pipelines
-                    .get(&self.device, &self.module_name(h.ty(), kernel), spec)?;
+                    .get(&self.device, &self.module_name(h.ty(), kernel), &spec)?;
             for c in &t.chunks {
                 let n_rows = c.n_rows as u32;
-                let (groups, groups_x) = match kernel {
-                    Kernel::Tiled => {
+                let (groups, groups_x) = match (kernel, coop_tile) {
+                    (_, Some(tile)) => {
+                        let groups = tile.groups(n_rows, n_tok as u32);
+                        (groups, groups.0)
+                    }
+                    (Kernel::Tiled, _) => {
                         let gx = n_rows.div_ceil(TILE_ROWS);
                         ((gx, (n_tok as u32).div_ceil(TILE_TOKENS)), gx)
                     }

@@ -8,6 +8,7 @@
 mod budget;
 mod buffer;
 mod config;
+mod coopmat;
 mod device;
 mod error;
 mod gpu;
@@ -17,11 +18,13 @@ mod loader;
 mod pipeline;
 pub mod span;
 mod status;
+mod tile_padding;
 mod upload;
 mod weight_format;
 
 pub use budget::Budget;
 pub use config::{Config, CpuDevices, QueuePreference};
+pub use coopmat::{CoopMatTile, WarpLayout};
 pub use device::DeviceInfo;
 pub use error::{Result, VkError};
 pub use gpu::Gpu;
@@ -32,5 +35,6 @@ pub use span::{
     SPAN_CHUNK_TOKENS,
 };
 pub use status::{enabled, global, status};
+pub use tile_padding::{padded_row_stride, PaddingRule, RowStride, SharedLayout};
 pub use upload::{TensorHandle, ROW_MULTIPLE};
 pub use weight_format::{WeightFormat, FQ3_BLOCK_BYTES, FQ3_BLOCK_VALUES};

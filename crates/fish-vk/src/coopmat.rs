@@ -1,0 +1,529 @@
+//! The cooperative-matrix prefill matmul (shaders/matmul_coopmat.comp): what
+//! the device must offer, the fragment shape taken from the shapes it
+//! reports, the workgroup tile and its shared-memory budget, and the device
+//! features that the module needs enabled.
+//!
+//! Devices without VK_KHR_cooperative_matrix (lavapipe, older drivers) keep
+//! the plain tiled kernel; the choice is printed once per device with
+//! FISH_GPU_VERBOSE=1.
+
+use crate::device::DeviceInfo;
+use crate::error::{Result, VkError};
+use crate::kernels::Kernel;
+use crate::tile_padding::{padded_row_stride, PaddingRule, RowStride, SharedLayout};
+use ash::{khr, vk};
+use std::ffi::CStr;
+
+/// Values of one staging step along n_in (the shader's BK) unless
+/// FISH_VK_COOPMAT_BK says otherwise; steps are multiples of this.
+pub const STEP_VALUES: u32 = 32;
+
+/// The workgroup tile of the cooperative-matrix kernel.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CoopMatTile {
+    /// Fragment shape (rows x tokens x depth) of one matrix instruction.
+    pub tm: u32,
+    pub tn: u32,
+    pub tk: u32,
+    /// Subgroups along rows and tokens.
+    pub warps_m: u32,
+    pub warps_n: u32,
+    /// Fragments per subgroup along rows and tokens.
+    pub frags_m: u32,
+    pub frags_n: u32,
+    /// Invocations per subgroup.
+    pub lanes: u32,
+    /// Values per staging step (BK, a multiple of STEP_VALUES).
+    pub k_step: u32,
+    /// Padded row stride of the staged tiles (tile_padding.rs).
+    pub stride: RowStride,
+    /// Shared memory one workgroup declares.
+    pub shared_bytes: u32,
+}
+
+/// Subgroups and fragments per subgroup, as FISH_VK_COOPMAT_TILE gives them,
+/// and the values per staging step (FISH_VK_COOPMAT_BK).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct WarpLayout {
+    pub warps_m: u32,
+    pub warps_n: u32,
+    pub frags_m: u32,
+    pub frags_n: u32,
+    pub k_step: u32,
+}
+
+/// 2 x 2 subgroups of 4 x 4 fragments: a 128 x 128 tile with 16 x 16 fragments.
+pub const DEFAULT_WARPS: WarpLayout = WarpLayout {
+    warps_m: 2,
+    warps_n: 2,
+    frags_m: 4,
+    frags_n: 4,
+    k_step: STEP_VALUES,
+};
+
+impl WarpLayout {
+    /// Parses "warps_m,warps_n,frags_m,frags_n" (each 1..=8).
+    pub fn parse(text: &str) -> Option<WarpLayout> {
+        let v: Vec<u32> = text
+            .split(',')
+            .map(|s| s.trim().parse().ok())
+            .collect::<Option<_>>()?;
+        match v[..] {
+            [warps_m, warps_n, frags_m, frags_n] if v.iter().all(|x| (1..=8).contains(x)) => {
+                Some(WarpLayout {
+                    warps_m,
+                    warps_n,
+                    frags_m,
+                    frags_n,
+                    k_step: STEP_VALUES,
+                })
+            }
+            _ => None,
+        }
+    }
+}
+
+/// What a device must satisfy for the tile to run.
+#[derive(Clone, Copy, Debug)]
+pub struct TileLimits {
+    pub max_shared_bytes: u32,
+    pub max_threads: u32,
+}
+
+impl CoopMatTile {
+    /// The tile for fragment shape (tm, tn, tk), `lanes` per subgroup and
+    /// `warps`, with its stride padded by `rule`; refused when the shared
+    /// memory or the invocation count exceeds the device's limits.
+    pub fn new(
+        shape: (u32, u32, u32),
+        lanes: u32,
+        warps: WarpLayout,
+        rule: PaddingRule,
+        limits: TileLimits,
+    ) -> std::result::Result<CoopMatTile, String> {
+        let (tm, tn, tk) = shape;
+        let k_step = warps.k_step;
+        if k_step == 0 || !k_step.is_multiple_of(STEP_VALUES) {
+            return Err(format!(
+                "steps of {k_step} values are not a multiple of {STEP_VALUES}"
+            ));
+        }
+        if tk == 0 || !STEP_VALUES.is_multiple_of(tk) || tm == 0 || tn == 0 {
+            return Err(format!(
+                "fragment {tm}x{tn}x{tk} does not fit {STEP_VALUES}-value steps"
+            ));
+        }
+        let threads = warps.warps_m * warps.warps_n * lanes;
+        if threads > limits.max_threads {
+            return Err(format!(
+                "{threads} invocations exceed the device's {}",
+                limits.max_threads
+            ));
+        }
+        let stride = padded_row_stride(k_step, rule);
+        let layout = SharedLayout {
+            a_rows: warps.warps_m * warps.frags_m * tm,
+            b_rows: warps.warps_n * warps.frags_n * tn,
+            stride,
+            c_values: warps.warps_m * warps.warps_n * tm * tn,
+        };
+        let shared_bytes = layout.check(limits.max_shared_bytes)?;
+        Ok(CoopMatTile {
+            tm,
+            tn,
+            tk,
+            warps_m: warps.warps_m,
+            warps_n: warps.warps_n,
+            frags_m: warps.frags_m,
+            frags_n: warps.frags_n,
+            lanes,
+            k_step,
+            stride,
+            shared_bytes,
+        })
+    }
+
+    /// Weight rows per workgroup (BM).
+    pub fn rows(&self) -> u32 {
+        self.warps_m * self.frags_m * self.tm
+    }
+
+    /// Tokens per workgroup (BN).
+    pub fn tokens(&self) -> u32 {
+        self.warps_n * self.frags_n * self.tn
+    }
+
+    pub fn threads(&self) -> u32 {
+        self.warps_m * self.warps_n * self.lanes
+    }
+
+    /// Specialisation constants in the shader's constant_id order.
+    pub(crate) fn spec(&self) -> Vec<u32> {
+        vec![
+            self.stride.dwords(),
+            self.tm,
+            self.tn,
+            self.tk,
+            self.warps_m,
+            self.warps_n,
+            self.frags_m,
+            self.frags_n,
+            self.lanes,
+            self.threads(),
+            self.k_step,
+        ]
+    }
+
+    /// Workgroups for a chunk of `n_rows` rows and `n_tok` tokens.
+    pub(crate) fn groups(&self, n_rows: u32, n_tok: u32) -> (u32, u32) {
+        (n_rows.div_ceil(self.rows()), n_tok.div_ceil(self.tokens()))
+    }
+
+    /// One line for logs and benchmark records.
+    pub fn describe(&self) -> String {
+        format!(
+            "{}x{}x{} f16 fragments, tile {}x{}x{} ({} subgroups of {}), row stride {} dwords, {} B shared",
+            self.tm,
+            self.tn,
+            self.tk,
+            self.rows(),
+            self.tokens(),
+            self.k_step,
+            self.warps_m * self.warps_n,
+            self.lanes,
+            self.stride.dwords(),
+            self.shared_bytes
+        )
+    }
+}
+
+/// Device extensions the cooperative-matrix module needs (the instance is
+/// Vulkan 1.1, so the 1.2 features come through their extensions).
+const EXTENSIONS: [&CStr; 3] = [
+    khr::cooperative_matrix::NAME,
+    khr::vulkan_memory_model::NAME,
+    khr::shader_float16_int8::NAME,
+];
+
+/// The feature structs to chain into vkCreateDevice when the tile is used.
+pub(crate) struct CoopMatFeatures {
+    coop: vk::PhysicalDeviceCooperativeMatrixFeaturesKHR<'static>,
+    memory_model: vk::PhysicalDeviceVulkanMemoryModelFeatures<'static>,
+    float16: vk::PhysicalDeviceShaderFloat16Int8Features<'static>,
+}
+
+impl CoopMatFeatures {
+    pub(crate) fn enabled() -> CoopMatFeatures {
+        CoopMatFeatures {
+            coop: vk::PhysicalDeviceCooperativeMatrixFeaturesKHR::default()
+                .cooperative_matrix(true),
+            memory_model: vk::PhysicalDeviceVulkanMemoryModelFeatures::default()
+                .vulkan_memory_model(true),
+            float16: vk::PhysicalDeviceShaderFloat16Int8Features::default().shader_float16(true),
+        }
+    }
+
+    pub(crate) fn extension_names() -> impl Iterator<Item = *const std::ffi::c_char> {
+        EXTENSIONS.into_iter().map(CStr::as_ptr)
+    }
+
+    /// Chains the features into a device create info.
+    pub(crate) fn chain<'a>(
+        &'a mut self,
+        info: vk::DeviceCreateInfo<'a>,
+    ) -> vk::DeviceCreateInfo<'a> {
+        info.push_next(&mut self.coop)
+            .push_next(&mut self.memory_model)
+            .push_next(&mut self.float16)
+    }
+}
+
+/// The fragment shape to use among those the device reports: f16 A and B,
+/// f32 accumulator and result, subgroup scope, depth dividing a staging
+/// step; 16x16x16 when offered, else the largest.
+pub fn pick_shape(props: &[vk::CooperativeMatrixPropertiesKHR<'_>]) -> Option<(u32, u32, u32)> {
+    use vk::ComponentTypeKHR as C;
+    props
+        .iter()
+        .filter(|p| {
+            p.a_type == C::FLOAT16
+                && p.b_type == C::FLOAT16
+                && p.c_type == C::FLOAT32
+                && p.result_type == C::FLOAT32
+                && p.scope == vk::ScopeKHR::SUBGROUP
+                && p.k_size > 0
+                && STEP_VALUES.is_multiple_of(p.k_size)
+                && p.m_size > 0
+                && p.n_size > 0
+        })
+        .map(|p| (p.m_size, p.n_size, p.k_size))
+        .max_by_key(|&(m, n, k)| ((m, n, k) == (16, 16, 16), m * n * k))
+}
+
+/// Tuning overrides (docs/GPU.md), read at device open.
+fn env_warps() -> WarpLayout {
+    let warps = std::env::var("FISH_VK_COOPMAT_TILE")
+        .ok()
+        .and_then(|v| WarpLayout::parse(&v))
+        .unwrap_or(DEFAULT_WARPS);
+    let k_step = std::env::var("FISH_VK_COOPMAT_BK")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .filter(|k: &u32| [32, 64, 128].contains(k));
+    WarpLayout {
+        k_step: k_step.unwrap_or(warps.k_step),
+        ..warps
+    }
+}
+
+fn env_rule() -> PaddingRule {
+    let load_dwords = std::env::var("FISH_VK_COOPMAT_LOAD_DWORDS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        // Only 16-byte multiples: coopMatLoad requires them (tile_padding.rs).
+        .filter(|&d: &u32| [4, 8, 16].contains(&d));
+    PaddingRule {
+        load_dwords: load_dwords.unwrap_or(PaddingRule::default().load_dwords),
+        ..PaddingRule::default()
+    }
+}
+
+fn env_disabled() -> bool {
+    matches!(
+        std::env::var("FISH_VK_COOPMAT").as_deref(),
+        Ok("0" | "off" | "false" | "no")
+    )
+}
+
+fn has_extension(exts: &[vk::ExtensionProperties], name: &CStr) -> bool {
+    exts.iter().any(|e| e.extension_name_as_c_str() == Ok(name))
+}
+
+/// The cooperative-matrix tile for this device, or why there is none.
+///
+/// # Safety
+/// `instance` must be a live instance created from `entry`, `physical` one of its devices.
+pub(crate) unsafe fn probe(
+    entry: &ash::Entry,
+    instance: &ash::Instance,
+    physical: vk::PhysicalDevice,
+    info: &DeviceInfo,
+) -> std::result::Result<CoopMatTile, String> {
+    if env_disabled() {
+        return Err("FISH_VK_COOPMAT=0".into());
+    }
+    let exts = unsafe { instance.enumerate_device_extension_properties(physical) }
+        .map_err(|e| format!("vkEnumerateDeviceExtensionProperties: {e}"))?;
+    if let Some(missing) = EXTENSIONS.iter().find(|n| !has_extension(&exts, n)) {
+        return Err(format!("no {}", missing.to_string_lossy()));
+    }
+    let mut coop = vk::PhysicalDeviceCooperativeMatrixFeaturesKHR::default();
+    let mut memory_model = vk::PhysicalDeviceVulkanMemoryModelFeatures::default();
+    let mut float16 = vk::PhysicalDeviceShaderFloat16Int8Features::default();
+    let mut features = vk::PhysicalDeviceFeatures2::default()
+        .push_next(&mut coop)
+        .push_next(&mut memory_model)
+        .push_next(&mut float16);
+    // SAFETY: a 1.1 query with extension structs the device advertises.
+    unsafe { instance.get_physical_device_features2(physical, &mut features) };
+    if coop.cooperative_matrix == vk::FALSE
+        || memory_model.vulkan_memory_model == vk::FALSE
+        || float16.shader_float16 == vk::FALSE
+    {
+        return Err("cooperativeMatrix, vulkanMemoryModel or shaderFloat16 not supported".into());
+    }
+    let loader = khr::cooperative_matrix::Instance::new(entry, instance);
+    // SAFETY: the device advertises the extension.
+    let props = unsafe { loader.get_physical_device_cooperative_matrix_properties(physical) }
+        .map_err(|e| format!("vkGetPhysicalDeviceCooperativeMatrixPropertiesKHR: {e}"))?;
+    let shape = pick_shape(&props).ok_or("no f16 x f16 -> f32 subgroup shape")?;
+    if info.subgroup_size == 0 {
+        return Err("subgroup size unknown".into());
+    }
+    let limits = unsafe { instance.get_physical_device_properties(physical) }.limits;
+    CoopMatTile::new(
+        shape,
+        info.subgroup_size,
+        env_warps(),
+        env_rule(),
+        TileLimits {
+            max_shared_bytes: limits.max_compute_shared_memory_size,
+            max_threads: limits.max_compute_work_group_invocations,
+        },
+    )
+}
+
+/// Prints the prefill kernel choice (called once per device open).
+pub(crate) fn log_choice(choice: &std::result::Result<CoopMatTile, String>) {
+    match choice {
+        Ok(tile) => eprintln!(
+            "fish-vk: prefill matmul: cooperative matrix, {}",
+            tile.describe()
+        ),
+        Err(why) => eprintln!(
+            "fish-vk: prefill matmul: plain tiles (cooperative matrix unavailable: {why})"
+        ),
+    }
+}
+
+/// The tile of the emulated module (`Kernel::CoopMatEmulated`): 16x16x16
+/// fragments in logical subgroups of 32, any device.
+pub(crate) fn emulated_tile(info: &DeviceInfo) -> Result<CoopMatTile> {
+    CoopMatTile::new(
+        (16, 16, 16),
+        32,
+        env_warps(),
+        env_rule(),
+        TileLimits {
+            max_shared_bytes: info.max_shared_memory,
+            max_threads: info.max_workgroup_threads,
+        },
+    )
+    .map_err(VkError::KernelUnavailable)
+}
+
+impl crate::gpu::Gpu {
+    /// The kernel for matmuls of many tokens (prefill chunks): `Kernel::CoopMat`
+    /// where the device has cooperative matrices, else `Kernel::Tiled`. Both
+    /// take the same bindings and push constants.
+    pub fn prefill_kernel(&self) -> Kernel {
+        match self.info.cooperative_matrix {
+            Some(_) => Kernel::CoopMat,
+            None => Kernel::Tiled,
+        }
+    }
+
+    /// The cooperative-matrix tile in use, if any.
+    pub fn coopmat_tile_in_use(&self) -> Option<CoopMatTile> {
+        self.info.cooperative_matrix
+    }
+
+    /// The tile of a cooperative-matrix `kernel` (None for the others).
+    pub(crate) fn coopmat_tile(&self, kernel: Kernel) -> Result<Option<CoopMatTile>> {
+        match kernel {
+            Kernel::CoopMat => self.info.cooperative_matrix.map(Some).ok_or_else(|| {
+                VkError::KernelUnavailable(format!(
+                    "{} has no usable cooperative matrices",
+                    self.info.name
+                ))
+            }),
+            Kernel::CoopMatEmulated => emulated_tile(&self.info).map(Some),
+            _ => Ok(None),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn limits() -> TileLimits {
+        TileLimits {
+            max_shared_bytes: 48 * 1024,
+            max_threads: 1024,
+        }
+    }
+
+    fn prop(
+        m: u32,
+        n: u32,
+        k: u32,
+        ab: vk::ComponentTypeKHR,
+    ) -> vk::CooperativeMatrixPropertiesKHR<'static> {
+        vk::CooperativeMatrixPropertiesKHR {
+            m_size: m,
+            n_size: n,
+            k_size: k,
+            a_type: ab,
+            b_type: ab,
+            c_type: vk::ComponentTypeKHR::FLOAT32,
+            result_type: vk::ComponentTypeKHR::FLOAT32,
+            scope: vk::ScopeKHR::SUBGROUP,
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn the_sixteen_cube_f16_shape_is_preferred() {
+        use vk::ComponentTypeKHR as C;
+        let props = [
+            prop(16, 8, 16, C::FLOAT16),
+            prop(16, 16, 32, C::SINT8),
+            prop(16, 16, 16, C::FLOAT16),
+            prop(32, 32, 16, C::SINT8),
+        ];
+        assert_eq!(pick_shape(&props), Some((16, 16, 16)));
+        assert_eq!(pick_shape(&props[..2]), Some((16, 8, 16)));
+        assert_eq!(pick_shape(&props[1..2]), None);
+        // A depth that does not divide a 32-value step is unusable.
+        assert_eq!(pick_shape(&[prop(16, 16, 24, C::FLOAT16)]), None);
+    }
+
+    #[test]
+    fn the_default_tile_is_128_square_and_fits_48_kib() {
+        let t = CoopMatTile::new(
+            (16, 16, 16),
+            32,
+            DEFAULT_WARPS,
+            PaddingRule::default(),
+            limits(),
+        )
+        .expect("fits");
+        assert_eq!((t.rows(), t.tokens(), t.threads()), (128, 128, 128));
+        assert_eq!(t.stride.dwords(), 20);
+        assert_eq!(t.shared_bytes, 256 * 80 + 4 * 4 * 256);
+        let spec = t.spec();
+        assert_eq!(spec.len(), 11);
+        assert_eq!(spec[10], 32);
+        assert_eq!(spec[0], 20);
+        assert_eq!(spec[9], 128);
+        assert_eq!(t.groups(129, 37), (2, 1));
+    }
+
+    #[test]
+    fn tiles_beyond_the_device_limits_are_refused() {
+        let big = WarpLayout {
+            warps_m: 4,
+            warps_n: 4,
+            frags_m: 8,
+            frags_n: 8,
+            k_step: 32,
+        };
+        let err = CoopMatTile::new((16, 16, 16), 32, big, PaddingRule::default(), limits());
+        assert!(err.is_err());
+        let many = WarpLayout {
+            warps_m: 8,
+            warps_n: 8,
+            frags_m: 1,
+            frags_n: 1,
+            k_step: 32,
+        };
+        let odd_step = WarpLayout {
+            k_step: 48,
+            ..DEFAULT_WARPS
+        };
+        assert!(
+            CoopMatTile::new((16, 16, 16), 32, odd_step, PaddingRule::default(), limits()).is_err()
+        );
+        let err =
+            CoopMatTile::new((16, 16, 16), 32, many, PaddingRule::default(), limits()).unwrap_err();
+        assert!(err.contains("2048 invocations"), "{err}");
+    }
+
+    #[test]
+    fn warp_layouts_parse_from_four_numbers() {
+        assert_eq!(
+            WarpLayout::parse("2,4,4,2"),
+            Some(WarpLayout {
+                warps_m: 2,
+                warps_n: 4,
+                frags_m: 4,
+                frags_n: 2,
+                k_step: 32,
+            })
+        );
+        assert_eq!(WarpLayout::parse("2,4,4"), None);
+        assert_eq!(WarpLayout::parse("2,4,0,2"), None);
+        assert_eq!(WarpLayout::parse("a,b,c,d"), None);
+    }
+}

@@ -1,0 +1,260 @@
+//! The cooperative-matrix prefill kernel against the CPU reference, for every
+//! weight type, at batch sizes and row counts that leave partial tiles.
+//!
+//! The kernel multiplies f16-rounded weights and inputs and accumulates in
+//! f32. Each output is checked twice: against the product of the f16-rounded
+//! values (computed in f64) within 1e-3 * sum|w||x| / n_out, which only the
+//! accumulation error may use, and against the exact product of the
+//! dequantised weights within 2^-10 * sum|w||x|, the bound that rounding
+//! both factors of every term to f16 guarantees.
+//!
+//! The emulated variant (plain code in place of the matrix instructions) runs
+//! on every device, lavapipe included; the real one where the device has
+//! cooperative matrices (the H200), and FISH_REQUIRE_COOPMAT=1 makes its
+//! absence a failure.
+
+mod common;
+
+use common::*;
+use fish_gguf::GgmlType;
+use fish_vk::{Gpu, Kernel};
+
+const TYPES: [GgmlType; 10] = [
+    GgmlType::F32,
+    GgmlType::F16,
+    GgmlType::Q4_0,
+    GgmlType::Q4_1,
+    GgmlType::Q5_0,
+    GgmlType::Q5_1,
+    GgmlType::Q8_0,
+    GgmlType::Q4_K,
+    GgmlType::Q5_K,
+    GgmlType::Q6_K,
+];
+
+/// 512 values: two K-quant super-blocks, sixteen 32-value steps.
+const N_IN: usize = 512;
+/// Not a multiple of any tile height: partial row tiles.
+const N_OUT: usize = 300;
+/// 37: one partial token tile; 256: whole tiles of 128 (and 64).
+const TOKENS: [usize; 2] = [37, 256];
+
+fn require_coopmat() -> bool {
+    std::env::var("FISH_REQUIRE_COOPMAT").as_deref() == Ok("1")
+}
+
+fn f16_round(v: f32) -> f64 {
+    f64::from(half::f16::from_f32(v).to_f32())
+}
+
+/// Checks y (n_tok x n_out) as the module documentation says; returns the
+/// worst error against the f16 reference as a fraction of its bound.
+fn check_f16_product(w: &Weights<'_>, x: &[f32], n_tok: usize, y: &[f32], what: &str) -> f64 {
+    let (n_in, n_out) = (w.n_in, w.n_out);
+    assert_eq!(y.len(), n_out * n_tok, "{what}: output length");
+    let row = fish_quant::row_bytes(w.ty, n_in).expect("row bytes");
+    let x16: Vec<f64> = x.iter().map(|&v| f16_round(v)).collect();
+    let mut deq = vec![0f32; n_in];
+    let mut worst = 0f64;
+    for o in 0..n_out {
+        fish_quant::dequant_row(w.ty, &w.bytes[o * row..(o + 1) * row], &mut deq).expect("dequant");
+        let w16: Vec<f64> = deq.iter().map(|&v| f16_round(v)).collect();
+        for t in 0..n_tok {
+            let xt = &x[t * n_in..(t + 1) * n_in];
+            let xt16 = &x16[t * n_in..(t + 1) * n_in];
+            let (mut exact, mut rounded, mut mag) = (0f64, 0f64, 0f64);
+            for i in 0..n_in {
+                let p = f64::from(deq[i]) * f64::from(xt[i]);
+                exact += p;
+                mag += p.abs();
+                rounded += w16[i] * xt16[i];
+            }
+            let got = f64::from(y[t * n_out + o]);
+            let bound = 1e-3 * mag / n_out as f64;
+            let err = (got - rounded).abs();
+            assert!(
+                err <= bound,
+                "{what}: y[t={t}, o={o}] = {got}, f16 reference {rounded} (error {err:e} > bound {bound:e})"
+            );
+            let f16_bound = mag / 1024.0;
+            assert!(
+                (got - exact).abs() <= f16_bound,
+                "{what}: y[t={t}, o={o}] = {got}, exact {exact} (beyond the f16 rounding bound {f16_bound:e})"
+            );
+            worst = worst.max(err / bound.max(f64::MIN_POSITIVE));
+        }
+    }
+    eprintln!("{what}: worst error {:.3}% of the bound", worst * 100.0);
+    worst
+}
+
+fn check_every_type(gpu: &Gpu, kernel: Kernel) {
+    for (i, ty) in TYPES.into_iter().enumerate() {
+        let w = synthetic_weights(ty, N_IN, N_OUT, 500 + i as u64);
+        let h = gpu.upload(ty, &w, N_IN, N_OUT).expect("upload");
+        for n_tok in TOKENS {
+            let x = random_values(N_IN * n_tok, 40 + n_tok as u64);
+            let y = gpu
+                .matmul_group_with(&[h], &x, n_tok, kernel)
+                .expect("matmul")
+                .remove(0);
+            let weights = Weights {
+                ty,
+                bytes: &w,
+                n_in: N_IN,
+                n_out: N_OUT,
+            };
+            check_f16_product(
+                &weights,
+                &x,
+                n_tok,
+                &y,
+                &format!("{ty:?} {kernel:?} n_tok={n_tok}"),
+            );
+        }
+        gpu.free(h).expect("free");
+    }
+    assert_no_validation_messages(gpu);
+}
+
+#[test]
+fn emulated_coopmat_kernel_matches_the_cpu_for_every_type() {
+    let Some(gpu) = gpu_or_skip() else { return };
+    check_every_type(gpu, Kernel::CoopMatEmulated);
+}
+
+#[test]
+fn coopmat_kernel_matches_the_cpu_for_every_type() {
+    let Some(gpu) = gpu_or_skip() else { return };
+    match gpu.coopmat_tile_in_use() {
+        Some(tile) => eprintln!("tile: {}", tile.describe()),
+        None if require_coopmat() => {
+            panic!("FISH_REQUIRE_COOPMAT=1 but {} has none", gpu.info().name)
+        }
+        None => {
+            eprintln!("skipped: {} has no cooperative matrices", gpu.info().name);
+            return;
+        }
+    }
+    check_every_type(gpu, Kernel::CoopMat);
+}
+
+#[test]
+fn wide_rows_stay_within_the_f16_bounds() {
+    // 4096 values (the width of 8B-class models) and a row count that is
+    // neither a tile multiple nor below one tile.
+    let Some(gpu) = gpu_or_skip() else { return };
+    let kernel = match gpu.coopmat_tile_in_use() {
+        Some(_) => Kernel::CoopMat,
+        None => Kernel::CoopMatEmulated,
+    };
+    let (n_in, n_out, n_tok) = (4096usize, 136usize, 37usize);
+    for ty in [GgmlType::Q4_K, GgmlType::F16] {
+        let w = synthetic_weights(ty, n_in, n_out, 900);
+        let h = gpu.upload(ty, &w, n_in, n_out).expect("upload");
+        let x = random_values(n_in * n_tok, 901);
+        let y = gpu
+            .matmul_group_with(&[h], &x, n_tok, kernel)
+            .expect("matmul")
+            .remove(0);
+        let weights = Weights {
+            ty,
+            bytes: &w,
+            n_in,
+            n_out,
+        };
+        check_f16_product(
+            &weights,
+            &x,
+            n_tok,
+            &y,
+            &format!("{ty:?} {kernel:?} 4096 wide"),
+        );
+        gpu.free(h).expect("free");
+    }
+    assert_no_validation_messages(gpu);
+}
+
+#[test]
+fn rows_of_an_odd_number_of_32_value_steps_are_complete() {
+    // 544 = 17 x 32 values: with FISH_VK_COOPMAT_BK=64 or 128 the last step
+    // is partly past the row's end and must count as zeros.
+    let Some(gpu) = gpu_or_skip() else { return };
+    let (n_in, n_out, n_tok) = (544usize, 70usize, 19usize);
+    let mut kernels = vec![Kernel::CoopMatEmulated];
+    if gpu.coopmat_tile_in_use().is_some() {
+        kernels.push(Kernel::CoopMat);
+    }
+    for kernel in kernels {
+        for ty in [GgmlType::Q8_0, GgmlType::F16] {
+            let w = synthetic_weights(ty, n_in, n_out, 31);
+            let h = gpu.upload(ty, &w, n_in, n_out).expect("upload");
+            let x = random_values(n_in * n_tok, 32);
+            let y = gpu
+                .matmul_group_with(&[h], &x, n_tok, kernel)
+                .expect("matmul")
+                .remove(0);
+            let weights = Weights {
+                ty,
+                bytes: &w,
+                n_in,
+                n_out,
+            };
+            check_f16_product(
+                &weights,
+                &x,
+                n_tok,
+                &y,
+                &format!("{ty:?} {kernel:?} 544 wide"),
+            );
+            gpu.free(h).expect("free");
+        }
+    }
+    assert_no_validation_messages(gpu);
+}
+
+#[test]
+fn prefill_uses_the_plain_tile_exactly_without_cooperative_matrices() {
+    let Some(gpu) = gpu_or_skip() else { return };
+    let expected = match gpu.coopmat_tile_in_use() {
+        Some(_) => Kernel::CoopMat,
+        None => Kernel::Tiled,
+    };
+    assert_eq!(gpu.prefill_kernel(), expected);
+    let ty = GgmlType::Q4_K;
+    let w = synthetic_weights(ty, N_IN, N_OUT, 77);
+    let h = gpu.upload(ty, &w, N_IN, N_OUT).expect("upload");
+    let n_tok = 37;
+    let x = random_values(N_IN * n_tok, 78);
+    // matmul() picks the prefill kernel above the matvec batch sizes, with
+    // results identical to asking for that kernel.
+    let auto = gpu.matmul(h, &x, n_tok).expect("auto");
+    let chosen = gpu
+        .matmul_group_with(&[h], &x, n_tok, expected)
+        .expect("chosen")
+        .remove(0);
+    assert!(
+        auto.iter()
+            .zip(&chosen)
+            .all(|(a, b)| a.to_bits() == b.to_bits()),
+        "matmul() differs from {expected:?}"
+    );
+    gpu.free(h).expect("free");
+    assert_no_validation_messages(gpu);
+}
+
+#[test]
+fn asking_for_coopmat_without_it_is_an_error() {
+    let Some(gpu) = gpu_or_skip() else { return };
+    if gpu.coopmat_tile_in_use().is_some() {
+        return;
+    }
+    let ty = GgmlType::Q8_0;
+    let w = synthetic_weights(ty, 64, 8, 5);
+    let h = gpu.upload(ty, &w, 64, 8).expect("upload");
+    let err = gpu
+        .matmul_group_with(&[h], &[0.5; 64 * 9], 9, Kernel::CoopMat)
+        .unwrap_err();
+    assert!(err.to_string().contains("cooperative"), "{err}");
+    gpu.free(h).expect("free");
+}

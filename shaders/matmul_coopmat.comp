@@ -1,0 +1,189 @@
+#version 450
+// Tiled matrix-matrix product on cooperative matrices (prefill): f16 weight
+// and input tiles staged in shared memory, f32 accumulation on the device's
+// matrix units (VK_KHR_cooperative_matrix).
+//
+// A workgroup computes a BM x BN block of y (rows x tokens) with
+// WARPS_M x WARPS_N subgroups; each subgroup owns FM x FN accumulator
+// fragments of TM x TN. Per step of BK values (a multiple of 32) the weight
+// rows are decoded (dequant.glsl) and the input tokens converted to f16, both
+// stored row by row (BK / 2 dwords) with a row stride of STRIDE dwords; values
+// past the end of a row (n_in is a multiple of 32 only) are zero. The
+// host computes STRIDE with one function (tile_padding.rs) that also checks
+// the shared-memory budget; the padding spreads the fragment loads over the
+// memory banks.
+//
+// Bindings and push constants are those of the other matmul kernels
+// (common.glsl), so a dispatch can swap matmul_tiled for this one.
+//
+// With EMULATE_COOPMAT defined, the fragment operations are plain code over
+// the same shared tiles (logical subgroups of 32 invocations, 16x16x16
+// fragments). That variant needs no matrix units, so the tiling, staging,
+// padding and output paths run and are tested on any device; it is slow.
+#extension GL_GOOGLE_include_directive : require
+#if !defined(EMULATE_COOPMAT)
+#extension GL_KHR_shader_subgroup_basic : require
+#extension GL_KHR_cooperative_matrix : require
+#extension GL_KHR_memory_scope_semantics : require
+#extension GL_EXT_shader_explicit_arithmetic_types_float16 : require
+#endif
+
+// Specialisation constants, in the order coopmat.rs passes them.
+layout(constant_id = 0) const uint STRIDE = 20u;
+layout(constant_id = 1) const uint TM = 16u;
+layout(constant_id = 2) const uint TN = 16u;
+layout(constant_id = 3) const uint TK = 16u;
+layout(constant_id = 4) const uint WARPS_M = 2u;
+layout(constant_id = 5) const uint WARPS_N = 2u;
+layout(constant_id = 6) const uint FM = 4u;
+layout(constant_id = 7) const uint FN = 4u;
+// Invocations per subgroup (32 in the emulation).
+layout(constant_id = 8) const uint LANES = 32u;
+// WARPS_M * WARPS_N * LANES.
+layout(local_size_x_id = 9) in;
+// Values per staging step.
+layout(constant_id = 10) const uint BK = 32u;
+
+#include "common.glsl"
+#include "dequant.glsl"
+
+const uint BM = WARPS_M * FM * TM;
+const uint BN = WARPS_N * FN * TN;
+const uint THREADS = WARPS_M * WARPS_N * LANES;
+
+// Row r of a tile: values 2j, 2j+1 of the step in dword r * STRIDE + j.
+shared uint buf_a[BM * STRIDE];
+shared uint buf_b[BN * STRIDE];
+// One TM x TN fragment per subgroup on its way out, column-major.
+shared float buf_c[WARPS_M * WARPS_N * TM * TN];
+
+#if defined(EMULATE_COOPMAT)
+#define EMU_ELEMS 8u
+// A fragment is where it lies in shared memory; the product reads it there
+// before the next barrier, as the real fragment would have been read.
+#define FRAG_A uint
+#define FRAG_B uint
+struct Acc {
+    float v[EMU_ELEMS];
+};
+#define WARP_ID (gl_LocalInvocationIndex / 32u)
+#define LANE_ID (gl_LocalInvocationIndex % 32u)
+#define ACC_ZERO(c) for (uint j_ = 0u; j_ < EMU_ELEMS; j_++) { c.v[j_] = 0.0; }
+#define LOAD_A(dst, off) dst = (off)
+#define LOAD_B(dst, off) dst = (off)
+#define MUL_ADD(c, a, b) emu_mul_add(c, a, b, lane)
+#define STORE_C(c, base) for (uint j_ = 0u; j_ < EMU_ELEMS; j_++) { buf_c[(base) + lane + 32u * j_] = c.v[j_]; }
+// The logical subgroup spans several real ones on narrow devices.
+#define SUBGROUP_SYNC() barrier()
+
+// Lane l owns elements e = l + 32 j of the 16 x 16 fragment, (m, n) = (e % 16, e / 16).
+void emu_mul_add(inout Acc c, uint a_off, uint b_off, uint lane) {
+    for (uint j = 0u; j < EMU_ELEMS; j++) {
+        uint e = lane + 32u * j;
+        uint m = e % 16u;
+        uint n = e / 16u;
+        float s = 0.0;
+        for (uint k2 = 0u; k2 < 8u; k2++) {
+            vec2 a = unpackHalf2x16(buf_a[a_off + m * STRIDE + k2]);
+            vec2 b = unpackHalf2x16(buf_b[b_off + n * STRIDE + k2]);
+            s += a.x * b.x + a.y * b.y;
+        }
+        c.v[j] += s;
+    }
+}
+#else
+#define FRAG_A coopmat<float16_t, gl_ScopeSubgroup, TM, TK, gl_MatrixUseA>
+#define FRAG_B coopmat<float16_t, gl_ScopeSubgroup, TK, TN, gl_MatrixUseB>
+#define Acc coopmat<float, gl_ScopeSubgroup, TM, TN, gl_MatrixUseAccumulator>
+#define WARP_ID gl_SubgroupID
+#define LANE_ID gl_SubgroupInvocationID
+#define ACC_ZERO(c) c = Acc(0.0)
+#define LOAD_A(dst, off) coopMatLoad(dst, buf_a, off, STRIDE, gl_CooperativeMatrixLayoutRowMajor)
+#define LOAD_B(dst, off) coopMatLoad(dst, buf_b, off, STRIDE, gl_CooperativeMatrixLayoutColumnMajor)
+#define MUL_ADD(c, a, b) c = coopMatMulAdd(a, b, c)
+#define STORE_C(c, base) coopMatStore(c, buf_c, base, TM, gl_CooperativeMatrixLayoutColumnMajor)
+#define SUBGROUP_SYNC() subgroupBarrier()
+#endif
+
+void main() {
+    uint tid = gl_LocalInvocationIndex;
+    uint warp = WARP_ID;
+    uint lane = LANE_ID;
+    uint warp_m = warp % WARPS_M;
+    uint warp_n = warp / WARPS_M;
+    uint row0 = gl_WorkGroupID.x * BM;
+    uint tok0 = gl_WorkGroupID.y * BN;
+    uint x_stride4 = p.n_in / 4u;
+
+    Acc acc[FM * FN];
+    for (uint f = 0u; f < FM * FN; f++) {
+        ACC_ZERO(acc[f]);
+    }
+
+    for (uint k0 = 0u; k0 < p.n_in; k0 += BK) {
+        // Weight tile: BM rows x BK / 8 groups of 8 values.
+        for (uint task = tid; task < BM * (BK / 8u); task += THREADS) {
+            uint r = task / (BK / 8u);
+            uint kg = task % (BK / 8u);
+            // Rows past the end read the last row; their results are never written.
+            uint row = min(row0 + r, p.n_rows - 1u);
+            vec4 lo = vec4(0.0);
+            vec4 hi = vec4(0.0);
+            if (k0 + kg * 8u < p.n_in) {
+                dequant_group(row * p.row_stride, k0 / 8u + kg, lo, hi);
+            }
+            uint at = r * STRIDE + kg * 4u;
+            buf_a[at] = packHalf2x16(lo.xy);
+            buf_a[at + 1u] = packHalf2x16(lo.zw);
+            buf_a[at + 2u] = packHalf2x16(hi.xy);
+            buf_a[at + 3u] = packHalf2x16(hi.zw);
+        }
+        // Input tile: BN tokens x BK / 4 vec4; tokens past the end are zero.
+        for (uint task = tid; task < BN * (BK / 4u); task += THREADS) {
+            uint n = task / (BK / 4u);
+            uint k4 = task % (BK / 4u);
+            vec4 v = vec4(0.0);
+            if (tok0 + n < p.n_tok && k0 + k4 * 4u < p.n_in) {
+                v = x[(tok0 + n) * x_stride4 + k0 / 4u + k4];
+            }
+            uint at = n * STRIDE + k4 * 2u;
+            buf_b[at] = packHalf2x16(v.xy);
+            buf_b[at + 1u] = packHalf2x16(v.zw);
+        }
+        barrier();
+        for (uint kk = 0u; kk < BK; kk += TK) {
+            FRAG_A a[FM];
+            FRAG_B b[FN];
+            for (uint fm = 0u; fm < FM; fm++) {
+                LOAD_A(a[fm], ((warp_m * FM + fm) * TM) * STRIDE + kk / 2u);
+            }
+            for (uint fn = 0u; fn < FN; fn++) {
+                LOAD_B(b[fn], ((warp_n * FN + fn) * TN) * STRIDE + kk / 2u);
+            }
+            for (uint fm = 0u; fm < FM; fm++) {
+                for (uint fn = 0u; fn < FN; fn++) {
+                    MUL_ADD(acc[fm * FN + fn], a[fm], b[fn]);
+                }
+            }
+        }
+        barrier();
+    }
+
+    // Each fragment goes out through the subgroup's slot of buf_c, so that
+    // partial tiles are cut at the matrix edges and the writes are coalesced.
+    uint c_base = warp * TM * TN;
+    for (uint fm = 0u; fm < FM; fm++) {
+        for (uint fn = 0u; fn < FN; fn++) {
+            STORE_C(acc[fm * FN + fn], c_base);
+            SUBGROUP_SYNC();
+            for (uint e = lane; e < TM * TN; e += LANES) {
+                uint row = row0 + (warp_m * FM + fm) * TM + e % TM;
+                uint tok = tok0 + (warp_n * FN + fn) * TN + e / TM;
+                if (row < p.n_rows && tok < p.n_tok) {
+                    y[tok * p.y_stride + p.y_offset + row] = buf_c[c_base + e];
+                }
+            }
+            SUBGROUP_SYNC();
+        }
+    }
+}
