@@ -4,6 +4,7 @@ use std::ops::Range;
 
 use fish_gguf::Gguf;
 use fish_quant::{dot_type, matmul_quantized, quantize_acts};
+use rayon::prelude::*;
 
 use super::attention::{attend, AttentionShape};
 use super::config::{Activation, ModelConfig};
@@ -15,6 +16,10 @@ use super::weights::{Matrix, ModelWeights};
 use super::Model;
 use crate::backend::TensorId;
 use crate::error::{EngineError, Result};
+
+/// Batches of at least this many tokens spread their per-token RoPE and
+/// SwiGLU rows over the pool (each row computed as on one thread).
+const PARALLEL_ROWS_MIN_TOKENS: usize = 16;
 
 /// Which positions of a batch need logits.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -193,19 +198,19 @@ pub(super) fn run_layers(
             ops::rms_norm_rows(&mut k, kn, cfg.rms_eps);
         }
         let angles = if swa { &angles_swa } else { &angles_global };
+        let rope_rows = |rows: &mut [f32], dim: usize| {
+            let rope_one = |(row, a): (&mut [f32], &RopeAngles)| {
+                ops::rope_heads(row, cfg.head_dim, cfg.rope_style, a)
+            };
+            if n_tok >= PARALLEL_ROWS_MIN_TOKENS {
+                rows.par_chunks_mut(dim).zip(angles).for_each(rope_one);
+            } else {
+                rows.chunks_mut(dim).zip(angles).for_each(rope_one);
+            }
+        };
+        rope_rows(&mut q, cfg.q_dim());
+        rope_rows(&mut k, cfg.k_dim());
         for t in 0..n_tok {
-            ops::rope_heads(
-                &mut q[t * cfg.q_dim()..][..cfg.q_dim()],
-                cfg.head_dim,
-                cfg.rope_style,
-                &angles[t],
-            );
-            ops::rope_heads(
-                &mut k[t * cfg.k_dim()..][..cfg.k_dim()],
-                cfg.head_dim,
-                cfg.rope_style,
-                &angles[t],
-            );
             kv.store(
                 il,
                 t,
@@ -244,8 +249,14 @@ pub(super) fn run_layers(
         match cfg.activation {
             Activation::SwiGlu => {
                 let n_ff = lw.w_gate.n_out;
-                for (g_row, u_row) in gate.chunks_exact_mut(n_ff).zip(up.chunks_exact(n_ff)) {
-                    swiglu_row(g_row, u_row);
+                if n_tok >= PARALLEL_ROWS_MIN_TOKENS {
+                    gate.par_chunks_exact_mut(n_ff)
+                        .zip(up.par_chunks_exact(n_ff))
+                        .for_each(|(g_row, u_row)| swiglu_row(g_row, u_row));
+                } else {
+                    for (g_row, u_row) in gate.chunks_exact_mut(n_ff).zip(up.chunks_exact(n_ff)) {
+                        swiglu_row(g_row, u_row);
+                    }
                 }
             }
             Activation::GeGlu => {
