@@ -6,7 +6,9 @@
 
 layout(std430, binding = 0) readonly buffer Weights { uint w[]; };
 layout(std430, binding = 1) readonly buffer X { vec4 x[]; };
-layout(std430, binding = 2) writeonly buffer Y { float y[]; };
+// Read as well as written: with `accumulate` the products are added to y
+// (a residual stream), which saves the add kernel and its barrier.
+layout(std430, binding = 2) buffer Y { float y[]; };
 
 layout(push_constant) uniform Params {
     uint n_in;
@@ -18,7 +20,14 @@ layout(push_constant) uniform Params {
     // Workgroups along x; the grid is two-dimensional so that more than
     // 65535 workgroups fit.
     uint groups_x;
+    // 0: y = W x; 1: y += W x (every element has one writer).
+    uint accumulate;
 } p;
+
+// Stores one output element, added to what y holds when accumulating.
+void store_y(uint i, float v) {
+    y[i] = p.accumulate != 0u ? y[i] + v : v;
+}
 
 uint workgroup_index() {
     return gl_WorkGroupID.y * p.groups_x + gl_WorkGroupID.x;

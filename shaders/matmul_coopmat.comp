@@ -180,7 +180,7 @@ void main() {
                 uint row = row0 + (warp_m * FM + fm) * TM + e % TM;
                 uint tok = tok0 + (warp_n * FN + fn) * TN + e / TM;
                 if (row < p.n_rows && tok < p.n_tok) {
-                    y[tok * p.y_stride + p.y_offset + row] = buf_c[c_base + e];
+                    store_y(tok * p.y_stride + p.y_offset + row, buf_c[c_base + e]);
                 }
             }
             SUBGROUP_SYNC();

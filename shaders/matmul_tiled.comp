@@ -100,10 +100,10 @@ void main() {
             uint r_lo = row0 + tr * 4u + c;
             uint r_hi = r_lo + 64u;
             if (r_lo < p.n_rows) {
-                y[base + r_lo] = acc_lo[j][c];
+                store_y(base + r_lo, acc_lo[j][c]);
             }
             if (r_hi < p.n_rows) {
-                y[base + r_hi] = acc_hi[j][c];
+                store_y(base + r_hi, acc_hi[j][c]);
             }
         }
     }

@@ -129,7 +129,7 @@ void main() {
                 for (uint j = 0u; j < n_partials; j++) {
                     s += partial[i][j];
                 }
-                y[(t0 + t) * p.y_stride + p.y_offset + row0 + r] = s;
+                store_y((t0 + t) * p.y_stride + p.y_offset + row0 + r, s);
             }
         }
         barrier();

@@ -1,18 +1,31 @@
 #version 450
 // Causal grouped-query attention over the device f16 KV cache, one
-// workgroup per (head, token): blocks of BLOCK keys are scored (one key per
-// thread), then folded into an online softmax; every accumulation is f32.
+// workgroup per (head, token), every accumulation f32.
+//
+// Keys are taken in blocks of WG. Scoring gives each thread one key and reads
+// its row with 16-byte loads, all issued before the arithmetic, so a block
+// costs one round of load latency instead of one per dimension. The block's
+// weights go through shared memory into an online softmax. The weighted sum
+// of values spreads the row's f16 pairs over the threads (consecutive
+// threads read consecutive words, so the loads coalesce) and the keys of the
+// block over GROUPS thread groups, merged once at the end. (The kernel this
+// replaced scored with one scalar load per dimension and summed values one
+// key at a time per thread: decode is latency-bound here, and that cost
+// ~50 us per layer on the H200.)
 #extension GL_GOOGLE_include_directive : require
 
-#define BLOCK 64u
+#define WG 128u
 #define MAX_HEAD_DIM 256u
-#define DIMS_PER_THREAD (MAX_HEAD_DIM / BLOCK)
-layout(local_size_x = 64) in;
+layout(local_size_x = 128) in;
 
 #include "span_common.glsl"
 
 layout(std430, binding = 0) readonly buffer Qkv { float qkv[]; };
 layout(std430, binding = 1) readonly buffer KCache { uint kc[]; };
+// The same keys as 16-byte words (rows are 16-byte aligned when head_dim
+// and k_dim are multiples of 8, which the host checks before it asks for
+// the wide path).
+layout(std430, binding = 1) readonly buffer KCache4 { uvec4 kc4[]; };
 layout(std430, binding = 2) readonly buffer VCache { uint vc[]; };
 layout(std430, binding = 3) writeonly buffer Out { float attn[]; };
 
@@ -30,8 +43,63 @@ layout(push_constant) uniform Push {
     float scale;
 } p;
 
-shared float q_row[MAX_HEAD_DIM];
-shared float weight[BLOCK];
+shared vec4 q4[MAX_HEAD_DIM / 4u];
+shared float weight[WG];
+shared float reduce_buf[WG];
+// Partial value sums of the thread groups, as f16 pairs unpacked to vec2.
+shared vec2 partial[WG];
+
+// Max (is_max) or sum of every thread's v, the same result in all threads.
+float block_reduce(float v, bool is_max) {
+    uint tid = gl_LocalInvocationID.x;
+    reduce_buf[tid] = v;
+    barrier();
+    for (uint stride = WG / 2u; stride > 0u; stride >>= 1u) {
+        if (tid < stride) {
+            float o = reduce_buf[tid + stride];
+            reduce_buf[tid] = is_max ? max(reduce_buf[tid], o) : reduce_buf[tid] + o;
+        }
+        barrier();
+    }
+    float r = reduce_buf[0];
+    barrier();
+    return r;
+}
+
+// Dot product of q with key j (16-byte loads when `wide`).
+float key_dot(uint j, uint k_head_word, bool wide) {
+    uint kw = j * (p.k_dim / 2u) + k_head_word;
+    float d = 0.0;
+    if (wide) {
+        uint n4 = p.head_dim / 8u;
+        uint base = kw / 4u;
+        // Load every word of the row first: they are in flight together.
+        uvec4 row[MAX_HEAD_DIM / 8u];
+        for (uint i = 0u; i < MAX_HEAD_DIM / 8u; i++) {
+            if (i < n4) {
+                row[i] = kc4[base + i];
+            }
+        }
+        for (uint i = 0u; i < MAX_HEAD_DIM / 8u; i++) {
+            if (i < n4) {
+                vec4 qa = q4[2u * i];
+                vec4 qb = q4[2u * i + 1u];
+                vec2 k0 = unpackHalf2x16(row[i].x);
+                vec2 k1 = unpackHalf2x16(row[i].y);
+                vec2 k2 = unpackHalf2x16(row[i].z);
+                vec2 k3 = unpackHalf2x16(row[i].w);
+                d += dot(qa, vec4(k0, k1)) + dot(qb, vec4(k2, k3));
+            }
+        }
+    } else {
+        for (uint e2 = 0u; e2 < p.head_dim / 2u; e2++) {
+            vec2 kk = unpackHalf2x16(kc[kw + e2]);
+            vec4 qq = q4[e2 / 2u];
+            d += (e2 & 1u) == 0u ? dot(qq.xy, kk) : dot(qq.zw, kk);
+        }
+    }
+    return d;
+}
 
 void main() {
     uint h = gl_WorkGroupID.x;
@@ -40,71 +108,81 @@ void main() {
     uint pos = p.pos_base + t;
     uint kv_head = h / (p.n_head / p.n_head_kv);
     uint first = (p.window > 0u && pos + 1u > p.window) ? pos + 1u - p.window : 0u;
+    bool wide = (p.head_dim % 8u) == 0u && (p.k_dim % 8u) == 0u;
 
     uint q0 = (t * p.n_head + h) * p.head_dim;
-    for (uint e = tid; e < p.head_dim; e += BLOCK) {
-        q_row[e] = qkv[q0 + e];
+    if (tid < MAX_HEAD_DIM / 4u) {
+        vec4 v = vec4(0.0);
+        for (uint c = 0u; c < 4u; c++) {
+            uint e = 4u * tid + c;
+            if (e < p.head_dim) {
+                v[c] = qkv[q0 + e];
+            }
+        }
+        q4[tid] = v;
     }
     barrier();
 
-    float acc[DIMS_PER_THREAD];
-    for (uint c = 0u; c < DIMS_PER_THREAD; c++) {
-        acc[c] = 0.0;
-    }
+    // Value layout: thread (group g, word w) sums word w (two dims) of the
+    // value rows of keys g, g + GROUPS, ... of each block.
+    uint words = p.head_dim_v / 2u;
+    uint groups = max(WG / words, 1u);
+    uint g = tid / words;
+    uint w = tid % words;
+    bool v_active = g < groups && w < words;
+    uint v_head_word = kv_head * words;
+    uint v_row_words = p.v_dim / 2u;
+    uint k_head_word = kv_head * (p.head_dim / 2u);
+
+    vec2 acc = vec2(0.0);
     float m = -1.0 / 0.0;
     float l = 0.0;
-    uint k_head_word = kv_head * p.head_dim / 2u;
-    uint v_head = kv_head * p.head_dim_v;
-
-    for (uint key0 = first; key0 <= pos; key0 += BLOCK) {
-        uint n_keys = min(BLOCK, pos + 1u - key0);
-        uint j = key0 + tid;
+    for (uint key0 = first; key0 <= pos; key0 += WG) {
+        uint n_keys = min(WG, pos + 1u - key0);
         float s = -1.0 / 0.0;
         if (tid < n_keys) {
-            uint kw = j * p.k_dim / 2u + k_head_word;
-            float d = 0.0;
-            for (uint e2 = 0u; e2 < p.head_dim / 2u; e2++) {
-                vec2 kk = unpackHalf2x16(kc[kw + e2]);
-                d += q_row[2u * e2] * kk.x + q_row[2u * e2 + 1u] * kk.y;
-            }
-            s = d * p.scale;
+            s = key_dot(key0 + tid, k_head_word, wide) * p.scale;
         }
-        weight[tid] = s;
-        barrier();
-        float block_max = weight[0];
-        for (uint i = 1u; i < n_keys; i++) {
-            block_max = max(block_max, weight[i]);
-        }
-        float m_new = max(m, block_max);
+        float m_new = max(m, block_reduce(s, true));
+        float e = tid < n_keys ? exp(s - m_new) : 0.0;
+        weight[tid] = e;
         float correction = exp(m - m_new);
-        barrier();
-        weight[tid] = tid < n_keys ? exp(s - m_new) : 0.0;
-        barrier();
-        float block_sum = 0.0;
-        for (uint i = 0u; i < n_keys; i++) {
-            block_sum += weight[i];
-        }
-        l = l * correction + block_sum;
-        for (uint c = 0u; c < DIMS_PER_THREAD; c++) {
-            uint d = tid + c * BLOCK;
-            if (d < p.head_dim_v) {
-                float a = acc[c] * correction;
-                for (uint i = 0u; i < n_keys; i++) {
-                    uint e = (key0 + i) * p.v_dim + v_head + d;
-                    a += weight[i] * kv_load(vc[e >> 1u], e);
-                }
-                acc[c] = a;
+        l = l * correction + block_reduce(e, false);
+        acc *= correction;
+        // block_reduce ended with a barrier, so every weight is visible.
+        if (v_active) {
+            uint i = g;
+            // Four keys per step: their loads are in flight together.
+            for (; i + 3u * groups < n_keys; i += 4u * groups) {
+                uint r0 = (key0 + i) * v_row_words + v_head_word + w;
+                uint r1 = r0 + groups * v_row_words;
+                uint r2 = r1 + groups * v_row_words;
+                uint r3 = r2 + groups * v_row_words;
+                vec2 v0 = unpackHalf2x16(vc[r0]);
+                vec2 v1 = unpackHalf2x16(vc[r1]);
+                vec2 v2 = unpackHalf2x16(vc[r2]);
+                vec2 v3 = unpackHalf2x16(vc[r3]);
+                acc += weight[i] * v0 + weight[i + groups] * v1;
+                acc += weight[i + 2u * groups] * v2 + weight[i + 3u * groups] * v3;
+            }
+            for (; i < n_keys; i += groups) {
+                acc += weight[i] * unpackHalf2x16(vc[(key0 + i) * v_row_words + v_head_word + w]);
             }
         }
         m = m_new;
         barrier();
     }
 
-    uint o0 = (t * p.n_head + h) * p.head_dim_v;
-    for (uint c = 0u; c < DIMS_PER_THREAD; c++) {
-        uint d = tid + c * BLOCK;
-        if (d < p.head_dim_v) {
-            attn[o0 + d] = acc[c] / l;
+    // Merge the groups' partial sums.
+    partial[tid] = v_active ? acc : vec2(0.0);
+    barrier();
+    if (tid < words) {
+        vec2 sum = partial[tid];
+        for (uint k = 1u; k < groups; k++) {
+            sum += partial[k * words + tid];
         }
+        uint o0 = (t * p.n_head + h) * p.head_dim_v + 2u * tid;
+        attn[o0] = sum.x / l;
+        attn[o0 + 1u] = sum.y / l;
     }
 }

@@ -6,12 +6,19 @@
 // the residual add costs no extra dispatch.
 #extension GL_GOOGLE_include_directive : require
 
-#define WG_SIZE 128u
-layout(local_size_x = 128) in;
+#define WG_SIZE 256u
+layout(local_size_x = 256) in;
 
 layout(std430, binding = 0) buffer Src { float src[]; };
 layout(std430, binding = 1) buffer Dst { float dst[]; };
 layout(std430, binding = 2) readonly buffer Params { float params[]; };
+// The same buffers as 16-byte words for rows whose offsets and width are
+// multiples of 4 (every layer norm and the usual head widths): each thread
+// then loads a few vec4 instead of many floats, and a decode-step norm is
+// one short round of loads rather than a latency chain.
+layout(std430, binding = 0) buffer Src4 { vec4 src4[]; };
+layout(std430, binding = 1) buffer Dst4 { vec4 dst4[]; };
+layout(std430, binding = 2) readonly buffer Params4 { vec4 params4[]; };
 
 layout(push_constant) uniform Push {
     uint n;
@@ -30,10 +37,18 @@ void main() {
     uint tid = gl_LocalInvocationID.x;
     uint s0 = p.src_off + row * p.n;
     uint d0 = p.dst_off + row * p.n;
+    bool wide = ((p.n | p.src_off | p.dst_off | p.w_off) & 3u) == 0u;
     float sum = 0.0;
-    for (uint i = tid; i < p.n; i += WG_SIZE) {
-        float v = src[s0 + i];
-        sum += v * v;
+    if (wide) {
+        for (uint i = tid; i < p.n / 4u; i += WG_SIZE) {
+            vec4 v = src4[s0 / 4u + i];
+            sum += dot(v, v);
+        }
+    } else {
+        for (uint i = tid; i < p.n; i += WG_SIZE) {
+            float v = src[s0 + i];
+            sum += v * v;
+        }
     }
     partial[tid] = sum;
     barrier();
@@ -45,12 +60,23 @@ void main() {
     }
     float scale = 1.0 / sqrt(partial[0] / float(p.n) + p.eps);
     // Every thread writes only the elements it read, so src may alias dst.
-    for (uint i = tid; i < p.n; i += WG_SIZE) {
-        float v = src[s0 + i] * scale * params[p.w_off + i];
-        if (p.accumulate != 0u) {
-            dst[d0 + i] += v;
-        } else {
-            dst[d0 + i] = v;
+    if (wide) {
+        for (uint i = tid; i < p.n / 4u; i += WG_SIZE) {
+            vec4 v = src4[s0 / 4u + i] * scale * params4[p.w_off / 4u + i];
+            if (p.accumulate != 0u) {
+                dst4[d0 / 4u + i] += v;
+            } else {
+                dst4[d0 / 4u + i] = v;
+            }
+        }
+    } else {
+        for (uint i = tid; i < p.n; i += WG_SIZE) {
+            float v = src[s0 + i] * scale * params[p.w_off + i];
+            if (p.accumulate != 0u) {
+                dst[d0 + i] += v;
+            } else {
+                dst[d0 + i] = v;
+            }
         }
     }
 }

@@ -416,6 +416,7 @@ impl Gpu {
                         y_stride: h.n_out() as u32,
                         y_offset: y_base + c.row0 as u32,
                         groups_x,
+                        accumulate: 0,
                     },
                     groups,
                     weights: c.buffer.raw,

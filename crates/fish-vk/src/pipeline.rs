@@ -30,10 +30,12 @@ pub(crate) struct Params {
     pub y_stride: u32,
     pub y_offset: u32,
     pub groups_x: u32,
+    /// 1: the kernel adds its products to y instead of storing them.
+    pub accumulate: u32,
 }
 
 impl Params {
-    pub fn bytes(&self) -> [u8; 28] {
+    pub fn bytes(&self) -> [u8; 32] {
         let words = [
             self.n_in,
             self.n_rows,
@@ -42,8 +44,9 @@ impl Params {
             self.y_stride,
             self.y_offset,
             self.groups_x,
+            self.accumulate,
         ];
-        let mut out = [0u8; 28];
+        let mut out = [0u8; 32];
         for (chunk, w) in out.chunks_exact_mut(4).zip(words) {
             chunk.copy_from_slice(&w.to_le_bytes());
         }

@@ -36,8 +36,6 @@ pub(crate) struct Bindings {
     pub norm_x: vk::DescriptorSet,
     /// qkv in place (q/k norms, biases).
     pub qkv_self: vk::DescriptorSet,
-    /// x += o (residual add).
-    pub add_o: vk::DescriptorSet,
     /// x += norm(o) (post-norms).
     pub norm_o_into_x: vk::DescriptorSet,
     /// gate/up in place (activation).
@@ -123,11 +121,23 @@ impl Bindings {
         let mut layers = Vec::with_capacity(groups.len());
         for (il, (g, w)) in groups.iter().zip(weights).enumerate() {
             let (k, v) = (bufs.kv.k[il].raw, bufs.kv.v[il].raw);
+            // Without a post-norm, wo and down add straight into x (see
+            // record.rs); with one, they write o for the norm to read.
+            let lp = &bufs.params.layers[il];
+            let residual_target = |post_norm: Option<u32>| match post_norm {
+                None => a.x.raw,
+                Some(_) => a.o.raw,
+            };
             layers.push(LayerSets {
                 qkv: matmul_sets(&g[0], &w[0], a.xn.raw, a.qkv.raw)?,
-                wo: matmul_sets(&g[1], &w[1], a.attn.raw, a.o.raw)?,
+                wo: matmul_sets(&g[1], &w[1], a.attn.raw, residual_target(lp.post_attn_norm))?,
                 gate_up: matmul_sets(&g[2], &w[2], a.xn.raw, a.gate_up.raw)?,
-                down: matmul_sets(&g[3], &w[3], a.gate_up.raw, a.o.raw)?,
+                down: matmul_sets(
+                    &g[3],
+                    &w[3],
+                    a.gate_up.raw,
+                    residual_target(lp.post_ffn_norm),
+                )?,
                 rope: span_set([a.qkv.raw, k, v, p])?,
                 attention: span_set([a.qkv.raw, k, v, a.attn.raw])?,
             });
@@ -136,7 +146,6 @@ impl Bindings {
             pool,
             norm_x: span_set([a.x.raw, a.xn.raw, p, p])?,
             qkv_self: span_set([a.qkv.raw, a.qkv.raw, p, p])?,
-            add_o: span_set([a.x.raw, a.o.raw, p, p])?,
             norm_o_into_x: span_set([a.o.raw, a.x.raw, p, p])?,
             act: span_set([a.gate_up.raw; SPAN_BINDINGS as usize])?,
             layers,

@@ -278,9 +278,14 @@ impl Recording<'_> {
             (s.n_head as u32, n as u32),
         );
         r.end(SpanStage::Attention);
-        self.matmul(r, &chunk.matmuls[il][1], &sets.wo.sets);
-        r.end(SpanStage::Matvec);
-        self.residual(r, n, x_off, lp.post_attn_norm);
+        self.residual_matmul(
+            r,
+            n,
+            &chunk.matmuls[il][1],
+            &sets.wo.sets,
+            x_off,
+            lp.post_attn_norm,
+        );
 
         // Feed-forward block.
         self.norm(r, b.norm_x, n, s.n_embd, x_off, 0, lp.ffn_norm, 0);
@@ -292,26 +297,49 @@ impl Recording<'_> {
         let gelu = u32::from(s.activation == SpanActivation::GeGlu);
         r.dispatch(SpanKernel::Act, b.act, &[count as u32, gelu, gx], (gx, gy));
         r.end(SpanStage::ActMul);
-        self.matmul(r, &chunk.matmuls[il][3], &sets.down.sets);
-        r.end(SpanStage::Matvec);
-        self.residual(r, n, x_off, lp.post_ffn_norm);
+        self.residual_matmul(
+            r,
+            n,
+            &chunk.matmuls[il][3],
+            &sets.down.sets,
+            x_off,
+            lp.post_ffn_norm,
+        );
     }
 
-    /// x += o, or x += norm(o) * w with a post-norm (one dispatch either way).
-    unsafe fn residual(&self, r: &mut Recorder<'_>, n: usize, x_off: u32, post_norm: Option<u32>) {
-        let b = self.bindings;
-        let n_embd = self.shape.n_embd;
+    /// A projection whose result joins the residual stream: without a
+    /// post-norm the matmul adds its products into x itself (its sets bind
+    /// x as y), so no add kernel and no extra barrier; with one, it writes o
+    /// and the norm adds norm(o) * w into x.
+    unsafe fn residual_matmul(
+        &self,
+        r: &mut Recorder<'_>,
+        n: usize,
+        plan: &[Dispatch],
+        sets: &[vk::DescriptorSet],
+        x_off: u32,
+        post_norm: Option<u32>,
+    ) {
         match post_norm {
-            Some(w) => {
-                self.norm(r, b.norm_o_into_x, n, n_embd, 0, x_off, w, 1);
-                r.end(SpanStage::RmsNorm);
-            }
             None => {
-                let count = n * n_embd;
-                let (gx, gy) = elementwise_groups(count);
-                let push = [count as u32, x_off, 0, 0, 0, gx];
-                r.dispatch(SpanKernel::Add, b.add_o, &push, (gx, gy));
-                r.end(SpanStage::Add);
+                let into_x: Vec<Dispatch> = plan
+                    .iter()
+                    .map(|d| {
+                        let mut d = *d;
+                        d.params.y_offset += x_off;
+                        d.params.accumulate = 1;
+                        d
+                    })
+                    .collect();
+                self.matmul(r, &into_x, sets);
+                r.end(SpanStage::Matvec);
+            }
+            Some(w) => {
+                self.matmul(r, plan, sets);
+                r.end(SpanStage::Matvec);
+                let b = self.bindings;
+                self.norm(r, b.norm_o_into_x, n, self.shape.n_embd, 0, x_off, w, 1);
+                r.end(SpanStage::RmsNorm);
             }
         }
     }
