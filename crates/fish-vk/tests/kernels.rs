@@ -41,7 +41,8 @@ fn every_type_matches_the_cpu_reference() {
         for n_tok in [1usize, 3, 37, 256] {
             let x = random_values(N_IN * n_tok, 7 + n_tok as u64);
             let y = gpu.matmul(h, &x, n_tok).expect("matmul");
-            check_against_cpu(
+            check_auto(
+                gpu,
                 &Weights {
                     ty,
                     bytes: &w,
@@ -119,7 +120,8 @@ fn matmul_group_runs_several_weights_on_one_input() {
         let ys = gpu.matmul_group(&handles, &x, n_tok).expect("group");
         assert_eq!(ys.len(), 3);
         for ((ty, n_out, w), y) in weights.iter().zip(&ys) {
-            check_against_cpu(
+            check_auto(
+                gpu,
                 &Weights {
                     ty: *ty,
                     bytes: w,

@@ -92,3 +92,62 @@ pub fn check_against_cpu(w: &Weights<'_>, x: &[f32], n_tok: usize, y: &[f32], wh
     }
     eprintln!("{what}: worst error {:.3}% of the bound", worst * 100.0);
 }
+
+pub fn f16_round(v: f32) -> f64 {
+    f64::from(half::f16::from_f32(v).to_f32())
+}
+
+/// Checks y (n_tok x n_out) from a kernel that rounds its inputs to f16
+/// (cooperative matrices): against the product of the f16-rounded values
+/// with the usual bound, and against the exact product with the bound f16
+/// rounding itself guarantees (2^-10 sum |w||x|). Returns the worst error
+/// against the f16 reference as a fraction of its bound.
+pub fn check_f16_product(w: &Weights<'_>, x: &[f32], n_tok: usize, y: &[f32], what: &str) -> f64 {
+    let (n_in, n_out) = (w.n_in, w.n_out);
+    assert_eq!(y.len(), n_out * n_tok, "{what}: output length");
+    let row = fish_quant::row_bytes(w.ty, n_in).expect("row bytes");
+    let x16: Vec<f64> = x.iter().map(|&v| f16_round(v)).collect();
+    let mut deq = vec![0f32; n_in];
+    let mut worst = 0f64;
+    for o in 0..n_out {
+        fish_quant::dequant_row(w.ty, &w.bytes[o * row..(o + 1) * row], &mut deq).expect("dequant");
+        let w16: Vec<f64> = deq.iter().map(|&v| f16_round(v)).collect();
+        for t in 0..n_tok {
+            let xt = &x[t * n_in..(t + 1) * n_in];
+            let xt16 = &x16[t * n_in..(t + 1) * n_in];
+            let (mut exact, mut rounded, mut mag) = (0f64, 0f64, 0f64);
+            for i in 0..n_in {
+                let p = f64::from(deq[i]) * f64::from(xt[i]);
+                exact += p;
+                mag += p.abs();
+                rounded += w16[i] * xt16[i];
+            }
+            let got = f64::from(y[t * n_out + o]);
+            let bound = 1e-3 * mag / n_out as f64;
+            let err = (got - rounded).abs();
+            assert!(
+                err <= bound,
+                "{what}: y[t={t}, o={o}] = {got}, f16 reference {rounded} (error {err:e} > bound {bound:e})"
+            );
+            let f16_bound = mag / 1024.0;
+            assert!(
+                (got - exact).abs() <= f16_bound,
+                "{what}: y[t={t}, o={o}] = {got}, exact {exact} (beyond the f16 rounding bound {f16_bound:e})"
+            );
+            worst = worst.max(err / bound.max(f64::MIN_POSITIVE));
+        }
+    }
+    eprintln!("{what}: worst error {:.3}% of the bound", worst * 100.0);
+    worst
+}
+
+/// Checks the output of `Kernel::Auto`: above MATVEC_MAX_TOKENS it runs the
+/// device's prefill kernel, which on devices with cooperative matrices takes
+/// f16 inputs.
+pub fn check_auto(gpu: &Gpu, w: &Weights<'_>, x: &[f32], n_tok: usize, y: &[f32], what: &str) {
+    if n_tok > fish_vk::MATVEC_MAX_TOKENS && gpu.coopmat_tile_in_use().is_some() {
+        check_f16_product(w, x, n_tok, y, what);
+    } else {
+        check_against_cpu(w, x, n_tok, y, what);
+    }
+}
