@@ -141,10 +141,26 @@ fn q4k_from_superblock(sb: &AffineSuperBlock) -> BlockQ4K {
 }
 
 fn row_error(x: &[f32], y: &[f32]) -> (f64, f64) {
-    let (mut err, mut energy) = (0.0f32, 0.0f32);
-    for (&a, &b) in x.iter().zip(y) {
-        err += (a - b) * (a - b);
-        energy += a * a;
+    // Sixteen independent partial sums per quantity: one vector register
+    // each, no chain of dependent adds through the whole row.
+    const LANES: usize = 16;
+    let (mut err, mut energy) = ([0f32; LANES], [0f32; LANES]);
+    let (xc, yc) = (x.chunks_exact(LANES), y.chunks_exact(LANES));
+    let (x_tail, y_tail) = (xc.remainder(), yc.remainder());
+    for (xs, ys) in xc.zip(yc) {
+        for l in 0..LANES {
+            let d = xs[l] - ys[l];
+            err[l] += d * d;
+            energy[l] += xs[l] * xs[l];
+        }
     }
-    (err as f64, energy as f64)
+    let mut sums = (
+        err.iter().map(|&v| v as f64).sum::<f64>(),
+        energy.iter().map(|&v| v as f64).sum::<f64>(),
+    );
+    for (&a, &b) in x_tail.iter().zip(y_tail) {
+        sums.0 += ((a - b) * (a - b)) as f64;
+        sums.1 += (a * a) as f64;
+    }
+    sums
 }

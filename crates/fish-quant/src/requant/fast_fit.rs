@@ -10,7 +10,8 @@
 //! whatever the vector width, so the AVX2 build and the portable build give
 //! the same bytes.
 
-use crate::blocks::kfit::{quantize_group_scales, AffineSuperBlock};
+use crate::bits::F16Bits;
+use crate::blocks::kfit::AffineSuperBlock;
 
 /// One number per group of the super-block.
 type Lanes = [f32; 8];
@@ -180,6 +181,20 @@ fn fit_groups(rows: &[Lanes; 32], nmax: f32) -> (Lanes, Lanes) {
     (scales, mins)
 }
 
+/// `quantize_group_scales(values, 63)` with the rounding of [`round_code`]
+/// (the same integers for every input, NaN included), inlined into the
+/// fit's SIMD context instead of a libm call per value.
+#[inline(always)]
+fn group_scales_6bit(values: &Lanes) -> (F16Bits, [u8; 8]) {
+    let max = values.iter().fold(0.0f32, |m, &v| m.max(v));
+    if max <= 0.0 {
+        return (F16Bits::from_f32(0.0), [0; 8]);
+    }
+    let inv = 63.0 / max;
+    let ints = values.map(|v| round_code(inv * v, 63.0) as u8);
+    (F16Bits::from_f32(max / 63.0), ints)
+}
+
 /// The fit itself, written for the compiler to vectorise in whatever
 /// target-feature context it is inlined into.
 #[inline(always)]
@@ -187,8 +202,8 @@ pub(crate) fn quantize_portable(x: &[f32; 256], nmax: u8) -> AffineSuperBlock {
     let nmax_f = nmax as f32;
     let rows: [Lanes; 32] = std::array::from_fn(|i| std::array::from_fn(|g| x[32 * g + i]));
     let (scales, mins) = fit_groups(&rows, nmax_f);
-    let (d, mut ls) = quantize_group_scales(&scales, 63);
-    let (dmin, mut lm) = quantize_group_scales(&mins, 63);
+    let (d, mut ls) = group_scales_6bit(&scales);
+    let (dmin, mut lm) = group_scales_6bit(&mins);
     let (df, dminf) = (d.to_f32(), dmin.to_f32());
     // Rounding scale and min to 6 bits independently is rarely the best
     // pair: try both neighbours of each and keep the smallest error.
@@ -238,6 +253,7 @@ pub(crate) fn quantize_portable(x: &[f32; 256], nmax: u8) -> AffineSuperBlock {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::blocks::kfit::quantize_group_scales;
 
     fn data(seed: u32) -> [f32; 256] {
         let mut s = seed;
@@ -274,6 +290,30 @@ mod tests {
                 );
                 assert_eq!(a.codes, b.codes);
             }
+        }
+    }
+
+    #[test]
+    fn six_bit_group_scales_match_the_shared_quantiser() {
+        let mut cases: Vec<[f32; 8]> = (0..64)
+            .map(|seed| {
+                let x = data(seed);
+                std::array::from_fn(|g| x[g].abs() * (1.0 + seed as f32))
+            })
+            .collect();
+        // Exact halves after scaling, zeros, a negative zero, tiny and huge
+        // values, and non-finite ones.
+        cases.push(std::array::from_fn(|g| g as f32 * 0.5 + 0.5));
+        cases.push([0.0; 8]);
+        cases.push([-0.0, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 126.0]);
+        cases.push([1e-30, 3e-30, 0.0, 1.0e-38, 2.0e-30, 5e-31, 7e-30, 1e-31]);
+        cases.push([3e30, 1e30, 2e30, 0.0, 5e29, 6e30, 1.0, 4e30]);
+        cases.push([f32::NAN, 1.0, 2.0, 0.5, 0.25, 3.0, 0.0, 1.5]);
+        cases.push([f32::INFINITY, 1.0, 2.0, 0.5, 0.25, 3.0, 0.0, 1.5]);
+        for v in &cases {
+            let (d, ints) = group_scales_6bit(v);
+            let (d_ref, ints_ref) = quantize_group_scales(v, 63);
+            assert_eq!((d, ints), (d_ref, ints_ref), "{v:?}");
         }
     }
 
