@@ -225,7 +225,7 @@ pub(crate) struct TileCache {
 }
 
 /// Blocks below which the tile data is derived on the calling thread.
-const PARALLEL_TILE_BLOCKS: usize = 8192;
+const PARALLEL_TILE_BLOCKS: usize = 1024;
 
 /// Maps every block of `blocks` through `f`, on the pool when there are many.
 fn map_blocks<A: Sync, T: Send>(blocks: &[A], f: impl Fn(&A) -> T + Sync + Send) -> Vec<T> {
