@@ -34,7 +34,8 @@ pub fn supports(ty: impl Into<WeightFormat>) -> bool {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Kernel {
     /// Matvec up to MATVEC_MAX_TOKENS tokens, above that
-    /// `Gpu::prefill_kernel()` (cooperative matrices where the device has them).
+    /// `Gpu::prefill_kernel(n_tok)` (cooperative matrices where the device
+    /// has them and the batch fills a cooperative tile).
     Auto,
     /// The matvec kernel, reducing with subgroup arithmetic when the device has it.
     Matvec,
@@ -373,7 +374,7 @@ impl Gpu {
         n_tok: usize,
         kernel: Kernel,
     ) -> Result<Vec<Dispatch>> {
-        let kernel = kernel.resolve(n_tok, self.prefill_kernel());
+        let kernel = kernel.resolve(n_tok, self.prefill_kernel(n_tok));
         let coop_tile = self.coopmat_tile(kernel)?;
         let max_x = self.info.max_workgroups_x.clamp(1, 65535);
         let mut out = Vec::new();

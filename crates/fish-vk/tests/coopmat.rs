@@ -171,15 +171,17 @@ fn rows_of_an_odd_number_of_32_value_steps_are_complete() {
 #[test]
 fn prefill_uses_the_plain_tile_exactly_without_cooperative_matrices() {
     let Some(gpu) = gpu_or_skip() else { return };
+    let n_tok = 256;
     let expected = match gpu.coopmat_tile_in_use() {
-        Some(_) => Kernel::CoopMat,
-        None => Kernel::Tiled,
+        Some(tile) if n_tok >= tile.tokens() as usize => Kernel::CoopMat,
+        _ => Kernel::Tiled,
     };
-    assert_eq!(gpu.prefill_kernel(), expected);
+    assert_eq!(gpu.prefill_kernel(n_tok), expected);
+    // Below one cooperative tile of tokens the plain tile stays.
+    assert_eq!(gpu.prefill_kernel(37), Kernel::Tiled);
     let ty = GgmlType::Q4_K;
     let w = synthetic_weights(ty, N_IN, N_OUT, 77);
     let h = gpu.upload(ty, &w, N_IN, N_OUT).expect("upload");
-    let n_tok = 37;
     let x = random_values(N_IN * n_tok, 78);
     // matmul() picks the prefill kernel above the matvec batch sizes, with
     // results identical to asking for that kernel.

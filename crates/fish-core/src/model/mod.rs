@@ -97,8 +97,9 @@ impl Model {
     /// The span's per-stage time shares from its last forward, when the
     /// backend profiles (FISH_GPU_PROFILE=2).
     pub fn gpu_profile(&self) -> Option<String> {
-        let (_, span) = self.gpu.as_ref()?.span()?;
+        let (run, span) = self.gpu.as_ref()?.span()?;
         span.span_profile()
+            .map(|p| format!("{p}; {}", run.host_summary()))
     }
 
     /// A KV cache for `n_ctx` positions of every layer.

@@ -20,6 +20,7 @@ impl Gpu {
         n_tok: usize,
         pos0: usize,
     ) -> Result<()> {
+        let start = std::time::Instant::now();
         let n_embd = span.shape.n_embd;
         if n_tok == 0 || x.len() != n_tok * n_embd {
             return Err(VkError::Input(format!(
@@ -75,6 +76,7 @@ impl Gpu {
             span.arena.readback.raw,
         );
         let profiler = span.profiler.as_mut();
+        let submit_start = std::time::Instant::now();
         let exec = self.lock_exec();
         // SAFETY: every buffer and set recorded is live until the fence
         // signals, which submit_and_wait waits for.
@@ -123,6 +125,7 @@ impl Gpu {
             );
         });
         drop(exec);
+        let read_start = std::time::Instant::now();
         if let Err(e) = submitted {
             // Positions from pos0 on may hold partial writes.
             span.kv.len = span.kv.len.min(pos0);
@@ -135,6 +138,15 @@ impl Gpu {
         }
         span.kv.len = pos0 + n_tok;
         if let Some(p) = span.profiler.as_mut() {
+            let ns = |a: std::time::Instant, b: std::time::Instant| {
+                b.duration_since(a).as_nanos().min(u128::from(u64::MAX)) as u64
+            };
+            let end = std::time::Instant::now();
+            p.host_ns = [
+                ns(start, submit_start),
+                ns(submit_start, read_start),
+                ns(read_start, end),
+            ];
             p.collect(&self.device)?;
         }
         Ok(())

@@ -46,6 +46,9 @@ pub(crate) struct Profiler {
     pub marks: Vec<SpanStage>,
     /// Nanoseconds per stage kind of the last forward.
     last: Option<Vec<(SpanStage, f64)>>,
+    /// Host nanoseconds of the last forward: preparing (plans, bindings, x
+    /// upload), recording + submit + fence wait, and reading x back.
+    pub host_ns: [u64; 3],
 }
 
 impl Profiler {
@@ -56,6 +59,7 @@ impl Profiler {
             period_ns,
             marks: Vec::new(),
             last: None,
+            host_ns: [0; 3],
         }
     }
 
@@ -120,7 +124,12 @@ impl Profiler {
             .iter()
             .map(|(s, ns)| format!("{} {:.1}%", s.label(), 100.0 * ns / total))
             .collect();
-        Some(format!("span {:.3} ms: {}", total / 1e6, parts.join(", ")))
+        let [prepare, execute, read] = self.host_ns.map(|ns| ns as f64 / 1e6);
+        Some(format!(
+            "span {:.3} ms: {} (host: prepare {prepare:.3} ms, record+submit+wait {execute:.3} ms, read back {read:.3} ms)",
+            total / 1e6,
+            parts.join(", ")
+        ))
     }
 
     fn destroy_pool(&mut self, device: &ash::Device) {

@@ -145,7 +145,7 @@ pub fn check_f16_product(w: &Weights<'_>, x: &[f32], n_tok: usize, y: &[f32], wh
 /// device's prefill kernel, which on devices with cooperative matrices takes
 /// f16 inputs.
 pub fn check_auto(gpu: &Gpu, w: &Weights<'_>, x: &[f32], n_tok: usize, y: &[f32], what: &str) {
-    if n_tok > fish_vk::MATVEC_MAX_TOKENS && gpu.coopmat_tile_in_use().is_some() {
+    if n_tok > fish_vk::MATVEC_MAX_TOKENS && gpu.prefill_kernel(n_tok) == fish_vk::Kernel::CoopMat {
         check_f16_product(w, x, n_tok, y, what);
     } else {
         check_against_cpu(w, x, n_tok, y, what);
