@@ -89,6 +89,15 @@ pub struct SpanSpec<'a> {
     pub layers: Vec<SpanLayer<'a>>,
     /// The context size: the device KV never grows past it.
     pub n_ctx: usize,
+    /// The model's output (final norm, resident projection), for backends
+    /// that run it in the span's submit (`span_forward_logits`).
+    pub output: Option<SpanOutput<'a>>,
+}
+
+/// The final norm and the resident output projection.
+pub struct SpanOutput<'a> {
+    pub norm: &'a [f32],
+    pub id: TensorId,
 }
 
 /// Stage 2: a contiguous range of layers resident on the device with an f16
@@ -112,6 +121,27 @@ pub trait SpanBackend: ComputeBackend {
     /// `x` (n_tok x n_embd residual stream) in, the span's output out. Refused
     /// when `pos0` would leave a gap in the device KV. On error `x` is untouched.
     fn span_forward(&self, x: &mut [f32], n_tok: usize, pos0: usize) -> Result<(), BackendError>;
+
+    /// The most rows of logits `span_forward_logits` returns; 0 when the
+    /// span does not run the model's output.
+    fn span_max_logit_rows(&self) -> usize {
+        0
+    }
+
+    /// `span_forward`, then the output in the same submit: the logits
+    /// (`rows` x n_vocab) of the last `rows` of the `n_tok` tokens.
+    fn span_forward_logits(
+        &self,
+        x: &[f32],
+        n_tok: usize,
+        pos0: usize,
+        rows: usize,
+    ) -> Result<Vec<f32>, BackendError> {
+        let _ = (x, n_tok, pos0, rows);
+        Err(BackendError::Unsupported(
+            "this backend's spans do not run the output".into(),
+        ))
+    }
 
     /// Releases the span's KV, arena and parameters.
     fn span_end(&self);

@@ -7,7 +7,7 @@ use std::sync::MutexGuard;
 use fish_core::backend::{BackendError, SpanBackend, SpanSpec};
 use fish_core::model::ops::RopeAngles;
 use fish_core::model::{Activation, RopeStyle};
-use fish_vk::{Span, SpanActivation, SpanDesc, SpanLayerDesc, SpanRope, SpanShape};
+use fish_vk::{Span, SpanActivation, SpanDesc, SpanLayerDesc, SpanOutputDesc, SpanRope, SpanShape};
 
 use crate::backend::{map_err, VulkanBackend};
 
@@ -121,6 +121,13 @@ impl VulkanBackend {
             },
             layers,
             rope_tables: tables.iter().map(|t| &t[..]).collect(),
+            output: match &spec.output {
+                Some(o) => Some(SpanOutputDesc {
+                    norm: o.norm,
+                    weight: self.handle(o.id)?,
+                }),
+                None => None,
+            },
         };
         self.gpu().span_create(&desc, profiling()).map_err(map_err)
     }
@@ -166,6 +173,32 @@ impl SpanBackend for VulkanBackend {
         }
         self.gpu()
             .span_forward(span, x, n_tok, pos0)
+            .map_err(map_err)
+    }
+
+    fn span_max_logit_rows(&self) -> usize {
+        self.span_slot().as_ref().map_or(0, |s| s.max_logit_rows())
+    }
+
+    fn span_forward_logits(
+        &self,
+        x: &[f32],
+        n_tok: usize,
+        pos0: usize,
+        rows: usize,
+    ) -> Result<Vec<f32>, BackendError> {
+        let mut slot = self.span_slot();
+        let span = slot
+            .as_mut()
+            .ok_or_else(|| BackendError::Unsupported("no span".into()))?;
+        if pos0 > span.kv_len() {
+            return Err(BackendError::Unsupported(format!(
+                "position {pos0} would leave a gap after the {} positions in the device KV",
+                span.kv_len()
+            )));
+        }
+        self.gpu()
+            .span_forward_logits(span, x, n_tok, pos0, rows)
             .map_err(map_err)
     }
 

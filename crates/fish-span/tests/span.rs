@@ -9,7 +9,7 @@ use std::sync::Arc;
 
 use common::{backend, model_path};
 use fish_core::backend::ComputeBackend;
-use fish_core::model::layer_range::{embed_tokens, forward_layers};
+use fish_core::model::layer_range::{embed_tokens, forward_layers, output_rows};
 use fish_core::model::{KvCache, Model, PlacementLimits};
 use fish_span::VulkanBackend;
 
@@ -233,5 +233,45 @@ fn span_end_and_unload_free_all_device_memory() {
     assert_eq!(gpu.bytes_resident(), resident0);
     assert_eq!(gpu.gpu().allocation_count(), allocs0);
     assert_eq!(gpu.memory_free(), free0);
+    assert_eq!(gpu.gpu().validation_messages(), 0);
+}
+
+#[test]
+fn span_logits_match_the_output_of_the_reference_rows() {
+    let Some(gpu) = backend() else { return };
+    let (model, first) = placed(&gpu, "SmolLM2-135M-Instruct.Q4_1.gguf", 3);
+    begin_span(&gpu, &model, first);
+    let span = gpu.as_span().expect("spans");
+    assert!(span.span_max_logit_rows() >= 3, "the span runs the output");
+    let n_embd = model.cfg.n_embd;
+    let mut reference = Reference::new(&model, first);
+
+    // A prefill returning the logits of its last three tokens.
+    let (input, want_x) = reference.step(&TOKENS[..7], 0);
+    let logits = span
+        .span_forward_logits(&input, 7, 0, 3)
+        .expect("prefill logits");
+    let want = output_rows(&model, &want_x[4 * n_embd..]).expect("reference output");
+    assert_eq!(logits.len(), want.len());
+    let prefill_err = relative_error(&logits, &want);
+
+    // A decode step returning one row.
+    let (input, want_x) = reference.step(&TOKENS[7..8], 7);
+    let logits = span
+        .span_forward_logits(&input, 1, 7, 1)
+        .expect("decode logits");
+    let want = output_rows(&model, &want_x).expect("reference output");
+    let decode_err = relative_error(&logits, &want);
+    eprintln!(
+        "span output vs reference output: prefill {:.4}%, decode {:.4}% of max |logit|",
+        prefill_err * 100.0,
+        decode_err * 100.0
+    );
+    assert!(prefill_err < 0.02 && decode_err < 0.02);
+
+    // More rows than tokens is refused without touching the device KV.
+    assert!(span.span_forward_logits(&input, 1, 8, 2).is_err());
+    assert_eq!(span.span_kv_len(), 8);
+    span.span_end();
     assert_eq!(gpu.gpu().validation_messages(), 0);
 }

@@ -31,7 +31,7 @@ pub use gpu::Gpu;
 pub use kernels::{supports, Kernel, MATVEC_MAX_TOKENS};
 pub use pipeline::{module_bytes, COMPILED_AT_BUILD};
 pub use span::{
-    Span, SpanActivation, SpanDesc, SpanLayerDesc, SpanRope, SpanShape, SpanStage,
+    Span, SpanActivation, SpanDesc, SpanLayerDesc, SpanOutputDesc, SpanRope, SpanShape, SpanStage,
     SPAN_CHUNK_TOKENS,
 };
 pub use status::{enabled, global, status};

@@ -9,7 +9,9 @@ use fish_gguf::Gguf;
 use super::config::ModelConfig;
 use super::span_run::SpanRun;
 use super::weights::{Matrix, ModelWeights};
-use crate::backend::{BackendError, ComputeBackend, SpanBackend, SpanLayer, SpanSpec, TensorId};
+use crate::backend::{
+    BackendError, ComputeBackend, SpanBackend, SpanLayer, SpanOutput, SpanSpec, TensorId,
+};
 
 /// The device copies of one layer's projections, grouped by shared input.
 pub struct LayerIds {
@@ -169,6 +171,10 @@ impl GpuPlacement {
             first_layer: first,
             layers,
             n_ctx,
+            output: self.output.map(|id| SpanOutput {
+                norm: &w.output_norm,
+                id,
+            }),
         }
     }
 

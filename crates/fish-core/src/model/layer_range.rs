@@ -4,7 +4,7 @@
 
 use std::ops::Range;
 
-use super::forward::{embed, run_layers, OneSequence};
+use super::forward::{embed, output_logits, run_layers, OneSequence};
 use super::kv_cache::KvCache;
 use super::Model;
 use crate::error::{EngineError, Result};
@@ -49,4 +49,17 @@ pub fn forward_layers(
     )?;
     cache.set_len(pos0 + n_tok);
     Ok(())
+}
+
+/// The final norm and output projection of hidden rows (n_rows x n_embd):
+/// n_rows x n_vocab logits, as the engine's forward computes them.
+pub fn output_rows(model: &Model, rows: &[f32]) -> Result<Vec<f32>> {
+    if rows.is_empty() || !rows.len().is_multiple_of(model.cfg.n_embd) {
+        return Err(EngineError::BadHyperParameter(format!(
+            "{} values for rows of {}",
+            rows.len(),
+            model.cfg.n_embd
+        )));
+    }
+    output_logits(model, rows)
 }

@@ -92,13 +92,32 @@ pub(super) fn forward_with_span(
     // also advances the cache's length for the span's positions.
     forward_layers(model, cache, &mut x, pos0, 0..run.first_layer)?;
     let span_start = Instant::now();
-    if let Err(e) = span.span_forward(&mut x, n_tok, pos0) {
-        // The device KV may now be incomplete: nothing can trust it again.
-        if let Some(p) = model.gpu.as_ref() {
-            p.mark_failed(&e);
+    let rows = match logits_for {
+        LogitsFor::Last => 1,
+        LogitsFor::All => n_tok,
+    };
+    // The span runs the output too when it can: one submit returns logits.
+    let fused = rows <= span.span_max_logit_rows();
+    let ran = if fused {
+        span.span_forward_logits(&x, n_tok, pos0, rows).map(Some)
+    } else {
+        span.span_forward(&mut x, n_tok, pos0).map(|()| None)
+    };
+    let logits = match ran {
+        Ok(logits) => logits,
+        Err(e) => {
+            // The device KV may now be incomplete: nothing can trust it again.
+            if let Some(p) = model.gpu.as_ref() {
+                p.mark_failed(&e);
+            }
+            cache.truncate(pos0);
+            return Err(EngineError::SpanReplay);
         }
-        cache.truncate(pos0);
-        return Err(EngineError::SpanReplay);
+    };
+    if let Some(logits) = logits {
+        let now = Instant::now();
+        run.record_phases([start, span_start, now, now]);
+        return Ok(logits);
     }
     let n_embd = model.cfg.n_embd;
     let rows = match logits_for {

@@ -4,6 +4,7 @@
 use super::arena::Arena;
 use super::desc::LayerTensors;
 use super::kv::KvCache;
+use super::output::SpanOutput;
 use super::params::Params;
 use super::pipelines::{SpanPipelines, SPAN_BINDINGS};
 use crate::error::{Result, VkCall};
@@ -41,6 +42,8 @@ pub(crate) struct Bindings {
     /// gate/up in place (activation).
     pub act: vk::DescriptorSet,
     pub layers: Vec<LayerSets>,
+    /// The output projection: normed rows (xn) -> logits.
+    pub output: Option<MatmulSets>,
 }
 
 /// The span's buffers, for writing the sets.
@@ -48,6 +51,7 @@ pub(crate) struct SpanBuffers<'a> {
     pub arena: &'a Arena,
     pub kv: &'a KvCache,
     pub params: &'a Params,
+    pub output: Option<&'a SpanOutput>,
 }
 
 impl Bindings {
@@ -74,10 +78,27 @@ impl Bindings {
             }
             weights.push(w);
         }
-        let n_matmul: usize = weights.iter().flatten().map(Vec::len).sum();
+        let output_weights: Vec<vk::Buffer> = match bufs.output {
+            Some(o) => gpu
+                .plan_handles(&[o.weight], 1, Kernel::Auto)?
+                .iter()
+                .map(|d| d.weights)
+                .collect(),
+            None => Vec::new(),
+        };
+        let n_matmul: usize =
+            weights.iter().flatten().map(Vec::len).sum::<usize>() + output_weights.len();
         let n_span = 5 + 2 * layers.len();
         let pool = create_pool(gpu, n_matmul + n_span)?;
-        let built = Self::write(gpu, pool, pipelines, &groups, &weights, bufs);
+        let built = Self::write(
+            gpu,
+            pool,
+            pipelines,
+            &groups,
+            &weights,
+            &output_weights,
+            bufs,
+        );
         if built.is_err() {
             // SAFETY: no set of this pool was used.
             unsafe { gpu.device.destroy_descriptor_pool(pool, None) };
@@ -91,6 +112,7 @@ impl Bindings {
         pipelines: &SpanPipelines,
         groups: &[[Vec<TensorHandle>; 4]],
         weights: &[[Vec<vk::Buffer>; 4]],
+        output_weights: &[vk::Buffer],
         bufs: &SpanBuffers<'_>,
     ) -> Result<Bindings> {
         let a = bufs.arena;
@@ -142,8 +164,18 @@ impl Bindings {
                 attention: span_set([a.qkv.raw, k, v, a.attn.raw])?,
             });
         }
+        let output = match bufs.output {
+            Some(o) => Some(matmul_sets(
+                &[o.weight],
+                output_weights,
+                a.xn.raw,
+                o.logits.raw,
+            )?),
+            None => None,
+        };
         Ok(Bindings {
             pool,
+            output,
             norm_x: span_set([a.x.raw, a.xn.raw, p, p])?,
             qkv_self: span_set([a.qkv.raw, a.qkv.raw, p, p])?,
             norm_o_into_x: span_set([a.o.raw, a.x.raw, p, p])?,

@@ -77,10 +77,22 @@ pub struct SpanLayerDesc<'a> {
     pub window: usize,
 }
 
+/// The model's output (final norm and projection), run in the span's command
+/// buffer after its last layer so that a forward returns logits in one
+/// submit instead of reading x back for a second one.
+pub struct SpanOutputDesc<'a> {
+    pub norm: &'a [f32],
+    /// The resident output projection (n_embd -> n_vocab).
+    pub weight: TensorHandle,
+}
+
 /// A whole span.
 pub struct SpanDesc<'a> {
     pub shape: SpanShape,
     pub layers: Vec<SpanLayerDesc<'a>>,
+    /// Present when the span ends at the model's last layer and the output
+    /// projection is resident.
+    pub output: Option<SpanOutputDesc<'a>>,
     /// Per table, for each position `0..n_ctx`, `n_rot / 2` (cos, sin) pairs:
     /// the caller computes them exactly as its CPU RoPE does.
     pub rope_tables: Vec<&'a [f32]>,
@@ -139,6 +151,16 @@ impl SpanDesc<'_> {
                 "RoPE table of {} values, expected {table_len}",
                 t.len()
             ));
+        }
+        if let Some(o) = &self.output {
+            if o.norm.len() != s.n_embd || o.weight.n_in() != s.n_embd {
+                return Err(VkError::Shape(format!(
+                    "span output: norm of {} and rows of {} for a width of {}",
+                    o.norm.len(),
+                    o.weight.n_in(),
+                    s.n_embd
+                )));
+            }
         }
         self.layers
             .iter()

@@ -1,11 +1,12 @@
 //! One span forward: checks, then one command buffer (x in, every layer,
-//! x out), one submit, one fence.
+//! x or the output's logits out), one submit, one fence.
 
 use super::bindings::{Bindings, SpanBuffers};
-use super::record::{max_timestamps, plan_chunks, Recording};
+use super::record::{max_timestamps, plan_chunks, OutputRecording, Recording};
 use super::{Span, SPAN_CHUNK_TOKENS};
 use crate::error::{Result, VkError};
 use crate::gpu::Gpu;
+use crate::kernels::Kernel;
 use ash::vk;
 
 impl Gpu {
@@ -20,6 +21,41 @@ impl Gpu {
         n_tok: usize,
         pos0: usize,
     ) -> Result<()> {
+        let out = self.span_run(span, x, n_tok, pos0, None)?;
+        x.copy_from_slice(&out);
+        Ok(())
+    }
+
+    /// Like `span_forward`, then the model's output in the same submit:
+    /// returns the logits (`rows` x n_vocab) of the last `rows` tokens, for
+    /// spans that run the output (`Span::max_logit_rows`). x is not read back.
+    pub fn span_forward_logits(
+        &self,
+        span: &mut Span,
+        x: &[f32],
+        n_tok: usize,
+        pos0: usize,
+        rows: usize,
+    ) -> Result<Vec<f32>> {
+        if rows == 0 || rows > n_tok || rows > span.max_logit_rows() {
+            return Err(VkError::Input(format!(
+                "{rows} rows of logits from a forward of {n_tok} tokens (the span returns at most {})",
+                span.max_logit_rows()
+            )));
+        }
+        self.span_run(span, x, n_tok, pos0, Some(rows))
+    }
+
+    /// One forward; returns x after the span, or with `logit_rows` the
+    /// logits of that many last tokens.
+    fn span_run(
+        &self,
+        span: &mut Span,
+        x: &[f32],
+        n_tok: usize,
+        pos0: usize,
+        logit_rows: Option<usize>,
+    ) -> Result<Vec<f32>> {
         let start = std::time::Instant::now();
         let n_embd = span.shape.n_embd;
         if n_tok == 0 || x.len() != n_tok * n_embd {
@@ -35,7 +71,11 @@ impl Gpu {
             )));
         }
         self.span_reserve(span, pos0 + n_tok)?;
-        if span.arena.fit_tokens(self, &span.shape, n_tok)? {
+        let mut stale = span.arena.fit_tokens(self, &span.shape, n_tok)?;
+        if let (Some(rows), Some(o)) = (logit_rows, span.output.as_mut()) {
+            stale |= o.fit_rows(self, rows)?;
+        }
+        if stale {
             if let Some(b) = span.bindings.take() {
                 b.destroy(&self.device);
             }
@@ -45,10 +85,32 @@ impl Gpu {
                 arena: &span.arena,
                 kv: &span.kv,
                 params: &span.params,
+                output: span.output.as_ref(),
             };
             span.bindings = Some(Bindings::build(self, &span.pipelines, &span.layers, &bufs)?);
         }
         let bindings = span.bindings.as_ref().expect("built above");
+        let output = match logit_rows {
+            Some(rows) => {
+                let missing = || VkError::Input("this span does not run the output".into());
+                let o = span.output.as_ref().ok_or_else(missing)?;
+                let sets = &bindings.output.as_ref().ok_or_else(missing)?.sets;
+                let plan = self.plan_handles(&[o.weight], rows, Kernel::Auto)?;
+                if plan.len() != sets.len() {
+                    return Err(VkError::Input(
+                        "output plan does not match its descriptor sets".into(),
+                    ));
+                }
+                Some(OutputRecording {
+                    plan,
+                    sets,
+                    norm: span.params.output_norm.ok_or_else(missing)?,
+                    rows,
+                    n_tok,
+                })
+            }
+            None => None,
+        };
         let chunks = plan_chunks(self, &span.layers, bindings, n_tok, SPAN_CHUNK_TOKENS)?;
         if let Some(p) = span.profiler.as_mut() {
             p.ensure(
@@ -68,13 +130,20 @@ impl Gpu {
             bindings,
             chunks: &chunks,
             pos0,
+            output,
         };
         let size = x_bytes.len() as u64;
-        let (upload, x_dev, readback) = (
-            span.arena.upload.raw,
-            span.arena.x.raw,
-            span.arena.readback.raw,
-        );
+        let upload = span.arena.upload.raw;
+        let x_dev = span.arena.x.raw;
+        // What the submit copies back: x, or the logits.
+        let (result_dev, readback, result_bytes) = match (logit_rows, span.output.as_ref()) {
+            (Some(rows), Some(o)) => (
+                o.logits.raw,
+                o.readback.raw,
+                (rows * o.n_vocab() * 4) as u64,
+            ),
+            _ => (x_dev, span.arena.readback.raw, size),
+        };
         let profiler = span.profiler.as_mut();
         let submit_start = std::time::Instant::now();
         let exec = self.lock_exec();
@@ -113,7 +182,12 @@ impl Gpu {
                     vk::AccessFlags::TRANSFER_READ,
                 ),
             );
-            d.cmd_copy_buffer(cmd, x_dev, readback, &region);
+            let back = [vk::BufferCopy {
+                src_offset: 0,
+                dst_offset: 0,
+                size: result_bytes,
+            }];
+            d.cmd_copy_buffer(cmd, result_dev, readback, &back);
             barrier(
                 d,
                 cmd,
@@ -131,11 +205,15 @@ impl Gpu {
             span.kv.len = span.kv.len.min(pos0);
             return Err(e);
         }
-        let mut out = vec![0u8; x_bytes.len()];
-        span.arena.readback.read(&self.allocator, 0, &mut out)?;
-        for (v, b) in x.iter_mut().zip(out.chunks_exact(4)) {
-            *v = f32::from_le_bytes([b[0], b[1], b[2], b[3]]);
+        let mut out = vec![0u8; result_bytes as usize];
+        match (logit_rows, span.output.as_ref()) {
+            (Some(_), Some(o)) => o.readback.read(&self.allocator, 0, &mut out)?,
+            _ => span.arena.readback.read(&self.allocator, 0, &mut out)?,
         }
+        let result: Vec<f32> = out
+            .chunks_exact(4)
+            .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+            .collect();
         span.kv.len = pos0 + n_tok;
         if let Some(p) = span.profiler.as_mut() {
             let ns = |a: std::time::Instant, b: std::time::Instant| {
@@ -149,7 +227,7 @@ impl Gpu {
             ];
             p.collect(&self.device)?;
         }
-        Ok(())
+        Ok(result)
     }
 }
 

@@ -13,12 +13,13 @@ mod bindings;
 mod desc;
 mod forward;
 mod kv;
+mod output;
 mod params;
 mod pipelines;
 mod profile;
 mod record;
 
-pub use desc::{SpanActivation, SpanDesc, SpanLayerDesc, SpanRope, SpanShape};
+pub use desc::{SpanActivation, SpanDesc, SpanLayerDesc, SpanOutputDesc, SpanRope, SpanShape};
 pub use profile::SpanStage;
 
 use crate::error::Result;
@@ -26,6 +27,7 @@ use crate::gpu::Gpu;
 use arena::Arena;
 use bindings::Bindings;
 use kv::KvCache;
+use output::SpanOutput;
 use params::Params;
 use pipelines::SpanPipelines;
 use profile::Profiler;
@@ -41,6 +43,8 @@ pub struct Span {
     params: Params,
     arena: Arena,
     kv: KvCache,
+    /// The model's output, when the span runs it (SpanDesc::output).
+    output: Option<SpanOutput>,
     pipelines: SpanPipelines,
     bindings: Option<Bindings>,
     profiler: Option<Profiler>,
@@ -67,9 +71,20 @@ impl Span {
         self.layers.len()
     }
 
-    /// Device bytes the span holds (parameters, arena and KV).
+    /// Device bytes the span holds (parameters, arena, KV and logits).
     pub fn device_bytes(&self) -> u64 {
-        self.params.bytes() + self.arena.bytes() + self.kv.bytes()
+        let logits = self.output.as_ref().map_or(0, SpanOutput::bytes);
+        self.params.bytes() + self.arena.bytes() + self.kv.bytes() + logits
+    }
+
+    /// The most rows of logits one forward can return
+    /// (`Gpu::span_forward_logits`); 0 when the span does not run the output.
+    pub fn max_logit_rows(&self) -> usize {
+        if self.output.is_some() {
+            SPAN_CHUNK_TOKENS
+        } else {
+            0
+        }
     }
 
     /// Device bytes of the KV cache alone.
@@ -97,6 +112,21 @@ impl Gpu {
                 return Err(e);
             }
         };
+        let output = match desc
+            .output
+            .as_ref()
+            .map(|o| SpanOutput::new(self, o.weight))
+        {
+            None => None,
+            Some(Ok(o)) => Some(o),
+            Some(Err(e)) => {
+                pipelines.destroy(&self.device);
+                params.release(self);
+                arena.release(self);
+                kv.release(self);
+                return Err(e);
+            }
+        };
         let profiler = if profile {
             self.info.timestamp_period_ns.map(Profiler::new)
         } else {
@@ -108,6 +138,7 @@ impl Gpu {
             params,
             arena,
             kv,
+            output,
             pipelines,
             bindings: None,
             profiler,
@@ -163,5 +194,8 @@ impl Gpu {
         span.params.release(self);
         span.arena.release(self);
         span.kv.release(self);
+        if let Some(o) = span.output {
+            o.release(self);
+        }
     }
 }

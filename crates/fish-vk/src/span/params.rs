@@ -27,6 +27,8 @@ pub(crate) struct Params {
     pub layers: Vec<LayerParams>,
     /// Float offset of each RoPE table.
     pub rope_tables: Vec<u32>,
+    /// Float offset of the output norm, when the span runs the output.
+    pub output_norm: Option<u32>,
 }
 
 /// Appends vectors to a flat f32 list and remembers where each starts.
@@ -62,6 +64,7 @@ impl Params {
             })
             .collect();
         let rope_tables = desc.rope_tables.iter().map(|t| p.put(t)).collect();
+        let output_norm = desc.output.as_ref().map(|o| p.put(o.norm));
         if p.0.len() > u32::MAX as usize {
             return Err(VkError::Input(
                 "span parameters exceed 32-bit offsets".into(),
@@ -73,6 +76,7 @@ impl Params {
             buffer,
             layers,
             rope_tables,
+            output_norm,
         })
     }
 

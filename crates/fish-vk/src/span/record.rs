@@ -67,6 +67,17 @@ fn plan_group(gpu: &Gpu, sets: &MatmulSets, n_tok: usize) -> Result<Vec<Dispatch
     Ok(plan)
 }
 
+/// The output stage of a forward that returns logits: the final norm of the
+/// last `rows` of the `n_tok` rows of x, then the output projection.
+pub(crate) struct OutputRecording<'a> {
+    pub plan: Vec<Dispatch>,
+    pub sets: &'a [vk::DescriptorSet],
+    /// Float offset of the output norm in the parameter buffer.
+    pub norm: u32,
+    pub rows: usize,
+    pub n_tok: usize,
+}
+
 /// What a recording needs besides the command buffer.
 pub(crate) struct Recording<'a> {
     pub gpu: &'a Gpu,
@@ -77,6 +88,7 @@ pub(crate) struct Recording<'a> {
     pub bindings: &'a Bindings,
     pub chunks: &'a [Chunk],
     pub pos0: usize,
+    pub output: Option<OutputRecording<'a>>,
 }
 
 /// Records stages, ending each with a barrier (and a timestamp when profiling).
@@ -161,8 +173,9 @@ fn elementwise_groups(count: usize) -> (u32, u32) {
 
 /// Upper bound of the timestamps one forward writes (for the query pool).
 pub(crate) fn max_timestamps(n_layers: usize, n_chunks: usize) -> u32 {
-    // At most 16 stages per layer and chunk, plus the first timestamp.
-    (n_layers * n_chunks * 16 + 1) as u32
+    // At most 16 stages per layer and chunk, plus the first timestamp and
+    // the output's two stages.
+    (n_layers * n_chunks * 16 + 3) as u32
 }
 
 impl Recording<'_> {
@@ -186,6 +199,15 @@ impl Recording<'_> {
             for chunk in self.chunks {
                 self.record_layer(&mut r, il, layer, chunk);
             }
+        }
+        if let Some(o) = &self.output {
+            let n_embd = self.shape.n_embd;
+            let src_off = ((o.n_tok - o.rows) * n_embd) as u32;
+            let set = self.bindings.norm_x;
+            self.norm(&mut r, set, o.rows, n_embd, src_off, 0, o.norm, 0);
+            r.end(SpanStage::RmsNorm);
+            self.matmul(&mut r, &o.plan, o.sets);
+            r.end(SpanStage::Matvec);
         }
     }
 
