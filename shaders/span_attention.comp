@@ -28,10 +28,13 @@ layout(std430, binding = 1) readonly buffer KCache { uint kc[]; };
 layout(std430, binding = 1) readonly buffer KCache4 { uvec4 kc4[]; };
 layout(std430, binding = 2) readonly buffer VCache { uint vc[]; };
 layout(std430, binding = 3) writeonly buffer Out { float attn[]; };
+// The forward's first position, written by the host before each submit, so
+// that a recorded command buffer serves every position.
+layout(std430, binding = 4) readonly buffer Step { uint step_pos0[]; };
 
 layout(push_constant) uniform Push {
-    // Position of the chunk's first token.
-    uint pos_base;
+    // Index of the chunk's first token within the forward.
+    uint tok_base;
     uint n_head;
     uint n_head_kv;
     uint head_dim;
@@ -105,7 +108,7 @@ void main() {
     uint h = gl_WorkGroupID.x;
     uint t = gl_WorkGroupID.y;
     uint tid = gl_LocalInvocationID.x;
-    uint pos = p.pos_base + t;
+    uint pos = step_pos0[0] + p.tok_base + t;
     uint kv_head = h / (p.n_head / p.n_head_kv);
     uint first = (p.window > 0u && pos + 1u > p.window) ? pos + 1u - p.window : 0u;
     bool wide = (p.head_dim % 8u) == 0u && (p.k_dim % 8u) == 0u;

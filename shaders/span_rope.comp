@@ -12,10 +12,13 @@ layout(std430, binding = 0) buffer Qkv { float qkv[]; };
 layout(std430, binding = 1) writeonly buffer KCache { uint kc[]; };
 layout(std430, binding = 2) writeonly buffer VCache { uint vc[]; };
 layout(std430, binding = 3) readonly buffer Params { float params[]; };
+// The forward's first position, written by the host before each submit, so
+// that a recorded command buffer serves every position.
+layout(std430, binding = 4) readonly buffer Step { uint step_pos0[]; };
 
 layout(push_constant) uniform Push {
-    // Position of the chunk's first token.
-    uint pos_base;
+    // Index of the chunk's first token within the forward.
+    uint tok_base;
     uint q_dim;
     uint k_dim;
     uint v_dim;
@@ -54,7 +57,7 @@ vec2 angle(uint pos, uint j) {
 void main() {
     uint t = gl_WorkGroupID.x;
     uint tid = gl_LocalInvocationID.x;
-    uint pos = p.pos_base + t;
+    uint pos = step_pos0[0] + p.tok_base + t;
     uint half_rot = p.n_rot / 2u;
 
     // Queries, in place.

@@ -262,8 +262,52 @@ impl Gpu {
                 .call("vkBeginCommandBuffer")?;
             record(cmd);
             d.end_command_buffer(cmd).call("vkEndCommandBuffer")?;
-            let cmds = [cmd];
-            let submit = [vk::SubmitInfo::default().command_buffers(&cmds)];
+        }
+        self.submit_recorded(exec, cmd)
+    }
+
+    /// Records a command buffer meant to be submitted many times, allocated
+    /// from the exec pool (the caller frees it there, holding the lock).
+    pub(crate) fn record_once(
+        &self,
+        exec: &Exec,
+        record: impl FnOnce(vk::CommandBuffer),
+    ) -> Result<vk::CommandBuffer> {
+        let d = &self.device;
+        let info = vk::CommandBufferAllocateInfo::default()
+            .command_pool(exec.pool)
+            .level(vk::CommandBufferLevel::PRIMARY)
+            .command_buffer_count(1);
+        // SAFETY: the exec lock held by the caller serialises the pool.
+        let cmd = unsafe { d.allocate_command_buffers(&info) }.call("vkAllocateCommandBuffers")?[0];
+        let begin = vk::CommandBufferBeginInfo::default();
+        // SAFETY: a new command buffer, recorded once and ended here.
+        let recorded = unsafe {
+            d.begin_command_buffer(cmd, &begin)
+                .call("vkBeginCommandBuffer")
+                .and_then(|()| {
+                    record(cmd);
+                    d.end_command_buffer(cmd).call("vkEndCommandBuffer")
+                })
+        };
+        match recorded {
+            Ok(()) => Ok(cmd),
+            Err(e) => {
+                // SAFETY: never submitted.
+                unsafe { d.free_command_buffers(exec.pool, &[cmd]) };
+                Err(e)
+            }
+        }
+    }
+
+    /// Submits a recorded command buffer and waits for it.
+    pub(crate) fn submit_recorded(&self, exec: &Exec, cmd: vk::CommandBuffer) -> Result<()> {
+        let d = &self.device;
+        let cmds = [cmd];
+        let submit = [vk::SubmitInfo::default().command_buffers(&cmds)];
+        // SAFETY: the exec lock held by the caller serialises the queue, and
+        // the fence is unsignalled (every submit resets it after its wait).
+        unsafe {
             d.queue_submit(self.queue, &submit, exec.fence)
                 .call("vkQueueSubmit")?;
             let waited = d

@@ -28,6 +28,10 @@ pub(crate) struct Arena {
     /// Host-visible copies of x (in and out), sized like `x`.
     pub upload: Buffer,
     pub readback: Buffer,
+    /// The forward's first position on the device (read by RoPE and
+    /// attention), copied from `step_upload` at the start of every submit.
+    pub step: Buffer,
+    pub step_upload: Buffer,
 }
 
 fn f32_bytes(n: usize) -> u64 {
@@ -50,6 +54,8 @@ impl Arena {
             (c * 2 * n_ff, MemoryKind::Device),
             (INITIAL_TOKENS * shape.n_embd, MemoryKind::Upload),
             (INITIAL_TOKENS * shape.n_embd, MemoryKind::Readback),
+            (4, MemoryKind::Device),
+            (4, MemoryKind::Upload),
         ];
         let mut bufs = Vec::with_capacity(sizes.len());
         for (n, kind) in sizes {
@@ -73,6 +79,8 @@ impl Arena {
             gate_up: next(),
             upload: next(),
             readback: next(),
+            step: next(),
+            step_upload: next(),
         })
     }
 
@@ -115,6 +123,7 @@ impl Arena {
             &self.attn,
             &self.o,
             &self.gate_up,
+            &self.step,
         ]
         .iter()
         .map(|b| b.size)
@@ -131,6 +140,8 @@ impl Arena {
             self.gate_up,
             self.upload,
             self.readback,
+            self.step,
+            self.step_upload,
         ] {
             gpu.release(b);
         }

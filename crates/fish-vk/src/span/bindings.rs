@@ -117,9 +117,10 @@ impl Bindings {
     ) -> Result<Bindings> {
         let a = bufs.arena;
         let p = bufs.params.buffer.raw;
+        // Every span set binds the step buffer last (binding 4).
         let span_set = |b: [vk::Buffer; 4]| -> Result<vk::DescriptorSet> {
             let set = allocate(gpu, pool, pipelines.set_layout)?;
-            write_set(gpu, set, &b);
+            write_set(gpu, set, &[b[0], b[1], b[2], b[3], a.step.raw]);
             Ok(set)
         };
         let matmul_sets = |handles: &[TensorHandle],
@@ -179,7 +180,7 @@ impl Bindings {
             norm_x: span_set([a.x.raw, a.xn.raw, p, p])?,
             qkv_self: span_set([a.qkv.raw, a.qkv.raw, p, p])?,
             norm_o_into_x: span_set([a.o.raw, a.x.raw, p, p])?,
-            act: span_set([a.gate_up.raw; SPAN_BINDINGS as usize])?,
+            act: span_set([a.gate_up.raw; 4])?,
             layers,
         })
     }

@@ -2,6 +2,8 @@
 //! x or the output's logits out), one submit, one fence.
 
 use super::bindings::{Bindings, SpanBuffers};
+use super::output::SpanOutput;
+use super::profile::Profiler;
 use super::record::{max_timestamps, plan_chunks, OutputRecording, Recording};
 use super::{Span, SPAN_CHUNK_TOKENS};
 use crate::error::{Result, VkError};
@@ -81,6 +83,8 @@ impl Gpu {
             }
         }
         if span.bindings.is_none() {
+            // Recordings bind the old sets and buffers.
+            span.recorded.clear(self);
             let bufs = SpanBuffers {
                 arena: &span.arena,
                 kv: &span.kv,
@@ -89,116 +93,95 @@ impl Gpu {
             };
             span.bindings = Some(Bindings::build(self, &span.pipelines, &span.layers, &bufs)?);
         }
-        let bindings = span.bindings.as_ref().expect("built above");
-        let output = match logit_rows {
-            Some(rows) => {
-                let missing = || VkError::Input("this span does not run the output".into());
-                let o = span.output.as_ref().ok_or_else(missing)?;
-                let sets = &bindings.output.as_ref().ok_or_else(missing)?.sets;
-                let plan = self.plan_handles(&[o.weight], rows, Kernel::Auto)?;
-                if plan.len() != sets.len() {
-                    return Err(VkError::Input(
-                        "output plan does not match its descriptor sets".into(),
-                    ));
-                }
-                Some(OutputRecording {
-                    plan,
-                    sets,
-                    norm: span.params.output_norm.ok_or_else(missing)?,
-                    rows,
-                    n_tok,
-                })
-            }
-            None => None,
-        };
-        let chunks = plan_chunks(self, &span.layers, bindings, n_tok, SPAN_CHUNK_TOKENS)?;
-        if let Some(p) = span.profiler.as_mut() {
-            p.ensure(
-                &self.device,
-                max_timestamps(span.layers.len(), chunks.len()),
-            )?;
-        }
         let x_bytes: Vec<u8> = x.iter().flat_map(|v| v.to_le_bytes()).collect();
         span.arena.upload.write(&self.allocator, 0, &x_bytes)?;
-
-        let recording = Recording {
-            gpu: self,
-            shape: &span.shape,
-            layers: &span.layers,
-            params: &span.params,
-            pipelines: &span.pipelines,
-            bindings,
-            chunks: &chunks,
-            pos0,
-            output,
+        span.arena
+            .step_upload
+            .write(&self.allocator, 0, &(pos0 as u32).to_le_bytes())?;
+        let copies = Copies {
+            upload: span.arena.upload.raw,
+            x_dev: span.arena.x.raw,
+            x_bytes: x_bytes.len() as u64,
+            step_upload: span.arena.step_upload.raw,
+            step: span.arena.step.raw,
+            result: match (logit_rows, span.output.as_ref()) {
+                (Some(rows), Some(o)) => (
+                    o.logits.raw,
+                    o.readback.raw,
+                    (rows * o.n_vocab() * 4) as u64,
+                ),
+                _ => (
+                    span.arena.x.raw,
+                    span.arena.readback.raw,
+                    x_bytes.len() as u64,
+                ),
+            },
         };
-        let size = x_bytes.len() as u64;
-        let upload = span.arena.upload.raw;
-        let x_dev = span.arena.x.raw;
-        // What the submit copies back: x, or the logits.
-        let (result_dev, readback, result_bytes) = match (logit_rows, span.output.as_ref()) {
-            (Some(rows), Some(o)) => (
-                o.logits.raw,
-                o.readback.raw,
-                (rows * o.n_vocab() * 4) as u64,
-            ),
-            _ => (x_dev, span.arena.readback.raw, size),
+        let result_bytes = copies.result.2;
+        let key = (n_tok, logit_rows);
+        let submit_start;
+        let submitted = match span.recorded.get(key) {
+            // The common case of decode: the same shape as an earlier forward,
+            // so its command buffer is submitted again as it was recorded.
+            Some(cmd) if span.profiler.is_none() => {
+                submit_start = std::time::Instant::now();
+                let exec = self.lock_exec();
+                self.submit_recorded(&exec, cmd)
+            }
+            _ => {
+                let bindings = span.bindings.as_ref().expect("built above");
+                let output = match logit_rows {
+                    Some(rows) => Some(output_recording(
+                        self,
+                        span.output.as_ref(),
+                        bindings,
+                        span.params.output_norm,
+                        rows,
+                        n_tok,
+                    )?),
+                    None => None,
+                };
+                let chunks = plan_chunks(self, &span.layers, bindings, n_tok, SPAN_CHUNK_TOKENS)?;
+                if let Some(p) = span.profiler.as_mut() {
+                    p.ensure(
+                        &self.device,
+                        max_timestamps(span.layers.len(), chunks.len()),
+                    )?;
+                }
+                let recording = Recording {
+                    gpu: self,
+                    shape: &span.shape,
+                    layers: &span.layers,
+                    params: &span.params,
+                    pipelines: &span.pipelines,
+                    bindings,
+                    chunks: &chunks,
+                    output,
+                };
+                submit_start = std::time::Instant::now();
+                let exec = self.lock_exec();
+                match span.profiler.as_mut() {
+                    // Timestamps are collected per forward: record it afresh.
+                    Some(profiler) => self.submit_and_wait(&exec, |cmd| {
+                        // SAFETY: every buffer and set recorded is live until
+                        // the fence signals, which submit_and_wait waits for.
+                        unsafe {
+                            record_forward(&self.device, cmd, &recording, Some(profiler), &copies)
+                        }
+                    }),
+                    None => self
+                        .record_once(&exec, |cmd| {
+                            // SAFETY: the recording is dropped (span.recorded
+                            // cleared) before any buffer or set it binds.
+                            unsafe { record_forward(&self.device, cmd, &recording, None, &copies) }
+                        })
+                        .and_then(|cmd| {
+                            span.recorded.insert(self, &exec, key, cmd);
+                            self.submit_recorded(&exec, cmd)
+                        }),
+                }
+            }
         };
-        let profiler = span.profiler.as_mut();
-        let submit_start = std::time::Instant::now();
-        let exec = self.lock_exec();
-        // SAFETY: every buffer and set recorded is live until the fence
-        // signals, which submit_and_wait waits for.
-        let submitted = self.submit_and_wait(&exec, |cmd| unsafe {
-            let d = &self.device;
-            let region = [vk::BufferCopy {
-                src_offset: 0,
-                dst_offset: 0,
-                size,
-            }];
-            d.cmd_copy_buffer(cmd, upload, x_dev, &region);
-            barrier(
-                d,
-                cmd,
-                (
-                    vk::PipelineStageFlags::TRANSFER,
-                    vk::AccessFlags::TRANSFER_WRITE,
-                ),
-                (
-                    vk::PipelineStageFlags::COMPUTE_SHADER,
-                    vk::AccessFlags::SHADER_READ | vk::AccessFlags::SHADER_WRITE,
-                ),
-            );
-            recording.record(cmd, profiler);
-            barrier(
-                d,
-                cmd,
-                (
-                    vk::PipelineStageFlags::COMPUTE_SHADER,
-                    vk::AccessFlags::SHADER_WRITE,
-                ),
-                (
-                    vk::PipelineStageFlags::TRANSFER,
-                    vk::AccessFlags::TRANSFER_READ,
-                ),
-            );
-            let back = [vk::BufferCopy {
-                src_offset: 0,
-                dst_offset: 0,
-                size: result_bytes,
-            }];
-            d.cmd_copy_buffer(cmd, result_dev, readback, &back);
-            barrier(
-                d,
-                cmd,
-                (
-                    vk::PipelineStageFlags::TRANSFER,
-                    vk::AccessFlags::TRANSFER_WRITE,
-                ),
-                (vk::PipelineStageFlags::HOST, vk::AccessFlags::HOST_READ),
-            );
-        });
-        drop(exec);
         let read_start = std::time::Instant::now();
         if let Err(e) = submitted {
             // Positions from pos0 on may hold partial writes.
@@ -229,6 +212,100 @@ impl Gpu {
         }
         Ok(result)
     }
+}
+
+/// The copies around the layers: x (and the step's first position) in, the
+/// result (x or logits: device buffer, host buffer, bytes) out.
+struct Copies {
+    upload: vk::Buffer,
+    x_dev: vk::Buffer,
+    x_bytes: u64,
+    step_upload: vk::Buffer,
+    step: vk::Buffer,
+    result: (vk::Buffer, vk::Buffer, u64),
+}
+
+/// What the output stage of a logits forward records.
+fn output_recording<'a>(
+    gpu: &Gpu,
+    output: Option<&SpanOutput>,
+    bindings: &'a Bindings,
+    norm: Option<u32>,
+    rows: usize,
+    n_tok: usize,
+) -> Result<OutputRecording<'a>> {
+    let missing = || VkError::Input("this span does not run the output".into());
+    let o = output.ok_or_else(missing)?;
+    let sets = &bindings.output.as_ref().ok_or_else(missing)?.sets;
+    let plan = gpu.plan_handles(&[o.weight], rows, Kernel::Auto)?;
+    if plan.len() != sets.len() {
+        return Err(VkError::Input(
+            "output plan does not match its descriptor sets".into(),
+        ));
+    }
+    Ok(OutputRecording {
+        plan,
+        sets,
+        norm: norm.ok_or_else(missing)?,
+        rows,
+        n_tok,
+    })
+}
+
+/// Records a whole forward: inputs in, every layer (and the output), the
+/// result out to host-visible memory.
+unsafe fn record_forward(
+    d: &ash::Device,
+    cmd: vk::CommandBuffer,
+    recording: &Recording<'_>,
+    profiler: Option<&mut Profiler>,
+    c: &Copies,
+) {
+    let region = |size| {
+        [vk::BufferCopy {
+            src_offset: 0,
+            dst_offset: 0,
+            size,
+        }]
+    };
+    d.cmd_copy_buffer(cmd, c.upload, c.x_dev, &region(c.x_bytes));
+    d.cmd_copy_buffer(cmd, c.step_upload, c.step, &region(4));
+    barrier(
+        d,
+        cmd,
+        (
+            vk::PipelineStageFlags::TRANSFER,
+            vk::AccessFlags::TRANSFER_WRITE,
+        ),
+        (
+            vk::PipelineStageFlags::COMPUTE_SHADER,
+            vk::AccessFlags::SHADER_READ | vk::AccessFlags::SHADER_WRITE,
+        ),
+    );
+    recording.record(cmd, profiler);
+    barrier(
+        d,
+        cmd,
+        (
+            vk::PipelineStageFlags::COMPUTE_SHADER,
+            vk::AccessFlags::SHADER_WRITE,
+        ),
+        (
+            vk::PipelineStageFlags::TRANSFER,
+            vk::AccessFlags::TRANSFER_READ,
+        ),
+    );
+    let (src, dst, bytes) = c.result;
+    d.cmd_copy_buffer(cmd, src, dst, &region(bytes));
+    barrier(
+        d,
+        cmd,
+        (
+            vk::PipelineStageFlags::TRANSFER,
+            vk::AccessFlags::TRANSFER_WRITE,
+        ),
+        (vk::PipelineStageFlags::HOST, vk::AccessFlags::HOST_READ),
+    );
 }
 
 /// A global memory barrier between two (stage, access) pairs.

@@ -18,6 +18,7 @@ mod params;
 mod pipelines;
 mod profile;
 mod record;
+mod recorded;
 
 pub use desc::{SpanActivation, SpanDesc, SpanLayerDesc, SpanOutputDesc, SpanRope, SpanShape};
 pub use profile::SpanStage;
@@ -31,6 +32,7 @@ use output::SpanOutput;
 use params::Params;
 use pipelines::SpanPipelines;
 use profile::Profiler;
+use recorded::Recorded;
 
 /// Tokens per chunk: the work buffers hold this many, and the tiled matmul
 /// covers one chunk with one tile along the tokens.
@@ -47,6 +49,8 @@ pub struct Span {
     output: Option<SpanOutput>,
     pipelines: SpanPipelines,
     bindings: Option<Bindings>,
+    /// Command buffers of earlier forwards, reused for the same shape.
+    recorded: Recorded,
     profiler: Option<Profiler>,
 }
 
@@ -141,6 +145,7 @@ impl Gpu {
             output,
             pipelines,
             bindings: None,
+            recorded: Recorded::default(),
             profiler,
         })
     }
@@ -172,7 +177,9 @@ impl Gpu {
     /// Makes room for `n_pos` positions in the span's KV (never past n_ctx).
     pub fn span_reserve(&self, span: &mut Span, n_pos: usize) -> Result<()> {
         if span.kv.reserve(self, &span.shape, n_pos)? {
-            // The KV buffers changed: the sets that bound them are stale.
+            // The KV buffers changed: the sets that bound them are stale, and
+            // so are the recordings.
+            span.recorded.clear(self);
             if let Some(b) = span.bindings.take() {
                 b.destroy(&self.device);
             }
@@ -183,7 +190,9 @@ impl Gpu {
     /// Releases everything the span holds on the device.
     pub fn span_destroy(&self, span: Span) {
         // Forwards wait for their fences; holding the exec lock means none runs.
-        let _idle = self.lock_exec();
+        let idle = self.lock_exec();
+        let mut recorded = span.recorded;
+        recorded.free_locked(self, &idle);
         if let Some(b) = span.bindings {
             b.destroy(&self.device);
         }

@@ -1,4 +1,4 @@
-//! The span kernels' pipelines: one layout (four storage buffers, up to
+//! The span kernels' pipelines: one layout (five storage buffers, up to
 //! PUSH_WORDS words of push constants) shared by every span module.
 
 use crate::error::{Result, VkCall, VkError};
@@ -7,8 +7,9 @@ use ash::vk;
 
 /// Push-constant words every span kernel may use.
 pub(crate) const PUSH_WORDS: usize = 16;
-/// Storage buffers per span descriptor set.
-pub(crate) const SPAN_BINDINGS: u32 = 4;
+/// Storage buffers per span descriptor set: four per kernel, then the step
+/// buffer (the forward's first position) that every set binds last.
+pub(crate) const SPAN_BINDINGS: u32 = 5;
 
 /// The span kernels, by module.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -87,7 +87,6 @@ pub(crate) struct Recording<'a> {
     pub pipelines: &'a SpanPipelines,
     pub bindings: &'a Bindings,
     pub chunks: &'a [Chunk],
-    pub pos0: usize,
     pub output: Option<OutputRecording<'a>>,
 }
 
@@ -224,7 +223,9 @@ impl Recording<'_> {
         let b = self.bindings;
         let n = chunk.n;
         let x_off = (chunk.tok0 * s.n_embd) as u32;
-        let pos_base = (self.pos0 + chunk.tok0) as u32;
+        // Positions are the step buffer's first position plus this: the
+        // recording does not depend on where the forward starts.
+        let tok_base = chunk.tok0 as u32;
         let (q_dim, k_dim, v_dim) = (s.q_dim(), s.k_dim(), s.v_dim());
         let k_off = (n * q_dim) as u32;
         let v_off = (n * (q_dim + k_dim)) as u32;
@@ -269,7 +270,7 @@ impl Recording<'_> {
             r.end(SpanStage::RmsNorm);
         }
         let rope = [
-            pos_base,
+            tok_base,
             q_dim as u32,
             k_dim as u32,
             v_dim as u32,
@@ -283,7 +284,7 @@ impl Recording<'_> {
         r.dispatch(SpanKernel::Rope, sets.rope, &rope, (n as u32, 1));
         r.end(SpanStage::RopeKvStore);
         let attention = [
-            pos_base,
+            tok_base,
             s.n_head as u32,
             s.n_head_kv as u32,
             s.head_dim as u32,
