@@ -52,11 +52,15 @@ struct Reference<'a> {
 
 impl<'a> Reference<'a> {
     fn new(model: &'a Model, first: usize) -> Self {
+        Self::with_context(model, first, N_CTX)
+    }
+
+    fn with_context(model: &'a Model, first: usize, n_ctx: usize) -> Self {
         Reference {
             model,
             first,
-            below: model.new_cache(N_CTX),
-            above: model.new_cache(N_CTX),
+            below: model.new_cache(n_ctx),
+            above: model.new_cache(n_ctx),
         }
     }
 
@@ -272,6 +276,40 @@ fn span_logits_match_the_output_of_the_reference_rows() {
     // More rows than tokens is refused without touching the device KV.
     assert!(span.span_forward_logits(&input, 1, 8, 2).is_err());
     assert_eq!(span.span_kv_len(), 8);
+    span.span_end();
+    assert_eq!(gpu.gpu().validation_messages(), 0);
+}
+
+/// Decode steps reuse their recorded command buffer; when the device KV
+/// grows (past its first 256 positions) the recordings must be dropped with
+/// the old buffers. Steps across that boundary against the reference.
+#[test]
+fn recorded_decode_steps_survive_kv_growth() {
+    let Some(gpu) = backend() else { return };
+    let (model, first) = placed(&gpu, "SmolLM2-135M-Instruct.Q4_1.gguf", 2);
+    let n_ctx = 300;
+    let spec = model.span_spec(first, n_ctx).expect("placed");
+    let span = gpu.as_span().expect("spans");
+    span.span_begin(&spec).expect("span_begin");
+    let tokens: Vec<u32> = (0..262).map(|i| TOKENS[i % TOKENS.len()]).collect();
+    let mut reference = Reference::with_context(&model, first, n_ctx);
+    let n_prefill = 250;
+    let (input, want) = reference.step(&tokens[..n_prefill], 0);
+    let mut x = input;
+    span.span_forward(&mut x, n_prefill, 0).expect("prefill");
+    let mut worst = relative_error(&x, &want);
+    for pos in n_prefill..tokens.len() {
+        let (input, want) = reference.step(&tokens[pos..pos + 1], pos);
+        let mut x = input;
+        span.span_forward(&mut x, 1, pos).expect("decode");
+        worst = worst.max(relative_error(&x, &want));
+    }
+    eprintln!(
+        "decode across KV growth: max |dx| {:.4}% of max |x|",
+        worst * 100.0
+    );
+    assert!(worst < 0.01, "max |dx| {:.3}%", worst * 100.0);
+    assert_eq!(span.span_kv_len(), tokens.len());
     span.span_end();
     assert_eq!(gpu.gpu().validation_messages(), 0);
 }
