@@ -12,7 +12,7 @@ use fish_core::session::Session;
 use serde_json::json;
 
 use crate::args::{GpuArgs, ThreadArgs};
-use crate::load::load;
+use crate::load::{load, load_cpu};
 
 #[derive(Args)]
 pub struct BenchArgs {
@@ -35,6 +35,10 @@ pub struct BenchArgs {
     threads: ThreadArgs,
     #[command(flatten)]
     gpu: GpuArgs,
+    /// Run the same tests again on the CPU only, in the same process, and
+    /// report them as `<test> cpu` rows (GPU and CPU figures paired).
+    #[arg(long = "pair-cpu")]
+    pair_cpu: bool,
     /// Print a JSON list instead of a table.
     #[arg(long)]
     json: bool,
@@ -68,52 +72,13 @@ fn bench_tokens(n: usize, n_vocab: usize) -> Vec<u32> {
 pub fn run(args: &BenchArgs) -> Result<()> {
     let loaded = load(&args.model, &args.gpu)?;
     let model = &loaded.model;
-    let n_ctx = (args.n_prompt.max(args.n_gen)).max(1);
-    let mut session = Session::new(model, n_ctx, args.threads.resolve())?;
-    let n_vocab = model.cfg.n_vocab;
-    let mut rows = Vec::new();
-
-    if args.n_prompt > 0 {
-        let toks = bench_tokens(args.n_prompt, n_vocab);
-        let mut speeds = Vec::new();
-        for rep in 0..=args.reps {
-            session.truncate(0);
-            let t0 = Instant::now();
-            session.eval(&toks, LogitsFor::Last)?;
-            if rep > 0 {
-                speeds.push(args.n_prompt as f64 / t0.elapsed().as_secs_f64());
-            }
-        }
-        let (mean, sd) = mean_sd(&speeds);
-        rows.push(Row {
-            test: format!("pp{}", args.n_prompt),
-            mean,
-            sd,
-        });
-    }
-    if args.n_gen > 0 {
-        let toks = bench_tokens(args.n_gen, n_vocab);
-        let mut speeds = Vec::new();
-        for rep in 0..=args.reps {
-            session.truncate(0);
-            let t0 = Instant::now();
-            for &t in &toks {
-                session.eval(&[t], LogitsFor::Last)?;
-            }
-            if rep > 0 {
-                speeds.push(args.n_gen as f64 / t0.elapsed().as_secs_f64());
-            }
-        }
-        let (mean, sd) = mean_sd(&speeds);
-        rows.push(Row {
-            test: format!("tg{}", args.n_gen),
-            mean,
-            sd,
-        });
-    }
-
-    if let (Some(b), true) = (args.batch, args.n_gen > 0) {
-        rows.push(batched_decode(args, model, b)?);
+    let session = Session::new(model, 1, args.threads.resolve())?;
+    let n_threads = session.n_threads();
+    drop(session);
+    let mut rows = measure(args, model, "")?;
+    if args.pair_cpu {
+        let cpu = load_cpu(&args.model)?;
+        rows.extend(measure(args, &cpu.model, " cpu")?);
     }
 
     if let Some(gpu) = model.gpu_describe() {
@@ -141,14 +106,65 @@ pub fn run(args: &BenchArgs) -> Result<()> {
             writeln!(
                 out,
                 "| {name} | {size:.1} MiB | {} | {} | {:.2} ± {:.2} |",
-                session.n_threads(),
-                r.test,
-                r.mean,
-                r.sd
+                n_threads, r.test, r.mean, r.sd
             )?;
         }
     }
     Ok(())
+}
+
+/// The pp, tg (and batched) rows of one model; `suffix` tags the test names.
+fn measure(args: &BenchArgs, model: &fish_core::model::Model, suffix: &str) -> Result<Vec<Row>> {
+    let n_ctx = (args.n_prompt.max(args.n_gen)).max(1);
+    let mut session = Session::new(model, n_ctx, args.threads.resolve())?;
+    let n_vocab = model.cfg.n_vocab;
+    let mut rows = Vec::new();
+
+    if args.n_prompt > 0 {
+        let toks = bench_tokens(args.n_prompt, n_vocab);
+        let mut speeds = Vec::new();
+        for rep in 0..=args.reps {
+            session.truncate(0);
+            let t0 = Instant::now();
+            session.eval(&toks, LogitsFor::Last)?;
+            if rep > 0 {
+                speeds.push(args.n_prompt as f64 / t0.elapsed().as_secs_f64());
+            }
+        }
+        let (mean, sd) = mean_sd(&speeds);
+        rows.push(Row {
+            test: format!("pp{}{suffix}", args.n_prompt),
+            mean,
+            sd,
+        });
+    }
+    if args.n_gen > 0 {
+        let toks = bench_tokens(args.n_gen, n_vocab);
+        let mut speeds = Vec::new();
+        for rep in 0..=args.reps {
+            session.truncate(0);
+            let t0 = Instant::now();
+            for &t in &toks {
+                session.eval(&[t], LogitsFor::Last)?;
+            }
+            if rep > 0 {
+                speeds.push(args.n_gen as f64 / t0.elapsed().as_secs_f64());
+            }
+        }
+        let (mean, sd) = mean_sd(&speeds);
+        rows.push(Row {
+            test: format!("tg{}{suffix}", args.n_gen),
+            mean,
+            sd,
+        });
+    }
+    drop(session);
+    if let (Some(b), true) = (args.batch, args.n_gen > 0) {
+        let mut row = batched_decode(args, model, b)?;
+        row.test.push_str(suffix);
+        rows.push(row);
+    }
+    Ok(rows)
 }
 
 /// Aggregate decode speed of `n_seq` sequences stepped together: each step
