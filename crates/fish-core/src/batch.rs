@@ -87,7 +87,7 @@ impl<'m> BatchSession<'m> {
         let pos0 = cache.len();
         Ok(self
             .pool
-            .install(|| model.forward(cache, tokens, pos0, logits_for))?)
+            .install(|| model.forward_host_kv(cache, tokens, pos0, logits_for))?)
     }
 
     /// Appends `tokens[i]` to sequence `seqs[i]` for every i in one forward

@@ -391,9 +391,10 @@ fn speculative_on_a_span_equals_plain_greedy() {
 fn batched_decode_on_a_gpu_placement_equals_single_runs() {
     let _device = device_lock();
     let Some(gpu) = backend() else { return };
-    // Stage 1: batched decode keeps every layer's keys in the per-sequence
-    // CPU caches, which a span (device KV of one sequence) cannot serve.
-    let model = placed(gpu.clone(), "0");
+    // Spans on: batched decode keeps every layer's keys in the per-sequence
+    // CPU caches (a span's device KV holds one sequence), so its prompts go
+    // through the host-KV forward and its steps through per-matmul layers.
+    let model = placed(gpu.clone(), "1");
     let tok = Tokenizer::from_gguf(&model.gguf).expect("tokenizer");
     let prompts: Vec<Vec<u32>> = [PROSE, JSON, "Rust is a programming language that"]
         .iter()

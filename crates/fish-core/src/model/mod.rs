@@ -107,6 +107,19 @@ impl Model {
         KvCache::new(self.cfg.n_layer, n_ctx, self.cfg.k_dim(), self.cfg.v_dim())
     }
 
+    /// Like [`Model::forward`], but every layer keeps its keys and values in
+    /// `cache` (a span's layers run per matmul): for caches that later take
+    /// part in batched decode, which reads every layer from the host.
+    pub fn forward_host_kv(
+        &self,
+        cache: &mut KvCache,
+        tokens: &[u32],
+        pos0: usize,
+        logits_for: LogitsFor,
+    ) -> Result<Vec<f32>> {
+        forward::forward(self, cache, tokens, pos0, logits_for)
+    }
+
     /// Evaluates `tokens` at positions `pos0..` and returns the requested logits.
     pub fn forward(
         &self,
