@@ -59,6 +59,14 @@ pub trait ComputeBackend: Send + Sync {
     /// A short note attached to `describe()` by the engine (layers placed).
     fn set_placement_note(&self, note: String);
 
+    /// The most tokens of one matmul whose per-token results equal those of
+    /// one-token matmuls bit for bit (beyond it a different kernel takes
+    /// over); speculative verification stays within it so that greedy
+    /// output is exactly plain greedy.
+    fn exact_batch_tokens(&self) -> usize {
+        usize::MAX
+    }
+
     /// The stage-2 interface, for backends that run whole layer spans.
     fn as_span(&self) -> Option<&dyn SpanBackend> {
         None

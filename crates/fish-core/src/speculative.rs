@@ -8,8 +8,8 @@
 //! rejection the replacement is drawn from norm(max(0, p - q)). Greedy
 //! decoding is the special case where both are one-hot, which makes the
 //! output identical to plain greedy decoding (verification evaluates at
-//! most [`MAX_DECODE_EXACT_TOKENS`] tokens, so every row's logits equal
-//! those of one-token decoding).
+//! most [`crate::model::Model::decode_exact_tokens`] tokens, so every row's
+//! logits equal those of one-token decoding, on the CPU and on the GPU).
 
 use std::time::Instant;
 
@@ -19,7 +19,6 @@ use thiserror::Error;
 
 use crate::error::EngineError;
 use crate::generate::{Flow, GenerationStats, StopReason};
-use crate::model::forward_batch::MAX_DECODE_EXACT_TOKENS;
 use crate::model::LogitsFor;
 use crate::sampling::{Sampler, SamplerConfig};
 use crate::session::Session;
@@ -266,7 +265,13 @@ pub fn generate_speculative(
             .next_len()
             .min(target.n_ctx() - base - 1)
             .min((draft.n_ctx() + 1).saturating_sub(n_committed))
-            .min(MAX_DECODE_EXACT_TOKENS - 1)
+            .min(
+                target
+                    .model()
+                    .decode_exact_tokens()
+                    .saturating_sub(1)
+                    .max(1),
+            )
             .min(opts.n_predict - out.n_generated - 1);
 
         let (drafted, q_dists) = propose(draft, &out.history, n, cfg, &is_eog, &mut rng)?;

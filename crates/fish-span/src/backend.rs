@@ -199,6 +199,12 @@ impl ComputeBackend for VulkanBackend {
         *self.note.lock().unwrap_or_else(|e| e.into_inner()) = note;
     }
 
+    /// Up to MATVEC_MAX_TOKENS tokens run the matvec kernel in its one-token
+    /// shape (bit-identical per token); larger batches take the tiled kernels.
+    fn exact_batch_tokens(&self) -> usize {
+        fish_vk::MATVEC_MAX_TOKENS
+    }
+
     fn as_span(&self) -> Option<&dyn SpanBackend> {
         Some(self)
     }

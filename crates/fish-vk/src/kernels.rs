@@ -115,14 +115,17 @@ impl MatvecShape {
     /// token, 8 rows x 128 threads for the types with the cheapest decode per
     /// byte (more rows share each x value and keep more weight bytes in
     /// flight), 4 rows x 64 threads for those with fifth bits or K-quant
-    /// scales (8 rows cost them registers); 4 x 128 for batches. FQ3 units
+    /// scales (8 rows cost them registers); batches of up to 8 tokens use
+    /// the same shape. FQ3 units
     /// are 128 values (shaders/matvec_units.glsl), so a 4096-value row has
     /// only 32: one subgroup-sized workgroup per 4 rows keeps every lane busy.
     fn new(ty: WeightFormat, kernel: Kernel, n_tok: usize) -> MatvecShape {
         use GgmlType::*;
         let (rows, threads) = match ty {
             WeightFormat::Fq3 => (4, 32),
-            _ if n_tok > 1 => (4, 128),
+            // Batches keep the one-token shape: each token's sums then run
+            // in the same order as alone, so verifying drafted tokens gives
+            // exactly the logits of decoding them one by one.
             WeightFormat::Ggml(Q4_0 | Q4_1 | Q8_0) => (8, 128),
             WeightFormat::Ggml(Q5_0 | Q5_1 | Q4_K | Q5_K | Q6_K) => (4, 64),
             _ => (4, 128),

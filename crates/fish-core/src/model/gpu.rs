@@ -185,12 +185,9 @@ impl GpuPlacement {
         } else {
             ""
         };
-        let span = match &self.span {
-            Some(s) => format!("; span {} layers", n_layer - s.first_layer),
-            None => String::new(),
-        };
+        // The backend's own description names the span (layers, KV).
         self.backend
-            .set_placement_note(format!("{placed}/{n_layer} layers{out}{span}"));
+            .set_placement_note(format!("{placed}/{n_layer} layers{out}"));
     }
 
     /// The running span and its backend, unless there is none or the device failed.

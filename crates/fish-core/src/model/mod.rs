@@ -102,6 +102,17 @@ impl Model {
             .map(|p| format!("{p}; {}", run.host_summary()))
     }
 
+    /// The most tokens one forward may hold while every token's logits stay
+    /// exactly those of evaluating it alone: the CPU's limit, and the GPU
+    /// backend's when layers are placed.
+    pub fn decode_exact_tokens(&self) -> usize {
+        let cpu = forward_batch::MAX_DECODE_EXACT_TOKENS;
+        match self.gpu.as_ref() {
+            Some(p) if !p.has_failed() => cpu.min(p.backend.exact_batch_tokens()),
+            _ => cpu,
+        }
+    }
+
     /// A KV cache for `n_ctx` positions of every layer.
     pub fn new_cache(&self, n_ctx: usize) -> KvCache {
         KvCache::new(self.cfg.n_layer, n_ctx, self.cfg.k_dim(), self.cfg.v_dim())
