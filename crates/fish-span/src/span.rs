@@ -48,6 +48,26 @@ impl VulkanBackend {
         })
     }
 
+    /// Runs a forward at `pos0` on the span, refusing one that would leave
+    /// a gap in the device KV.
+    fn forward_at<T>(
+        &self,
+        pos0: usize,
+        forward: impl FnOnce(&fish_vk::Gpu, &mut Span) -> Result<T, fish_vk::VkError>,
+    ) -> Result<T, BackendError> {
+        let mut slot = self.span_slot();
+        let span = slot
+            .as_mut()
+            .ok_or_else(|| BackendError::Unsupported("no span".into()))?;
+        if pos0 > span.kv_len() {
+            return Err(BackendError::Unsupported(format!(
+                "position {pos0} would leave a gap after the {} positions in the device KV",
+                span.kv_len()
+            )));
+        }
+        forward(self.gpu(), span).map_err(map_err)
+    }
+
     fn create_span(&self, spec: &SpanSpec<'_>) -> Result<Span, BackendError> {
         let cfg = spec.cfg;
         if spec.layers.is_empty() || spec.first_layer + spec.layers.len() != cfg.n_layer {
@@ -161,19 +181,7 @@ impl SpanBackend for VulkanBackend {
     }
 
     fn span_forward(&self, x: &mut [f32], n_tok: usize, pos0: usize) -> Result<(), BackendError> {
-        let mut slot = self.span_slot();
-        let span = slot
-            .as_mut()
-            .ok_or_else(|| BackendError::Unsupported("no span".into()))?;
-        if pos0 > span.kv_len() {
-            return Err(BackendError::Unsupported(format!(
-                "position {pos0} would leave a gap after the {} positions in the device KV",
-                span.kv_len()
-            )));
-        }
-        self.gpu()
-            .span_forward(span, x, n_tok, pos0)
-            .map_err(map_err)
+        self.forward_at(pos0, |gpu, span| gpu.span_forward(span, x, n_tok, pos0))
     }
 
     fn span_max_logit_rows(&self) -> usize {
@@ -187,19 +195,9 @@ impl SpanBackend for VulkanBackend {
         pos0: usize,
         rows: usize,
     ) -> Result<Vec<f32>, BackendError> {
-        let mut slot = self.span_slot();
-        let span = slot
-            .as_mut()
-            .ok_or_else(|| BackendError::Unsupported("no span".into()))?;
-        if pos0 > span.kv_len() {
-            return Err(BackendError::Unsupported(format!(
-                "position {pos0} would leave a gap after the {} positions in the device KV",
-                span.kv_len()
-            )));
-        }
-        self.gpu()
-            .span_forward_logits(span, x, n_tok, pos0, rows)
-            .map_err(map_err)
+        self.forward_at(pos0, |gpu, span| {
+            gpu.span_forward_logits(span, x, n_tok, pos0, rows)
+        })
     }
 
     fn span_end(&self) {

@@ -19,19 +19,6 @@ use common::*;
 use fish_gguf::GgmlType;
 use fish_vk::{Gpu, Kernel};
 
-const TYPES: [GgmlType; 10] = [
-    GgmlType::F32,
-    GgmlType::F16,
-    GgmlType::Q4_0,
-    GgmlType::Q4_1,
-    GgmlType::Q5_0,
-    GgmlType::Q5_1,
-    GgmlType::Q8_0,
-    GgmlType::Q4_K,
-    GgmlType::Q5_K,
-    GgmlType::Q6_K,
-];
-
 /// 512 values: two K-quant super-blocks, sixteen 32-value steps.
 const N_IN: usize = 512;
 /// Not a multiple of any tile height: partial row tiles.
@@ -44,7 +31,7 @@ fn require_coopmat() -> bool {
 }
 
 fn check_every_type(gpu: &Gpu, kernel: Kernel) {
-    for (i, ty) in TYPES.into_iter().enumerate() {
+    for (i, ty) in KERNEL_TYPES.into_iter().enumerate() {
         let w = synthetic_weights(ty, N_IN, N_OUT, 500 + i as u64);
         let h = gpu.upload(ty, &w, N_IN, N_OUT).expect("upload");
         for n_tok in TOKENS {

@@ -7,19 +7,6 @@ use common::*;
 use fish_gguf::GgmlType;
 use fish_vk::{supports, Kernel};
 
-const TYPES: [GgmlType; 10] = [
-    GgmlType::F32,
-    GgmlType::F16,
-    GgmlType::Q4_0,
-    GgmlType::Q4_1,
-    GgmlType::Q5_0,
-    GgmlType::Q5_1,
-    GgmlType::Q8_0,
-    GgmlType::Q4_K,
-    GgmlType::Q5_K,
-    GgmlType::Q6_K,
-];
-
 /// 512 values: two K-quant super-blocks; 131 rows: odd (a partial matvec
 /// workgroup) and not a multiple of the 128-row tile.
 const N_IN: usize = 512;
@@ -28,14 +15,14 @@ const N_OUT: usize = 131;
 #[test]
 fn supports_exactly_the_kernel_types() {
     for ty in GgmlType::ALL {
-        assert_eq!(supports(ty), TYPES.contains(&ty), "{ty:?}");
+        assert_eq!(supports(ty), KERNEL_TYPES.contains(&ty), "{ty:?}");
     }
 }
 
 #[test]
 fn every_type_matches_the_cpu_reference() {
     let Some(gpu) = gpu_or_skip() else { return };
-    for (i, ty) in TYPES.into_iter().enumerate() {
+    for (i, ty) in KERNEL_TYPES.into_iter().enumerate() {
         let w = synthetic_weights(ty, N_IN, N_OUT, 100 + i as u64);
         let h = gpu.upload(ty, &w, N_IN, N_OUT).expect("upload");
         for n_tok in [1usize, 3, 37, 256] {
@@ -63,7 +50,7 @@ fn every_type_matches_the_cpu_reference() {
 #[test]
 fn every_kernel_variant_matches_at_every_batch_size() {
     let Some(gpu) = gpu_or_skip() else { return };
-    for (i, ty) in TYPES.into_iter().enumerate() {
+    for (i, ty) in KERNEL_TYPES.into_iter().enumerate() {
         let w = synthetic_weights(ty, N_IN, N_OUT, 200 + i as u64);
         let h = gpu.upload(ty, &w, N_IN, N_OUT).expect("upload");
         for kernel in [Kernel::Matvec, Kernel::MatvecSharedReduce, Kernel::Tiled] {

@@ -5,6 +5,20 @@ use fish_gguf::GgmlType;
 use fish_vk::Gpu;
 use rand::{Rng, SeedableRng};
 
+/// The GGUF types with matmul kernels (FQ3, not a GGUF type, has its own tests).
+pub const KERNEL_TYPES: [GgmlType; 10] = [
+    GgmlType::F32,
+    GgmlType::F16,
+    GgmlType::Q4_0,
+    GgmlType::Q4_1,
+    GgmlType::Q5_0,
+    GgmlType::Q5_1,
+    GgmlType::Q8_0,
+    GgmlType::Q4_K,
+    GgmlType::Q5_K,
+    GgmlType::Q6_K,
+];
+
 /// The process-wide device, or None (test skipped) when there is none; with
 /// FISH_REQUIRE_GPU=1 a missing device fails the test instead.
 pub fn gpu_or_skip() -> Option<&'static Gpu> {
