@@ -125,6 +125,25 @@ pub trait SpanBackend: ComputeBackend {
     /// Keeps positions `< n`.
     fn span_kv_truncate(&self, n: usize);
 
+    /// Holds the device memory a span over the last `n_layers` layers of
+    /// `cfg` will need (parameters, work arena, first KV, logits with
+    /// `with_output`) while the layers are being placed, so that the span
+    /// is never what no longer fits; `span_release_hold` hands it back just
+    /// before `span_begin`. The default holds nothing.
+    fn span_hold(
+        &self,
+        cfg: &crate::model::ModelConfig,
+        n_layers: usize,
+        n_ctx: usize,
+        with_output: bool,
+    ) -> Result<u64, BackendError> {
+        let _ = (cfg, n_layers, n_ctx, with_output);
+        Ok(0)
+    }
+
+    /// Releases what `span_hold` holds (nothing when it holds nothing).
+    fn span_release_hold(&self) {}
+
     /// Runs the span on `n_tok` tokens at positions `pos0..` in one submit:
     /// `x` (n_tok x n_embd residual stream) in, the span's output out. Refused
     /// when `pos0` would leave a gap in the device KV. On error `x` is untouched.

@@ -30,6 +30,8 @@ pub struct VulkanBackend {
     requant_records: Mutex<HashMap<u64, RequantRecord>>,
     /// The stage-2 span, between span_begin and span_end.
     pub(crate) span: Mutex<Option<fish_vk::Span>>,
+    /// Device memory held for a span while its layers are placed.
+    pub(crate) span_hold: Mutex<Option<fish_vk::Reservation>>,
 }
 
 /// The process-wide backend, unless FISH_GPU disables it or no device can be
@@ -62,6 +64,7 @@ impl VulkanBackend {
             requant: Mutex::new(RequantMode::from_env()),
             requant_records: Mutex::new(HashMap::new()),
             span: Mutex::new(None),
+            span_hold: Mutex::new(None),
         }
     }
 
@@ -212,6 +215,7 @@ impl ComputeBackend for VulkanBackend {
 
 impl Drop for VulkanBackend {
     fn drop(&mut self) {
+        self.span_release_hold();
         self.span_end();
     }
 }

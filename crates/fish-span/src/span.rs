@@ -6,7 +6,7 @@ use std::sync::MutexGuard;
 
 use fish_core::backend::{BackendError, SpanBackend, SpanSpec};
 use fish_core::model::ops::RopeAngles;
-use fish_core::model::{Activation, RopeStyle};
+use fish_core::model::{Activation, ModelConfig, RopeStyle};
 use fish_vk::{Span, SpanActivation, SpanDesc, SpanLayerDesc, SpanOutputDesc, SpanRope, SpanShape};
 
 use crate::backend::{map_err, VulkanBackend};
@@ -30,6 +30,29 @@ fn rope_table(n_ctx: usize, n_rot: usize, base: f32, freq_scale: f32) -> Vec<f32
         }
     }
     table
+}
+
+/// The span's dimensions for a model and context.
+fn span_shape(cfg: &ModelConfig, n_ctx: usize) -> SpanShape {
+    SpanShape {
+        n_embd: cfg.n_embd,
+        n_head: cfg.n_head,
+        n_head_kv: cfg.n_head_kv,
+        head_dim: cfg.head_dim,
+        head_dim_v: cfg.head_dim_v,
+        n_rot: cfg.n_rot,
+        rope: match cfg.rope_style {
+            RopeStyle::Adjacent => SpanRope::Adjacent,
+            RopeStyle::Neox => SpanRope::Neox,
+        },
+        activation: match cfg.activation {
+            Activation::SwiGlu => SpanActivation::SwiGlu,
+            Activation::GeGlu => SpanActivation::GeGlu,
+        },
+        rms_eps: cfg.rms_eps,
+        attn_scale: cfg.attn_scale,
+        n_ctx,
+    }
 }
 
 impl VulkanBackend {
@@ -120,25 +143,7 @@ impl VulkanBackend {
             });
         }
         let desc = SpanDesc {
-            shape: SpanShape {
-                n_embd: cfg.n_embd,
-                n_head: cfg.n_head,
-                n_head_kv: cfg.n_head_kv,
-                head_dim: cfg.head_dim,
-                head_dim_v: cfg.head_dim_v,
-                n_rot: cfg.n_rot,
-                rope: match cfg.rope_style {
-                    RopeStyle::Adjacent => SpanRope::Adjacent,
-                    RopeStyle::Neox => SpanRope::Neox,
-                },
-                activation: match cfg.activation {
-                    Activation::SwiGlu => SpanActivation::SwiGlu,
-                    Activation::GeGlu => SpanActivation::GeGlu,
-                },
-                rms_eps: cfg.rms_eps,
-                attn_scale: cfg.attn_scale,
-                n_ctx,
-            },
+            shape: span_shape(cfg, n_ctx),
             layers,
             rope_tables: tables.iter().map(|t| &t[..]).collect(),
             output: match &spec.output {
@@ -177,6 +182,40 @@ impl SpanBackend for VulkanBackend {
     fn span_kv_truncate(&self, n: usize) {
         if let Some(s) = self.span_slot().as_mut() {
             s.kv_truncate(n);
+        }
+    }
+
+    fn span_hold(
+        &self,
+        cfg: &ModelConfig,
+        n_layers: usize,
+        n_ctx: usize,
+        with_output: bool,
+    ) -> Result<u64, BackendError> {
+        self.span_release_hold();
+        let n_layers = n_layers.min(cfg.n_layer);
+        let swa = (cfg.n_layer - n_layers..cfg.n_layer).any(|il| cfg.is_swa_layer(il));
+        let footprint = fish_vk::SpanFootprint {
+            shape: span_shape(cfg, n_ctx),
+            n_layers,
+            n_ff: cfg.n_ff,
+            rope_tables: 1 + usize::from(swa),
+            n_vocab: with_output.then_some(cfg.n_vocab),
+        };
+        let bytes = footprint.device_bytes();
+        let held = self.gpu().reserve(bytes).map_err(map_err)?;
+        *self.span_hold.lock().unwrap_or_else(|e| e.into_inner()) = Some(held);
+        Ok(bytes)
+    }
+
+    fn span_release_hold(&self) {
+        let held = self
+            .span_hold
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take();
+        if let Some(r) = held {
+            self.gpu().release_reservation(r);
         }
     }
 

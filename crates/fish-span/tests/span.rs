@@ -313,3 +313,31 @@ fn recorded_decode_steps_survive_kv_growth() {
     span.span_end();
     assert_eq!(gpu.gpu().validation_messages(), 0);
 }
+
+/// Placement holds the span's memory before any layer: the hold is an upper
+/// bound of what the span then allocates, and releasing it gives every byte
+/// back.
+#[test]
+fn the_span_hold_covers_the_span_and_is_handed_back() {
+    let Some(gpu) = backend() else { return };
+    let (model, first) = placed(&gpu, "SmolLM2-135M-Instruct.Q4_1.gguf", 4);
+    let span = gpu.as_span().expect("spans");
+    span.span_end();
+    let (allocs0, free0) = (gpu.gpu().allocation_count(), gpu.memory_free());
+    let held = span.span_hold(&model.cfg, 4, N_CTX, true).expect("hold");
+    assert!(held > 0);
+    assert!(
+        free0 - gpu.memory_free() >= held,
+        "the hold takes its bytes from the budget"
+    );
+    span.span_release_hold();
+    assert_eq!(gpu.gpu().allocation_count(), allocs0);
+    assert_eq!(gpu.memory_free(), free0);
+    let used = begin_span(&gpu, &model, first);
+    assert!(
+        used <= held,
+        "the span allocated {used} bytes, more than the {held} held for it"
+    );
+    span.span_end();
+    assert_eq!(gpu.gpu().validation_messages(), 0);
+}

@@ -31,8 +31,8 @@ pub use gpu::Gpu;
 pub use kernels::{supports, Kernel, MATVEC_MAX_TOKENS};
 pub use pipeline::{module_bytes, COMPILED_AT_BUILD};
 pub use span::{
-    Span, SpanActivation, SpanDesc, SpanLayerDesc, SpanOutputDesc, SpanRope, SpanShape, SpanStage,
-    SPAN_CHUNK_TOKENS,
+    Reservation, Span, SpanActivation, SpanDesc, SpanFootprint, SpanLayerDesc, SpanOutputDesc,
+    SpanRope, SpanShape, SpanStage, SPAN_CHUNK_TOKENS,
 };
 pub use status::{enabled, global, status};
 pub use tile_padding::{padded_row_stride, PaddingRule, RowStride, SharedLayout};

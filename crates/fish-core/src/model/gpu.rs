@@ -80,6 +80,22 @@ impl GpuPlacement {
             return placement;
         }
         placement.output = placement.upload_one(g, &w.output).ok();
+        // With spans on, the span's memory (parameters, arena, first KV,
+        // logits) is held before any layer, so the layers take what is left
+        // instead of leaving the span without room.
+        let backend = placement.backend.clone();
+        let span_backend = backend.as_span().filter(|_| spans_enabled());
+        if let Some(span) = span_backend {
+            let held = span.span_hold(
+                cfg,
+                want_layers,
+                cfg.n_ctx_train,
+                placement.output.is_some(),
+            );
+            if let (Err(e), true) = (held, verbose()) {
+                eprintln!("fish: could not hold the span's memory before the layers ({e})");
+            }
+        }
         progress(PlacementProgress {
             done: 0,
             total: want_layers,
@@ -100,6 +116,9 @@ impl GpuPlacement {
                 }
                 Err(_) => break,
             }
+        }
+        if let Some(span) = span_backend {
+            span.span_release_hold();
         }
         if placed > 0 && spans_enabled() {
             placement.begin_span(cfg, w);
@@ -131,7 +150,7 @@ impl GpuPlacement {
                     }
                 }
                 Err(e) => {
-                    if std::env::var("FISH_GPU_VERBOSE").is_ok_and(|v| v == "1") {
+                    if verbose() {
                         eprintln!("fish: no GPU span ({e}); layers run per matmul");
                     }
                     return;
@@ -288,4 +307,9 @@ impl Drop for GpuPlacement {
             self.backend.free(id);
         }
     }
+}
+
+/// FISH_GPU_VERBOSE=1: placement explains what it could not do.
+fn verbose() -> bool {
+    std::env::var("FISH_GPU_VERBOSE").is_ok_and(|v| v == "1")
 }

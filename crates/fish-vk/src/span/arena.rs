@@ -38,25 +38,39 @@ fn f32_bytes(n: usize) -> u64 {
     (n as u64 * 4).next_multiple_of(16)
 }
 
+/// The arena's buffers in allocation order: (f32 values, memory kind).
+fn sizes(shape: &SpanShape, n_ff: usize) -> [(usize, MemoryKind); 10] {
+    let c = SPAN_CHUNK_TOKENS;
+    [
+        (INITIAL_TOKENS * shape.n_embd, MemoryKind::Device),
+        (c * shape.n_embd, MemoryKind::Device),
+        (
+            c * (shape.q_dim() + shape.k_dim() + shape.v_dim()),
+            MemoryKind::Device,
+        ),
+        (c * shape.attn_dim(), MemoryKind::Device),
+        (c * shape.n_embd, MemoryKind::Device),
+        (c * 2 * n_ff, MemoryKind::Device),
+        (INITIAL_TOKENS * shape.n_embd, MemoryKind::Upload),
+        (INITIAL_TOKENS * shape.n_embd, MemoryKind::Readback),
+        (4, MemoryKind::Device),
+        (4, MemoryKind::Upload),
+    ]
+}
+
 impl Arena {
+    /// Device bytes `new` allocates for feed-forward width `n_ff`.
+    pub fn initial_device_bytes(shape: &SpanShape, n_ff: usize) -> u64 {
+        sizes(shape, n_ff)
+            .iter()
+            .filter(|(_, kind)| matches!(kind, MemoryKind::Device))
+            .map(|&(n, _)| f32_bytes(n))
+            .sum()
+    }
+
     pub fn new(gpu: &Gpu, shape: &SpanShape, layers: &[LayerTensors]) -> Result<Arena> {
-        let c = SPAN_CHUNK_TOKENS;
         let n_ff = layers.iter().map(|l| l.n_ff).max().unwrap_or(0);
-        let sizes = [
-            (INITIAL_TOKENS * shape.n_embd, MemoryKind::Device),
-            (c * shape.n_embd, MemoryKind::Device),
-            (
-                c * (shape.q_dim() + shape.k_dim() + shape.v_dim()),
-                MemoryKind::Device,
-            ),
-            (c * shape.attn_dim(), MemoryKind::Device),
-            (c * shape.n_embd, MemoryKind::Device),
-            (c * 2 * n_ff, MemoryKind::Device),
-            (INITIAL_TOKENS * shape.n_embd, MemoryKind::Upload),
-            (INITIAL_TOKENS * shape.n_embd, MemoryKind::Readback),
-            (4, MemoryKind::Device),
-            (4, MemoryKind::Upload),
-        ];
+        let sizes = sizes(shape, n_ff);
         let mut bufs = Vec::with_capacity(sizes.len());
         for (n, kind) in sizes {
             match gpu.alloc(f32_bytes(n), kind) {

@@ -39,6 +39,12 @@ fn f16_bytes(positions: usize, dim: usize) -> u64 {
 }
 
 impl KvCache {
+    /// Device bytes `new` allocates.
+    pub fn initial_bytes(shape: &SpanShape, n_layers: usize) -> u64 {
+        let capacity = KV_STEP.min(shape.n_ctx);
+        n_layers as u64 * (f16_bytes(capacity, shape.k_dim()) + f16_bytes(capacity, shape.v_dim()))
+    }
+
     pub fn new(gpu: &Gpu, shape: &SpanShape, n_layers: usize) -> Result<KvCache> {
         let capacity = KV_STEP.min(shape.n_ctx);
         let k = alloc_layers(gpu, n_layers, f16_bytes(capacity, shape.k_dim()))?;

@@ -38,6 +38,44 @@ use recorded::Recorded;
 /// covers one chunk with one tile along the tokens.
 pub const SPAN_CHUNK_TOKENS: usize = 64;
 
+/// What a span's device memory depends on, known before its layers are
+/// placed (so that placement can hold it first).
+#[derive(Clone, Debug)]
+pub struct SpanFootprint {
+    pub shape: SpanShape,
+    pub n_layers: usize,
+    /// The widest feed-forward of the span's layers.
+    pub n_ff: usize,
+    /// RoPE tables (1, or 2 with sliding-window layers).
+    pub rope_tables: usize,
+    /// Vocabulary when the span runs the output.
+    pub n_vocab: Option<usize>,
+}
+
+impl SpanFootprint {
+    /// Device bytes `span_create` allocates at most: parameters (counting
+    /// every optional vector), the arena, the first KV and the logits.
+    pub fn device_bytes(&self) -> u64 {
+        let s = &self.shape;
+        let per_layer = 4 * s.n_embd + s.q_dim() + s.k_dim() + s.v_dim() + 2 * s.head_dim;
+        let params = self.n_layers * per_layer + self.rope_tables * s.n_ctx * s.n_rot + s.n_embd;
+        let f32_bytes = |n: usize| (n as u64 * 4).next_multiple_of(16);
+        f32_bytes(params)
+            + Arena::initial_device_bytes(s, self.n_ff)
+            + KvCache::initial_bytes(s, self.n_layers)
+            + self.n_vocab.map_or(0, f32_bytes)
+    }
+}
+
+/// Device memory held for a span before it exists (`Gpu::reserve`).
+pub struct Reservation {
+    blocks: Vec<crate::buffer::Buffer>,
+}
+
+/// Reservations are allocated in blocks of at most this many bytes (below
+/// every device's single-allocation limit).
+const RESERVATION_BLOCK: u64 = 256 << 20;
+
 /// The device resources of one span (see the module docs).
 pub struct Span {
     shape: SpanShape,
@@ -185,6 +223,29 @@ impl Gpu {
             }
         }
         Ok(())
+    }
+
+    /// Holds `bytes` of device memory under the budget until `release_reservation`:
+    /// later allocations see that much less.
+    pub fn reserve(&self, bytes: u64) -> Result<Reservation> {
+        let mut blocks = Vec::new();
+        let mut left = bytes;
+        while left > 0 {
+            let size = left.min(RESERVATION_BLOCK);
+            match self.alloc(size, crate::buffer::MemoryKind::Device) {
+                Ok(b) => blocks.push(b),
+                Err(e) => {
+                    blocks.into_iter().for_each(|b| self.release(b));
+                    return Err(e);
+                }
+            }
+            left -= size;
+        }
+        Ok(Reservation { blocks })
+    }
+
+    pub fn release_reservation(&self, r: Reservation) {
+        r.blocks.into_iter().for_each(|b| self.release(b));
     }
 
     /// Releases everything the span holds on the device.
