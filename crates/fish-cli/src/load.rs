@@ -58,6 +58,9 @@ pub fn attach_gpu(model: &mut Model, gpu: &GpuArgs) {
         Ok(backend) => {
             let level = gpu.requant_level();
             backend.set_requant(fish_span::RequantMode::from_level(level).unwrap_or_default());
+            if level > 0 && imatrix_wanted() {
+                backend.set_requant_importance(calibration_importance(model, verbose));
+            }
             // Re-quantisation happens inside each upload, so the layer bar is its bar.
             let what = match level {
                 0 => "uploading".to_owned(),
@@ -72,6 +75,49 @@ pub fn attach_gpu(model: &mut Model, gpu: &GpuArgs) {
         }
         Err(reason) if verbose => eprintln!("fish: running on the CPU: {reason}"),
         Err(_) => {}
+    }
+}
+
+/// `FISH_GPU_REQUANT_IMATRIX=1`: weigh re-quantisation by calibration
+/// activation energy (docs/QUANT.md).
+#[cfg(feature = "vulkan")]
+fn imatrix_wanted() -> bool {
+    std::env::var("FISH_GPU_REQUANT_IMATRIX").is_ok_and(|v| v == "1")
+}
+
+/// Input energy of every matrix from a CPU run of the built-in calibration
+/// text; None (plain fit) when the run fails.
+#[cfg(feature = "vulkan")]
+fn calibration_importance(
+    model: &Model,
+    verbose: bool,
+) -> Option<Arc<fish_core::model::calibration::InputImportance>> {
+    use fish_core::model::calibration::{calibrate, CALIBRATION_TEXT};
+    use fish_core::tokenizer::EncodeOptions;
+    let t0 = Instant::now();
+    let result = Tokenizer::from_gguf(&model.gguf)
+        .map_err(|e| e.to_string())
+        .and_then(|tok| {
+            let tokens = tok.encode(CALIBRATION_TEXT, EncodeOptions::PROMPT);
+            calibrate(model, &tokens)
+                .map(|imp| (imp, tokens.len()))
+                .map_err(|e| e.to_string())
+        });
+    match result {
+        Ok((imp, n)) => {
+            if verbose {
+                eprintln!(
+                    "fish: calibration: {n} tokens, {} tensors, {:.1} s",
+                    imp.by_tensor.len(),
+                    t0.elapsed().as_secs_f64()
+                );
+            }
+            Some(Arc::new(imp))
+        }
+        Err(e) => {
+            eprintln!("fish: calibration failed ({e}); plain re-quantisation fit");
+            None
+        }
     }
 }
 

@@ -2,6 +2,7 @@
 //! (decode, then encode) on the current rayon pool, with the error it costs.
 
 mod fast_fit;
+mod weighted_fit;
 
 use crate::blocks::kfit::AffineSuperBlock;
 use crate::blocks::{kscales, BlockFormat, BlockQ4K};
@@ -45,6 +46,60 @@ pub fn requantize(
     n_rows: usize,
     target: RequantTarget,
 ) -> Result<Requantized, QuantError> {
+    requantize_rows(src_ty, src, n_in, n_rows, target, |x, dst, y| {
+        encode_row(target, x, dst, y)
+    })
+}
+
+/// [`requantize`] with an importance-weighted fit: `column_weights` (one
+/// finite, non-negative weight per input column, e.g. the mean square of
+/// the activations it multiplies) weighs each value's squared error, in the
+/// per-group fit and in the choice of 6-bit scales and mins. `rel_rms`
+/// stays the unweighted error.
+pub fn requantize_weighted(
+    src_ty: GgmlType,
+    src: &[u8],
+    n_in: usize,
+    n_rows: usize,
+    target: RequantTarget,
+    column_weights: &[f32],
+) -> Result<Requantized, QuantError> {
+    if column_weights.len() != n_in {
+        return Err(QuantError::BadLength {
+            what: "column weights (one per input)",
+            expected: n_in,
+            got: column_weights.len(),
+        });
+    }
+    let weights = sanitized(column_weights);
+    requantize_rows(src_ty, src, n_in, n_rows, target, |x, dst, y| {
+        encode_row_weighted(target, x, &weights, dst, y)
+    })
+}
+
+/// Weights with non-finite or negative entries set to zero, then a floor of
+/// a small share of the mean so no column is ignored altogether.
+fn sanitized(w: &[f32]) -> Vec<f32> {
+    let clean: Vec<f32> = w
+        .iter()
+        .map(|&v| if v.is_finite() && v > 0.0 { v } else { 0.0 })
+        .collect();
+    let mean = clean.iter().map(|&v| v as f64).sum::<f64>() / clean.len().max(1) as f64;
+    let floor = (WEIGHT_FLOOR * mean) as f32;
+    clean.into_iter().map(|v| v + floor).collect()
+}
+
+/// Share of the mean weight added to every column's weight.
+const WEIGHT_FLOOR: f64 = 1e-3;
+
+fn requantize_rows(
+    src_ty: GgmlType,
+    src: &[u8],
+    n_in: usize,
+    n_rows: usize,
+    target: RequantTarget,
+    encode: impl Fn(&[f32], &mut [u8], &mut [f32]) + Sync,
+) -> Result<Requantized, QuantError> {
     let src_row = row_bytes(src_ty, n_in)?;
     if !n_in.is_multiple_of(256) {
         return Err(QuantError::PartialBlock {
@@ -78,7 +133,7 @@ pub fn requantize(
             || (vec![0f32; n_in], vec![0f32; n_in]),
             |(x, y), (dst, src)| -> Result<(f64, f64), QuantError> {
                 dequant_row(src_ty, src, x)?;
-                encode_row(target, x, dst, y);
+                encode(x, dst, y);
                 Ok(row_error(x, y))
             },
         )
@@ -113,6 +168,43 @@ fn encode_row(target: RequantTarget, x: &[f32], dst: &mut [u8], decoded: &mut [f
                 .zip(decoded.chunks_exact_mut(256))
             {
                 *b = BlockFq3::from_superblock(&fast_fit::quantize_superblock(as_block(x), 7));
+                b.to_float(y);
+            }
+        }
+    }
+}
+
+/// [`encode_row`] with the weighted fit, `w` one weight per value of the row.
+fn encode_row_weighted(
+    target: RequantTarget,
+    x: &[f32],
+    w: &[f32],
+    dst: &mut [u8],
+    decoded: &mut [f32],
+) {
+    let chunks = x.chunks_exact(256).zip(w.chunks_exact(256));
+    match target {
+        RequantTarget::Q4K => {
+            let blocks: &mut [BlockQ4K] = bytemuck::cast_slice_mut(dst);
+            for ((b, (x, w)), y) in blocks
+                .iter_mut()
+                .zip(chunks)
+                .zip(decoded.chunks_exact_mut(256))
+            {
+                let sb = weighted_fit::quantize_superblock_weighted(as_block(x), as_block(w), 15);
+                *b = q4k_from_superblock(&sb);
+                b.to_float(y);
+            }
+        }
+        RequantTarget::Fq3 => {
+            let blocks: &mut [BlockFq3] = bytemuck::cast_slice_mut(dst);
+            for ((b, (x, w)), y) in blocks
+                .iter_mut()
+                .zip(chunks)
+                .zip(decoded.chunks_exact_mut(256))
+            {
+                let sb = weighted_fit::quantize_superblock_weighted(as_block(x), as_block(w), 7);
+                *b = BlockFq3::from_superblock(&sb);
                 b.to_float(y);
             }
         }

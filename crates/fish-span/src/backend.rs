@@ -11,6 +11,7 @@ use fish_vk::{Gpu, TensorHandle, VkError};
 
 use crate::requant::RequantMode;
 use crate::requant_mix::{describe_mix, RequantRecord};
+use fish_core::model::calibration::InputImportance;
 
 /// The device a backend runs on: the process-wide one (never torn down) or
 /// one it owns (released when the backend is dropped).
@@ -28,6 +29,8 @@ pub struct VulkanBackend {
     requant: Mutex<RequantMode>,
     /// What re-quantisation did to each resident tensor it applied to.
     requant_records: Mutex<HashMap<u64, RequantRecord>>,
+    /// Calibration input energy; tensors it covers get the weighted fit.
+    pub(crate) requant_importance: Mutex<Option<Arc<InputImportance>>>,
     /// The stage-2 span, between span_begin and span_end.
     pub(crate) span: Mutex<Option<fish_vk::Span>>,
     /// Device memory held for a span while its layers are placed.
@@ -63,6 +66,7 @@ impl VulkanBackend {
             note: Mutex::new(String::new()),
             requant: Mutex::new(RequantMode::from_env()),
             requant_records: Mutex::new(HashMap::new()),
+            requant_importance: Mutex::new(None),
             span: Mutex::new(None),
             span_hold: Mutex::new(None),
         }

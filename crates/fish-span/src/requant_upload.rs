@@ -3,7 +3,10 @@
 
 use fish_core::backend::BackendError;
 use fish_gguf::GgmlType;
-use fish_quant::requant::{requantize, RequantTarget};
+use std::sync::Arc;
+
+use fish_core::model::calibration::InputImportance;
+use fish_quant::requant::{requantize, requantize_weighted, RequantTarget};
 use fish_quant::Weights;
 use fish_vk::{TensorHandle, WeightFormat};
 
@@ -30,6 +33,25 @@ fn verbose() -> bool {
 }
 
 impl VulkanBackend {
+    /// Calibration input energy for the weighted re-quantisation fit (see
+    /// `fish_core::model::calibration`); tensors it does not cover, or
+    /// covers with another width, keep the plain fit. None turns it off.
+    pub fn set_requant_importance(&self, importance: Option<Arc<InputImportance>>) {
+        *self
+            .requant_importance
+            .lock()
+            .unwrap_or_else(|e| e.into_inner()) = importance;
+    }
+
+    fn importance_of(&self, name: &str, n_in: usize) -> Option<Vec<f32>> {
+        let guard = self
+            .requant_importance
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        let v = guard.as_ref()?.get(name)?;
+        (v.len() == n_in).then(|| v.to_vec())
+    }
+
     /// Uploads `w` as the re-quantisation mode wants it, with the record of
     /// what was done when the mode applies to its type.
     pub(crate) fn upload_requantized(
@@ -49,7 +71,13 @@ impl VulkanBackend {
             Conversion::Untouched => return Ok((original()?, None)),
             Conversion::Kept(reason) => (original()?, record(RequantOutcome::Kept(reason))),
             Conversion::Convert(target) => {
-                match requantize(w.ty, w.data, w.n_in, w.n_out, target) {
+                let converted = match self.importance_of(name, w.n_in) {
+                    Some(weights) => {
+                        requantize_weighted(w.ty, w.data, w.n_in, w.n_out, target, &weights)
+                    }
+                    None => requantize(w.ty, w.data, w.n_in, w.n_out, target),
+                };
+                match converted {
                     Ok(r) => {
                         let h = gpu
                             .upload(device_format(target), &r.bytes, w.n_in, w.n_out)

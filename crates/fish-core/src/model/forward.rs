@@ -144,6 +144,22 @@ pub(super) fn run_layers(
     kv: &mut dyn KvSite,
     layers: Range<usize>,
 ) -> Result<()> {
+    run_layers_observed(model, x, positions, kv, layers, &mut |_, _| {})
+}
+
+/// Sees the input rows of each group of projections (matrices sharing one
+/// input) before they are multiplied; calibration records their statistics.
+pub(super) type InputObserver<'a> = dyn FnMut(&[&Matrix], &[f32]) + 'a;
+
+/// [`run_layers`], showing every projection input to `observe`.
+pub(super) fn run_layers_observed(
+    model: &Model,
+    x: &mut [f32],
+    positions: &[usize],
+    kv: &mut dyn KvSite,
+    layers: Range<usize>,
+    observe: &mut InputObserver<'_>,
+) -> Result<()> {
     let (g, cfg, w, gpu) = (&*model.gguf, &model.cfg, &model.weights, model.gpu.as_ref());
     let n_tok = positions.len();
     let n_embd = cfg.n_embd;
@@ -173,6 +189,7 @@ pub(super) fn run_layers(
         // Attention block.
         ops::rms_norm_into(x, &lw.attn_norm, cfg.rms_eps, &mut xn);
         let on_gpu = gpu.and_then(|p| p.layer(il));
+        observe(&[&lw.wq, &lw.wk, &lw.wv], &xn);
         let qkv = project(
             g,
             gpu,
@@ -228,6 +245,7 @@ pub(super) fn run_layers(
         };
         let mut attn = vec![0f32; n_tok * cfg.n_head * cfg.head_dim_v];
         kv.attend(&shape, il, &q, &mut attn);
+        observe(&[&lw.wo], &attn);
         let mut o = project_one(g, gpu, on_gpu.map(|l| l.wo), &lw.wo, &attn, n_tok)?;
         if let Some(pn) = &lw.post_attn_norm {
             ops::rms_norm_rows(&mut o, pn, cfg.rms_eps);
@@ -237,6 +255,7 @@ pub(super) fn run_layers(
         // Feed-forward block.
         ops::rms_norm_into(x, &lw.ffn_norm, cfg.rms_eps, &mut xn);
         let on_gpu = gpu.and_then(|p| p.layer(il));
+        observe(&[&lw.w_gate, &lw.w_up], &xn);
         let gu = project(
             g,
             gpu,
@@ -265,6 +284,7 @@ pub(super) fn run_layers(
                 }
             }
         }
+        observe(&[&lw.w_down], &gate);
         let mut d = project_one(g, gpu, on_gpu.map(|l| l.down), &lw.w_down, &gate, n_tok)?;
         if let Some(pn) = &lw.post_ffn_norm {
             ops::rms_norm_rows(&mut d, pn, cfg.rms_eps);

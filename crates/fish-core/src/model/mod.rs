@@ -2,6 +2,7 @@
 
 mod attention;
 mod attention_tiles;
+pub mod calibration;
 pub mod config;
 mod forward;
 pub mod forward_batch;
