@@ -67,6 +67,8 @@ pub struct GpuArgs {
     pub requant: Option<u8>,
 }
 
+// A CPU-only build (no `vulkan` feature) accepts the flags but places nothing.
+#[cfg_attr(not(feature = "vulkan"), allow(dead_code))]
 impl GpuArgs {
     /// The layer cap: the flag, else FISH_GPU_LAYERS, else none.
     pub fn max_layers(&self) -> Option<usize> {
