@@ -1,7 +1,7 @@
 //! `y = W x` for a batch of tokens, rows split across the current rayon pool.
 
 use crate::acts::{dot_type, quantize_acts_into, QuantizedActs};
-use crate::blocks::{ActFormat, BlockFormat};
+use crate::blocks::{ActFormat, BlockFormat, VecDot, INTERLEAVED_ROWS};
 use crate::dispatch::with_block_type;
 use crate::error::QuantError;
 use crate::rows::{is_supported, row_bytes};
@@ -143,7 +143,7 @@ fn run<B: BlockFormat>(
     let offsets_fit = row_bytes
         .checked_mul(TILE_ROWS)
         .is_some_and(|b| b <= i32::MAX as usize);
-    if let Some(kernels) = tile_kernels(w.ty).filter(|_| offsets_fit) {
+    if let Some(kernels) = tile_kernels(w.ty, w.n_out).filter(|_| offsets_fit) {
         let offsets = match CodeOffset::of(w.ty) {
             Some(k) => acts.lane_offsets(k).map(Some),
             None => Some(None),
@@ -164,8 +164,10 @@ fn run<B: BlockFormat>(
             return Ok(());
         }
     }
-    let dot = B::best_vec_dot();
-    let grouped_dot = B::grouped_vec_dot();
+    let (dot, grouped_dot) = match interleaved_dot::<B>(w.n_out) {
+        Some(dot) => (dot, dot),
+        None => (B::best_vec_dot(), B::grouped_vec_dot()),
+    };
     let n_tok = acts.n_tok;
     // Tokens that the reference takes four at a time.
     let n_grouped = n_tok - n_tok % 4;
@@ -207,6 +209,12 @@ fn run<B: BlockFormat>(
         (0..n_tasks).into_par_iter().for_each(task);
     }
     Ok(())
+}
+
+/// The row dot product of a matrix of `n_out` rows, where its format rounds
+/// differently in matrices that ggml repacks.
+pub(crate) fn interleaved_dot<B: BlockFormat>(n_out: usize) -> Option<VecDot<B>> {
+    B::interleaved_vec_dot().filter(|_| n_out.is_multiple_of(INTERLEAVED_ROWS))
 }
 
 /// A matmul served by the multi-row tile kernels: the slices are checked

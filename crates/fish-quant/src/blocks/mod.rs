@@ -74,7 +74,20 @@ pub trait BlockFormat: Pod + Send + Sync {
     fn grouped_vec_dot() -> VecDot<Self> {
         Self::best_vec_dot()
     }
+
+    /// The dot product for matrices whose row count is a multiple of
+    /// [`INTERLEAVED_ROWS`], for formats that ggml's x86 CPU backend repacks
+    /// into interleaved 8-row blocks with their own rounding: one exact
+    /// integer sum per block, scaled and added by one fused multiply-add.
+    /// `None` where the format rounds alike in every matrix.
+    fn interleaved_vec_dot() -> Option<VecDot<Self>> {
+        None
+    }
 }
+
+/// Rows ggml's repacked kernels interleave: a matrix is repacked (and rounds
+/// as [`BlockFormat::interleaved_vec_dot`]) when its row count is a multiple.
+pub const INTERLEAVED_ROWS: usize = 8;
 
 /// An activation format: what `x` is converted to before dot products.
 pub trait ActFormat: Pod + Send + Sync {

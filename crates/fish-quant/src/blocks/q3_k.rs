@@ -108,20 +108,26 @@ impl BlockFormat for BlockQ3K {
         b
     }
 
+    /// Rounded as ggml's x86 kernel: 8 lanes of exact integer sums (lane
+    /// `l` takes values `i` with `(i % 32) / 4 == l`, each product times its
+    /// group scale), each scaled by `d_a * d_w` with one fused multiply-add
+    /// per block into its own f32 lane, and the lanes summed pairwise at the
+    /// end.
     fn vec_dot(w: &[Self], a: &[BlockQ8K]) -> f32 {
-        let mut sum = 0.0f32;
+        let mut acc = [0f32; 8];
         for (w, a) in w.iter().zip(a) {
             let q = w.codes();
             let sc = w.signed_scales();
-            let mut sumi = 0i32;
-            for g in 0..16 {
-                let s: i32 = (0..16)
-                    .map(|l| (q[16 * g + l] as i32 - 4) * a.qs[16 * g + l] as i32)
-                    .sum();
-                sumi += sc[g] as i32 * s;
+            let mut lanes = [0i32; 8];
+            for i in 0..QK_K {
+                let p = (q[i] as i32 - 4) * a.qs[i] as i32;
+                lanes[(i % 32) / 4] += sc[i / 16] as i32 * p;
             }
-            sum += a.d * w.d.to_f32() * sumi as f32;
+            let d = a.d * w.d.to_f32();
+            for (acc, lane) in acc.iter_mut().zip(lanes) {
+                *acc = (lane as f32).mul_add(d, *acc);
+            }
         }
-        sum
+        ((acc[0] + acc[4]) + (acc[2] + acc[6])) + ((acc[1] + acc[5]) + (acc[3] + acc[7]))
     }
 }

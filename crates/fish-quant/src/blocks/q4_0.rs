@@ -28,6 +28,19 @@ pub(crate) fn signed_abs_max(x: &[f32]) -> f32 {
     max
 }
 
+impl BlockQ4_0 {
+    /// `sum (q - 8) * a` over the block, exact.
+    fn block_sum(&self, a: &BlockQ8_0) -> i32 {
+        let mut sumi = 0i32;
+        for j in 0..16 {
+            let lo = (self.qs[j] & 0x0f) as i32 - 8;
+            let hi = (self.qs[j] >> 4) as i32 - 8;
+            sumi += lo * a.qs[j] as i32 + hi * a.qs[j + 16] as i32;
+        }
+        sumi
+    }
+}
+
 impl BlockFormat for BlockQ4_0 {
     const TYPE: GgmlType = GgmlType::Q4_0;
     const VALUES: usize = 32;
@@ -60,15 +73,21 @@ impl BlockFormat for BlockQ4_0 {
     fn vec_dot(w: &[Self], a: &[BlockQ8_0]) -> f32 {
         let mut sum = 0.0f32;
         for (w, a) in w.iter().zip(a) {
-            let mut sumi = 0i32;
-            for j in 0..16 {
-                let lo = (w.qs[j] & 0x0f) as i32 - 8;
-                let hi = (w.qs[j] >> 4) as i32 - 8;
-                sumi += lo * a.qs[j] as i32 + hi * a.qs[j + 16] as i32;
-            }
-            sum += sumi as f32 * (w.d.to_f32() * a.d.to_f32());
+            sum += w.block_sum(a) as f32 * (w.d.to_f32() * a.d.to_f32());
         }
         sum
+    }
+
+    /// ggml's x86 backend repacks Q4_0 matrices of 8k rows (AVX2 and up) and
+    /// rounds once per block: `acc = fma(sum, d_w * d_a, acc)`.
+    fn interleaved_vec_dot() -> Option<super::VecDot<Self>> {
+        Some(|w, a| {
+            let mut acc = 0.0f32;
+            for (w, a) in w.iter().zip(a) {
+                acc = (w.block_sum(a) as f32).mul_add(w.d.to_f32() * a.d.to_f32(), acc);
+            }
+            acc
+        })
     }
 
     fn best_vec_dot() -> super::VecDot<Self> {

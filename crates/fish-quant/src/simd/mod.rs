@@ -260,13 +260,16 @@ fn prefetch_lines(p: *const u8, lines: usize) {
     }
 }
 
-/// The tile kernels for weights of type `ty`, if this CPU has them; the
-/// choice is made once per matmul call.
-pub(crate) fn tile_kernels(ty: GgmlType) -> Option<TileKernels> {
+/// The tile kernels for a matrix of `n_out` rows of type `ty`, if this CPU
+/// has them; the choice is made once per matmul call.
+pub(crate) fn tile_kernels(ty: GgmlType, n_out: usize) -> Option<TileKernels> {
     #[cfg(target_arch = "x86_64")]
     {
         use tiles::fmt;
         let f = match ty {
+            // Rounded as ggml's repacked kernels (see
+            // `BlockFormat::interleaved_vec_dot`).
+            GgmlType::Q4_0 if n_out.is_multiple_of(crate::blocks::INTERLEAVED_ROWS) => fmt::Q4_0_X8,
             GgmlType::Q4_0 => fmt::Q4_0,
             GgmlType::Q4_1 => fmt::Q4_1,
             GgmlType::Q5_0 => fmt::Q5_0,
@@ -290,11 +293,16 @@ pub(crate) fn tile_kernels(ty: GgmlType) -> Option<TileKernels> {
         // detected its features.
         unsafe {
             match (simd_level(), f) {
+                // One sum per block and row: no lanes to pack two rows into.
+                (SimdLevel::Avx512Vnni, fmt::Q4_0_X8) => {
+                    Some(avx512::tiles::tiles::<{ fmt::Q4_0_X8 }>())
+                }
                 (SimdLevel::Avx512Vnni, fmt::Q4_0) => Some(avx512_tiles::<{ fmt::Q4_0 }>()),
                 (SimdLevel::Avx512Vnni, fmt::Q4_1) => Some(avx512_tiles::<{ fmt::Q4_1 }>()),
                 (SimdLevel::Avx512Vnni, fmt::Q5_0) => Some(avx512_tiles::<{ fmt::Q5_0 }>()),
                 (SimdLevel::Avx512Vnni, fmt::Q5_1) => Some(avx512_tiles::<{ fmt::Q5_1 }>()),
                 (SimdLevel::Avx512Vnni, _) => Some(avx512_tiles::<{ fmt::Q8_0 }>()),
+                (SimdLevel::Avx2, fmt::Q4_0_X8) => Some(avx2::tiles::tiles::<{ fmt::Q4_0_X8 }>()),
                 (SimdLevel::Avx2, fmt::Q4_0) => Some(avx2::tiles::tiles::<{ fmt::Q4_0 }>()),
                 (SimdLevel::Avx2, fmt::Q4_1) => Some(avx2::tiles::tiles::<{ fmt::Q4_1 }>()),
                 (SimdLevel::Avx2, fmt::Q5_0) => Some(avx2::tiles::tiles::<{ fmt::Q5_0 }>()),
@@ -305,7 +313,7 @@ pub(crate) fn tile_kernels(ty: GgmlType) -> Option<TileKernels> {
     }
     #[cfg(not(target_arch = "x86_64"))]
     {
-        let _ = ty;
+        let _ = (ty, n_out);
         None
     }
 }

@@ -254,7 +254,7 @@ fn check_tiles_match_row_dots_exactly<B: BlockFormat>() {
     } else {
         32 * 9
     };
-    for (n_out, n_tok) in [(1, 1), (6, 1), (13, 5), (64, 9)] {
+    for (n_out, n_tok) in [(1, 1), (6, 1), (13, 5), (64, 9), (8, 1), (16, 3)] {
         let wf = pseudo_random(n_in * n_out, 3 + n_out as u32);
         let w: Vec<B> = wf
             .chunks(<B as BlockFormat>::VALUES)
@@ -268,7 +268,7 @@ fn check_tiles_match_row_dots_exactly<B: BlockFormat>() {
         let mut y = vec![f32::NAN; n_out * n_tok];
         let weights = crate::Weights::new(B::TYPE, bytes, n_in, n_out).unwrap();
         crate::matmul_quantized(weights, &acts, &mut y).unwrap();
-        let dot = B::best_vec_dot();
+        let dot = crate::matmul::interleaved_dot::<B>(n_out).unwrap_or(B::best_vec_dot());
         for t in 0..n_tok {
             for r in 0..n_out {
                 let want = dot(&w[r * bpr..(r + 1) * bpr], &a[t * apr..(t + 1) * apr]);
@@ -357,4 +357,76 @@ fn wide_tiles_are_bit_identical_to_256_bit_tiles() {
     check::<BlockQ5_0, { fmt::Q5_0 }>();
     check::<BlockQ5_1, { fmt::Q5_1 }>();
     check::<BlockQ8_0, { fmt::Q8_0 }>();
+}
+
+/// Q4_0 matrices of 8k rows round as ggml's repacked kernels: every tile
+/// instance (AVX2 and VNNI, one token and batches, full and partial tiles)
+/// gives the portable per-block dot product bit for bit.
+#[test]
+#[cfg(target_arch = "x86_64")]
+fn interleaved_q4_0_tiles_match_the_portable_dot_exactly() {
+    use crate::blocks::{BlockQ4_0, BlockQ8_0};
+    use tiles::fmt;
+    let level = detect();
+    if level == SimdLevel::Portable {
+        return;
+    }
+    let Some(portable) = BlockQ4_0::interleaved_vec_dot() else {
+        panic!("Q4_0 has no interleaved rounding");
+    };
+    let (n_in, n_tok) = (32 * 11, 4);
+    let wf = pseudo_random(n_in * 4, 5);
+    let w: Vec<BlockQ4_0> = wf.chunks(32).map(BlockQ4_0::from_float).collect();
+    let x = pseudo_random(n_in * n_tok, 13);
+    let acts = quantize_acts(crate::GgmlType::Q8_0, &x, n_tok, n_in).unwrap();
+    let scales = acts.tile_scales().unwrap();
+    let offsets = acts.lane_offsets(CodeOffset::K8).unwrap();
+    let a: &[BlockQ8_0] = <BlockQ8_0 as ActFormat>::view(&acts.data).unwrap();
+    let apr = n_in / 32;
+    // SAFETY: each instance is taken only when its features were detected.
+    let mut instances = vec![("avx2", unsafe { avx2::tiles::tiles::<{ fmt::Q4_0_X8 }>() })];
+    if level == SimdLevel::Avx512Vnni {
+        instances.push(("vnni", unsafe {
+            avx512::tiles::tiles::<{ fmt::Q4_0_X8 }>()
+        }));
+    }
+    let mut lane_rounding_differs = false;
+    for (name, kernels) in instances {
+        for rows in [4, 3, 1] {
+            for (toks, kernel) in [(1, kernels.one), (kernels.max_tok, kernels.many)] {
+                let mut y = vec![f32::NAN; 4 * toks];
+                let tile = Tile {
+                    w: bytemuck::cast_slice::<BlockQ4_0, u8>(&w).as_ptr(),
+                    row_bytes: apr * size_of::<BlockQ4_0>(),
+                    rows,
+                    a: bytemuck::cast_slice::<BlockQ8_0, u8>(a).as_ptr(),
+                    act_row_bytes: apr * size_of::<BlockQ8_0>(),
+                    scales: scales.as_ptr(),
+                    offsets: offsets.as_ptr(),
+                    apr,
+                    toks,
+                    y: y.as_mut_ptr(),
+                    y_stride: 4,
+                };
+                // SAFETY: the features were detected; the tile covers `rows`
+                // rows of `w`, `toks` tokens of `a` and 4 * toks outputs.
+                unsafe { kernel(&tile) };
+                for t in 0..toks {
+                    for r in 0..rows {
+                        let (row, at) = (&w[r * apr..(r + 1) * apr], &a[t * apr..(t + 1) * apr]);
+                        let want = portable(row, at);
+                        let got = y[t * 4 + r];
+                        assert_eq!(
+                            got.to_bits(),
+                            want.to_bits(),
+                            "{name} rows {rows} token {t} row {r}"
+                        );
+                        lane_rounding_differs |= BlockQ4_0::best_vec_dot()(row, at) != want;
+                    }
+                }
+            }
+        }
+    }
+    // Otherwise this test could not tell the two roundings apart.
+    assert!(lane_rounding_differs);
 }

@@ -24,11 +24,20 @@ pub(crate) mod fmt {
     pub const Q5_0: u8 = 2;
     pub const Q5_1: u8 = 3;
     pub const Q8_0: u8 = 4;
+    /// Q4_0 bytes, rounded as ggml's repacked 8-row kernels: each block's
+    /// integer sum is reduced to one number per row before it is scaled.
+    pub const Q4_0_X8: u8 = 5;
+
+    /// Whether the block's lane sums are reduced to one exact sum per row
+    /// and scaled with one scalar fused multiply-add per block.
+    pub const fn sums_per_block(f: u8) -> bool {
+        f == Q4_0_X8
+    }
 
     /// Bytes per block.
     pub const fn bytes(f: u8) -> usize {
         match f {
-            Q4_0 => 18,
+            Q4_0 | Q4_0_X8 => 18,
             Q4_1 => 20,
             Q5_0 => 22,
             Q5_1 => 24,
@@ -106,7 +115,7 @@ macro_rules! define_tiles {
         #[inline]
         pub(crate) unsafe fn codes<const F: u8>(p: *const u8) -> __m256i {
             match F {
-                fmt::Q4_0 => nibbles(p.add(2)),
+                fmt::Q4_0 | fmt::Q4_0_X8 => nibbles(p.add(2)),
                 fmt::Q4_1 => nibbles(p.add(4)),
                 fmt::Q5_0 => _mm256_or_si256(nibbles(p.add(6)), fifth_bits(p.add(2))),
                 fmt::Q5_1 => _mm256_or_si256(nibbles(p.add(8)), fifth_bits(p.add(4))),
@@ -144,6 +153,9 @@ macro_rules! define_tiles {
             let d_lane: [__m256i; 4] = core::array::from_fn(|r| _mm256_set1_epi32(2 * r as i32));
             let mut acc = [[_mm256_setzero_ps(); T]; 4];
             let mut mins = [_mm256_setzero_ps(); T];
+            // Per token, the 4 rows' sums of `fmt::sums_per_block` formats.
+            let mut acc_rows = [_mm_setzero_ps(); T];
+            let even_lanes = _mm256_setr_epi32(0, 2, 4, 6, 0, 2, 4, 6);
             // The tile reads 4 * bb bytes per block; prefetch as much further on.
             let ahead = t.w.wrapping_add(crate::simd::prefetch_distance(t));
             for b in 0..t.apr {
@@ -176,6 +188,22 @@ macro_rules! define_tiles {
                     } else {
                         _mm256_mul_ps(dm, _mm256_set1_ps(s.d))
                     };
+                    if fmt::sums_per_block(F) {
+                        let s: [__m256i; 4] = core::array::from_fn(|r| dot_acc(init, q[r], av));
+                        // Integer adds are exact in any order: lane r of
+                        // `sums` is row r's whole block sum.
+                        let h = _mm256_hadd_epi32(
+                            _mm256_hadd_epi32(s[0], s[1]),
+                            _mm256_hadd_epi32(s[2], s[3]),
+                        );
+                        let sums = _mm_add_epi32(
+                            _mm256_castsi256_si128(h),
+                            _mm256_extracti128_si256::<1>(h),
+                        );
+                        let d = _mm256_castps256_ps128(_mm256_permutevar8x32_ps(scale, even_lanes));
+                        acc_rows[k] = _mm_fmadd_ps(_mm_cvtepi32_ps(sums), d, acc_rows[k]);
+                        continue;
+                    }
                     for r in 0..4 {
                         let sumi = dot_acc(init, q[r], av);
                         let d = _mm256_permutevar8x32_ps(scale, d_lane[r]);
@@ -188,6 +216,16 @@ macro_rules! define_tiles {
                 for k in 0..T {
                     _mm256_storeu_ps(min_lanes[k].as_mut_ptr(), mins[k]);
                 }
+            }
+            if fmt::sums_per_block(F) {
+                for k in 0..toks {
+                    let mut v = [0f32; 4];
+                    _mm_storeu_ps(v.as_mut_ptr(), acc_rows[k]);
+                    for r in 0..rows {
+                        *t.y.add(k * t.y_stride + r) = v[r];
+                    }
+                }
+                return;
             }
             for k in 0..toks {
                 for r in 0..rows {
