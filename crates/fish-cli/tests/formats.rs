@@ -140,12 +140,6 @@ format_tests! {
     q5_1_matches_llama_cpp: "q5_1",
     q8_0_matches_llama_cpp: "q8_0",
     q2_k_matches_llama_cpp: "q2_k",
-    // fish's Q4_0 and Q3_K kernels now round as llama.cpp's do for the raw
-    // prompt and for decode (matmuls bit-identical), but for batches of 8 or
-    // more tokens llama.cpp runs Q3_K through its separate tiled K-quant
-    // matmul (ggml-cpu/tiled), whose rounding fish does not reproduce yet:
-    // the 16-token chat prompt diverges after 15 tokens.
-    #[ignore = "chat case diverges after 15 tokens; see the comment"]
     q3_k_matches_llama_cpp: "q3_k",
     q4_k_matches_llama_cpp: "q4_k",
     q5_k_matches_llama_cpp: "q5_k",

@@ -1,7 +1,7 @@
 //! `y = W x` for a batch of tokens, rows split across the current rayon pool.
 
 use crate::acts::{dot_type, quantize_acts_into, QuantizedActs};
-use crate::blocks::{ActFormat, BlockFormat, VecDot, INTERLEAVED_ROWS};
+use crate::blocks::{ActFormat, BlockFormat, VecDot, INTERLEAVED_ROWS, TILED_BATCH};
 use crate::dispatch::with_block_type;
 use crate::error::QuantError;
 use crate::rows::{is_supported, row_bytes};
@@ -164,7 +164,8 @@ fn run<B: BlockFormat>(
             return Ok(());
         }
     }
-    let (dot, grouped_dot) = match interleaved_dot::<B>(w.n_out) {
+    let special = tiled_batch_dot::<B>(acts.n_tok).or_else(|| interleaved_dot::<B>(w.n_out));
+    let (dot, grouped_dot) = match special {
         Some(dot) => (dot, dot),
         None => (B::best_vec_dot(), B::grouped_vec_dot()),
     };
@@ -209,6 +210,12 @@ fn run<B: BlockFormat>(
         (0..n_tasks).into_par_iter().for_each(task);
     }
     Ok(())
+}
+
+/// The row dot product for a batch of `n_tok` tokens, where its format
+/// rounds differently in batches that ggml tiles.
+fn tiled_batch_dot<B: BlockFormat>(n_tok: usize) -> Option<VecDot<B>> {
+    B::tiled_batch_vec_dot().filter(|_| n_tok >= TILED_BATCH)
 }
 
 /// The row dot product of a matrix of `n_out` rows, where its format rounds

@@ -83,7 +83,21 @@ pub trait BlockFormat: Pod + Send + Sync {
     fn interleaved_vec_dot() -> Option<VecDot<Self>> {
         None
     }
+
+    /// The dot product for batches of at least [`TILED_BATCH`] tokens, for
+    /// formats that ggml's x86 CPU backend sends through its tiled K-quant
+    /// matmul there: per block one exact integer sum, scaled by the weight
+    /// scale, then added into a single accumulator by one fused
+    /// multiply-add with the activation scale, blocks in order. `None` where
+    /// batches round as single tokens do.
+    fn tiled_batch_vec_dot() -> Option<VecDot<Self>> {
+        None
+    }
 }
+
+/// Tokens from which ggml's tiled K-quant matmul takes a batch (and it
+/// rounds as [`BlockFormat::tiled_batch_vec_dot`]).
+pub const TILED_BATCH: usize = 8;
 
 /// Rows ggml's repacked kernels interleave: a matrix is repacked (and rounds
 /// as [`BlockFormat::interleaved_vec_dot`]) when its row count is a multiple.

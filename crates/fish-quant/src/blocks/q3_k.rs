@@ -7,7 +7,7 @@
 
 use super::kfit::fit_signed;
 use super::q2_k::crumb_position;
-use super::{BlockFormat, BlockQ8K, QK_K};
+use super::{BlockFormat, BlockQ8K, VecDot, QK_K};
 use crate::bits::F16Bits;
 use crate::round::nearest_int;
 use bytemuck::{Pod, Zeroable};
@@ -129,5 +129,95 @@ impl BlockFormat for BlockQ3K {
             }
         }
         ((acc[0] + acc[4]) + (acc[2] + acc[6])) + ((acc[1] + acc[5]) + (acc[3] + acc[7]))
+    }
+
+    fn tiled_batch_vec_dot() -> Option<VecDot<Self>> {
+        Some(tiled_batch_dot)
+    }
+}
+
+/// Rounded as ggml's tiled K-quant matmul, which takes batches of 8 or more
+/// tokens: per block the whole integer sum `sum_i sc[i / 16] * (q[i] - 4) *
+/// a[i]`, converted to f32 and multiplied by `d_w`, then added to one
+/// accumulator with a fused multiply-add by `d_a`, blocks in order.
+fn tiled_batch_dot(w: &[BlockQ3K], a: &[BlockQ8K]) -> f32 {
+    let mut acc = 0f32;
+    for (w, a) in w.iter().zip(a) {
+        let q = w.codes();
+        let sc = w.signed_scales();
+        let sum: i32 = (0..QK_K)
+            .map(|i| sc[i / 16] as i32 * (q[i] as i32 - 4) * a.qs[i] as i32)
+            .sum();
+        acc = (sum as f32 * w.d.to_f32()).mul_add(a.d, acc);
+    }
+    acc
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::acts::quantize_acts;
+    use crate::blocks::{ActFormat, TILED_BATCH};
+
+    fn wave(n: usize, seed: f32) -> Vec<f32> {
+        (0..n)
+            .map(|i| ((i as f32 * 0.37 + seed).sin() * 2.0).powi(3))
+            .collect()
+    }
+
+    /// The rounding of ggml's tiled matmul, written group by group: exact
+    /// integer sum per super-block, times `d_w`, fused-multiply-added by
+    /// `d_a` into one accumulator.
+    fn tiled_reference(w: &[BlockQ3K], a: &[BlockQ8K]) -> f32 {
+        w.iter().zip(a).fold(0f32, |acc, (w, a)| {
+            let (q, sc) = (w.codes(), w.signed_scales());
+            let sum: i32 = (0..16)
+                .map(|g| {
+                    let group: i32 = (16 * g..16 * g + 16)
+                        .map(|i| (q[i] as i32 - 4) * a.qs[i] as i32)
+                        .sum();
+                    sc[g] as i32 * group
+                })
+                .sum();
+            (sum as f32 * w.d.to_f32()).mul_add(a.d, acc)
+        })
+    }
+
+    /// Batches of `TILED_BATCH` tokens or more round as the tiled matmul,
+    /// smaller ones as the row dot product, and the two differ somewhere.
+    #[test]
+    fn batches_round_as_the_tiled_matmul_from_eight_tokens() {
+        let (n_in, n_out) = (256 * 6, 24);
+        let w: Vec<BlockQ3K> = wave(n_in * n_out, 0.5)
+            .chunks(QK_K)
+            .map(BlockQ3K::from_float)
+            .collect();
+        let bpr = n_in / QK_K;
+        let mut roundings_differ = false;
+        for n_tok in [TILED_BATCH - 1, TILED_BATCH, 2 * TILED_BATCH + 3] {
+            let x = wave(n_in * n_tok, 1.25);
+            let acts = quantize_acts(GgmlType::Q8_K, &x, n_tok, n_in).unwrap();
+            let a: &[BlockQ8K] = <BlockQ8K as ActFormat>::view(&acts.data).unwrap();
+            let weights =
+                crate::Weights::new(GgmlType::Q3_K, bytemuck::cast_slice(&w), n_in, n_out).unwrap();
+            let mut y = vec![f32::NAN; n_out * n_tok];
+            crate::matmul_quantized(weights, &acts, &mut y).unwrap();
+            for t in 0..n_tok {
+                for r in 0..n_out {
+                    let (row, at) = (&w[r * bpr..(r + 1) * bpr], &a[t * bpr..(t + 1) * bpr]);
+                    let tiled = tiled_reference(row, at);
+                    let single = BlockQ3K::vec_dot(row, at);
+                    let want = if n_tok >= TILED_BATCH { tiled } else { single };
+                    let got = y[t * n_out + r];
+                    assert_eq!(
+                        got.to_bits(),
+                        want.to_bits(),
+                        "{n_tok} tokens, token {t} row {r}"
+                    );
+                    roundings_differ |= tiled.to_bits() != single.to_bits();
+                }
+            }
+        }
+        assert!(roundings_differ, "the test cannot tell the roundings apart");
     }
 }
