@@ -2,7 +2,7 @@
 
 use std::io::Write;
 use std::path::PathBuf;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use anyhow::Result;
 use clap::Args;
@@ -72,9 +72,8 @@ fn bench_tokens(n: usize, n_vocab: usize) -> Vec<u32> {
 pub fn run(args: &BenchArgs) -> Result<()> {
     let loaded = load(&args.model, &args.gpu)?;
     let model = &loaded.model;
-    let session = Session::new(model, 1, args.threads.resolve())?;
-    let n_threads = session.n_threads();
-    drop(session);
+    // Sessions build their pool with exactly this many threads.
+    let n_threads = args.threads.resolve();
     let mut rows = measure(args, model, "")?;
     if args.pair_cpu {
         let cpu = load_cpu(&args.model)?;
@@ -122,41 +121,25 @@ fn measure(args: &BenchArgs, model: &fish_core::model::Model, suffix: &str) -> R
 
     if args.n_prompt > 0 {
         let toks = bench_tokens(args.n_prompt, n_vocab);
-        let mut speeds = Vec::new();
-        for rep in 0..=args.reps {
+        let test = format!("pp{}{suffix}", args.n_prompt);
+        rows.push(rate_row(test, args.reps, args.n_prompt, || {
             session.truncate(0);
             let t0 = Instant::now();
             session.eval(&toks, LogitsFor::Last)?;
-            if rep > 0 {
-                speeds.push(args.n_prompt as f64 / t0.elapsed().as_secs_f64());
-            }
-        }
-        let (mean, sd) = mean_sd(&speeds);
-        rows.push(Row {
-            test: format!("pp{}{suffix}", args.n_prompt),
-            mean,
-            sd,
-        });
+            Ok(t0.elapsed())
+        })?);
     }
     if args.n_gen > 0 {
         let toks = bench_tokens(args.n_gen, n_vocab);
-        let mut speeds = Vec::new();
-        for rep in 0..=args.reps {
+        let test = format!("tg{}{suffix}", args.n_gen);
+        rows.push(rate_row(test, args.reps, args.n_gen, || {
             session.truncate(0);
             let t0 = Instant::now();
             for &t in &toks {
                 session.eval(&[t], LogitsFor::Last)?;
             }
-            if rep > 0 {
-                speeds.push(args.n_gen as f64 / t0.elapsed().as_secs_f64());
-            }
-        }
-        let (mean, sd) = mean_sd(&speeds);
-        rows.push(Row {
-            test: format!("tg{}{suffix}", args.n_gen),
-            mean,
-            sd,
-        });
+            Ok(t0.elapsed())
+        })?);
     }
     drop(session);
     if let (Some(b), true) = (args.batch, args.n_gen > 0) {
@@ -173,8 +156,8 @@ fn batched_decode(args: &BenchArgs, model: &fish_core::model::Model, n_seq: usiz
     anyhow::ensure!(n_seq > 0, "--batch must be at least 1");
     let mut batch = BatchSession::new(model, n_seq, args.n_gen, args.threads.resolve())?;
     let toks = bench_tokens(args.n_gen * n_seq, model.cfg.n_vocab);
-    let mut speeds = Vec::new();
-    for rep in 0..=args.reps {
+    let test = format!("tg{} x{n_seq}", args.n_gen);
+    rate_row(test, args.reps, args.n_gen * n_seq, || {
         for s in 0..n_seq {
             batch.truncate(s, 0)?;
         }
@@ -182,14 +165,25 @@ fn batched_decode(args: &BenchArgs, model: &fish_core::model::Model, n_seq: usiz
         for step in toks.chunks_exact(n_seq) {
             batch.step_all(step)?;
         }
+        Ok(t0.elapsed())
+    })
+}
+
+/// Tokens per second of `reps` timed runs after one discarded warm-up run;
+/// `run_once` resets its state, then returns the time of the measured work.
+fn rate_row(
+    test: String,
+    reps: usize,
+    n_tokens: usize,
+    mut run_once: impl FnMut() -> Result<Duration>,
+) -> Result<Row> {
+    let mut speeds = Vec::new();
+    for rep in 0..=reps {
+        let elapsed = run_once()?;
         if rep > 0 {
-            speeds.push((args.n_gen * n_seq) as f64 / t0.elapsed().as_secs_f64());
+            speeds.push(n_tokens as f64 / elapsed.as_secs_f64());
         }
     }
     let (mean, sd) = mean_sd(&speeds);
-    Ok(Row {
-        test: format!("tg{} x{n_seq}", args.n_gen),
-        mean,
-        sd,
-    })
+    Ok(Row { test, mean, sd })
 }
