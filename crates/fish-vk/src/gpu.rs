@@ -32,6 +32,18 @@ pub(crate) struct Exec {
     pub readback: Option<Buffer>,
 }
 
+impl Exec {
+    /// Takes the scratch buffers (staging, x/y, readback) for release.
+    fn take_scratch(&mut self) -> [Option<Buffer>; 4] {
+        [
+            self.staging.take(),
+            self.x_dev.take(),
+            self.y_dev.take(),
+            self.readback.take(),
+        ]
+    }
+}
+
 pub struct Gpu {
     pub(crate) config: Config,
     pub(crate) info: DeviceInfo,
@@ -160,12 +172,7 @@ impl Gpu {
     /// last model is unloaded, so the device holds nothing of ours.
     pub fn release_scratch(&self) {
         let mut exec = self.lock_exec();
-        let scratch = [
-            exec.staging.take(),
-            exec.x_dev.take(),
-            exec.y_dev.take(),
-            exec.readback.take(),
-        ];
+        let scratch = exec.take_scratch();
         drop(exec);
         for buf in scratch.into_iter().flatten() {
             self.release(buf);
@@ -401,12 +408,7 @@ impl Drop for Gpu {
             }
         }
         let mut exec = self.lock_exec();
-        let scratch = [
-            exec.staging.take(),
-            exec.x_dev.take(),
-            exec.y_dev.take(),
-            exec.readback.take(),
-        ];
+        let scratch = exec.take_scratch();
         let (pool, fence, timestamps) = (exec.pool, exec.fence, exec.timestamps);
         drop(exec);
         for buf in scratch.into_iter().flatten() {

@@ -38,23 +38,39 @@ fn f16_bytes(positions: usize, dim: usize) -> u64 {
     (positions as u64 * dim as u64 * 2).next_multiple_of(16)
 }
 
+/// Per layer a K and a V buffer for `capacity` positions; on failure
+/// nothing stays allocated.
+fn alloc_kv(
+    gpu: &Gpu,
+    shape: &SpanShape,
+    n_layers: usize,
+    capacity: usize,
+) -> Result<(Vec<Buffer>, Vec<Buffer>)> {
+    let k = alloc_layers(gpu, n_layers, f16_bytes(capacity, shape.k_dim()))?;
+    match alloc_layers(gpu, n_layers, f16_bytes(capacity, shape.v_dim())) {
+        Ok(v) => Ok((k, v)),
+        Err(e) => {
+            k.into_iter().for_each(|b| gpu.release(b));
+            Err(e)
+        }
+    }
+}
+
+/// Positions a new cache has room for.
+fn initial_capacity(shape: &SpanShape) -> usize {
+    KV_STEP.min(shape.n_ctx)
+}
+
 impl KvCache {
     /// Device bytes `new` allocates.
     pub fn initial_bytes(shape: &SpanShape, n_layers: usize) -> u64 {
-        let capacity = KV_STEP.min(shape.n_ctx);
+        let capacity = initial_capacity(shape);
         n_layers as u64 * (f16_bytes(capacity, shape.k_dim()) + f16_bytes(capacity, shape.v_dim()))
     }
 
     pub fn new(gpu: &Gpu, shape: &SpanShape, n_layers: usize) -> Result<KvCache> {
-        let capacity = KV_STEP.min(shape.n_ctx);
-        let k = alloc_layers(gpu, n_layers, f16_bytes(capacity, shape.k_dim()))?;
-        let v = match alloc_layers(gpu, n_layers, f16_bytes(capacity, shape.v_dim())) {
-            Ok(v) => v,
-            Err(e) => {
-                k.into_iter().for_each(|b| gpu.release(b));
-                return Err(e);
-            }
-        };
+        let capacity = initial_capacity(shape);
+        let (k, v) = alloc_kv(gpu, shape, n_layers, capacity)?;
         Ok(KvCache {
             k,
             v,
@@ -80,15 +96,7 @@ impl KvCache {
             .max(self.capacity * 2)
             .next_multiple_of(KV_STEP)
             .min(shape.n_ctx);
-        let n_layers = self.k.len();
-        let k = alloc_layers(gpu, n_layers, f16_bytes(capacity, shape.k_dim()))?;
-        let v = match alloc_layers(gpu, n_layers, f16_bytes(capacity, shape.v_dim())) {
-            Ok(v) => v,
-            Err(e) => {
-                k.into_iter().for_each(|b| gpu.release(b));
-                return Err(e);
-            }
-        };
+        let (k, v) = alloc_kv(gpu, shape, self.k.len(), capacity)?;
         let copied = self.copy_valid(gpu, shape, &k, &v);
         if let Err(e) = copied {
             k.into_iter().chain(v).for_each(|b| gpu.release(b));
