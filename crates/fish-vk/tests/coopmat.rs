@@ -17,7 +17,7 @@ mod common;
 
 use common::*;
 use fish_gguf::GgmlType;
-use fish_vk::{Gpu, Kernel};
+use fish_vk::{Gpu, Kernel, TensorHandle};
 
 /// 512 values: two K-quant super-blocks, sixteen 32-value steps.
 const N_IN: usize = 512;
@@ -30,29 +30,61 @@ fn require_coopmat() -> bool {
     std::env::var("FISH_REQUIRE_COOPMAT").as_deref() == Ok("1")
 }
 
+/// Multiplies `n_tok` random inputs (seeded by `x_seed`) by the resident
+/// copy `h` of `weights` with `kernel`, and checks the result against both
+/// references.
+fn multiply_and_check(
+    gpu: &Gpu,
+    kernel: Kernel,
+    h: TensorHandle,
+    weights: &Weights<'_>,
+    n_tok: usize,
+    x_seed: u64,
+    what: &str,
+) {
+    let x = random_values(weights.n_in * n_tok, x_seed);
+    let y = gpu
+        .matmul_group_with(&[h], &x, n_tok, kernel)
+        .expect("matmul")
+        .remove(0);
+    check_f16_product(weights, &x, n_tok, &y, &format!("{what} {kernel:?}"));
+}
+
+/// One synthetic matrix of `ty` uploaded, checked at `n_tok` tokens, freed.
+fn check_one(
+    gpu: &Gpu,
+    kernel: Kernel,
+    ty: GgmlType,
+    (n_in, n_out): (usize, usize),
+    n_tok: usize,
+    (w_seed, x_seed): (u64, u64),
+    what: &str,
+) {
+    let w = synthetic_weights(ty, n_in, n_out, w_seed);
+    let h = gpu.upload(ty, &w, n_in, n_out).expect("upload");
+    let weights = Weights {
+        ty,
+        bytes: &w,
+        n_in,
+        n_out,
+    };
+    multiply_and_check(gpu, kernel, h, &weights, n_tok, x_seed, what);
+    gpu.free(h).expect("free");
+}
+
 fn check_every_type(gpu: &Gpu, kernel: Kernel) {
     for (i, ty) in KERNEL_TYPES.into_iter().enumerate() {
         let w = synthetic_weights(ty, N_IN, N_OUT, 500 + i as u64);
         let h = gpu.upload(ty, &w, N_IN, N_OUT).expect("upload");
+        let weights = Weights {
+            ty,
+            bytes: &w,
+            n_in: N_IN,
+            n_out: N_OUT,
+        };
         for n_tok in TOKENS {
-            let x = random_values(N_IN * n_tok, 40 + n_tok as u64);
-            let y = gpu
-                .matmul_group_with(&[h], &x, n_tok, kernel)
-                .expect("matmul")
-                .remove(0);
-            let weights = Weights {
-                ty,
-                bytes: &w,
-                n_in: N_IN,
-                n_out: N_OUT,
-            };
-            check_f16_product(
-                &weights,
-                &x,
-                n_tok,
-                &y,
-                &format!("{ty:?} {kernel:?} n_tok={n_tok}"),
-            );
+            let what = format!("{ty:?} n_tok={n_tok}");
+            multiply_and_check(gpu, kernel, h, &weights, n_tok, 40 + n_tok as u64, &what);
         }
         gpu.free(h).expect("free");
     }
@@ -90,29 +122,9 @@ fn wide_rows_stay_within_the_f16_bounds() {
         Some(_) => Kernel::CoopMat,
         None => Kernel::CoopMatEmulated,
     };
-    let (n_in, n_out, n_tok) = (4096usize, 136usize, 37usize);
     for ty in [GgmlType::Q4_K, GgmlType::F16] {
-        let w = synthetic_weights(ty, n_in, n_out, 900);
-        let h = gpu.upload(ty, &w, n_in, n_out).expect("upload");
-        let x = random_values(n_in * n_tok, 901);
-        let y = gpu
-            .matmul_group_with(&[h], &x, n_tok, kernel)
-            .expect("matmul")
-            .remove(0);
-        let weights = Weights {
-            ty,
-            bytes: &w,
-            n_in,
-            n_out,
-        };
-        check_f16_product(
-            &weights,
-            &x,
-            n_tok,
-            &y,
-            &format!("{ty:?} {kernel:?} 4096 wide"),
-        );
-        gpu.free(h).expect("free");
+        let what = format!("{ty:?} 4096 wide");
+        check_one(gpu, kernel, ty, (4096, 136), 37, (900, 901), &what);
     }
     assert_no_validation_messages(gpu);
 }
@@ -122,34 +134,14 @@ fn rows_of_an_odd_number_of_32_value_steps_are_complete() {
     // 544 = 17 x 32 values: with FISH_VK_COOPMAT_BK=64 or 128 the last step
     // is partly past the row's end and must count as zeros.
     let Some(gpu) = gpu_or_skip() else { return };
-    let (n_in, n_out, n_tok) = (544usize, 70usize, 19usize);
     let mut kernels = vec![Kernel::CoopMatEmulated];
     if gpu.coopmat_tile_in_use().is_some() {
         kernels.push(Kernel::CoopMat);
     }
     for kernel in kernels {
         for ty in [GgmlType::Q8_0, GgmlType::F16] {
-            let w = synthetic_weights(ty, n_in, n_out, 31);
-            let h = gpu.upload(ty, &w, n_in, n_out).expect("upload");
-            let x = random_values(n_in * n_tok, 32);
-            let y = gpu
-                .matmul_group_with(&[h], &x, n_tok, kernel)
-                .expect("matmul")
-                .remove(0);
-            let weights = Weights {
-                ty,
-                bytes: &w,
-                n_in,
-                n_out,
-            };
-            check_f16_product(
-                &weights,
-                &x,
-                n_tok,
-                &y,
-                &format!("{ty:?} {kernel:?} 544 wide"),
-            );
-            gpu.free(h).expect("free");
+            let what = format!("{ty:?} 544 wide");
+            check_one(gpu, kernel, ty, (544, 70), 19, (31, 32), &what);
         }
     }
     assert_no_validation_messages(gpu);
