@@ -127,4 +127,15 @@ impl Buffer {
         };
         Ok(())
     }
+
+    /// Writes f32 values at byte `offset` (the device reads them as the
+    /// host lays them out: little-endian on every host Vulkan runs on).
+    pub fn write_f32(&mut self, allocator: &Allocator, offset: u64, values: &[f32]) -> Result<()> {
+        self.write(allocator, offset, bytemuck::cast_slice(values))
+    }
+
+    /// Reads `out.len()` f32 values from byte `offset`, straight into `out`.
+    pub fn read_f32(&self, allocator: &Allocator, offset: u64, out: &mut [f32]) -> Result<()> {
+        self.read(allocator, offset, bytemuck::cast_slice_mut(out))
+    }
 }

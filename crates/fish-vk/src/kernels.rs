@@ -207,9 +207,8 @@ impl Gpu {
 
         let mut exec = self.lock_exec();
         self.prepare_scratch(&mut exec, x_bytes, y_bytes)?;
-        let x_raw: Vec<u8> = x.iter().flat_map(|v| v.to_le_bytes()).collect();
         let staging = exec.staging.as_mut().expect("prepared");
-        staging.write(&self.allocator, 0, &x_raw)?;
+        staging.write_f32(&self.allocator, 0, x)?;
         let (stage, x_dev, y_dev, readback) = scratch_handles(&exec);
         let pool = self.descriptor_pool(dispatches.len())?;
         let result = self
@@ -261,15 +260,11 @@ impl Gpu {
         // SAFETY: the submission finished (or never started); the pool is unused.
         unsafe { self.device.destroy_descriptor_pool(pool, None) };
         result?;
-        let mut raw = vec![0u8; y_bytes as usize];
+        let mut all = vec![0f32; y_len];
         exec.readback
             .as_ref()
             .expect("prepared")
-            .read(&self.allocator, 0, &mut raw)?;
-        let all: Vec<f32> = raw
-            .chunks_exact(4)
-            .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
-            .collect();
+            .read_f32(&self.allocator, 0, &mut all)?;
         let mut out = Vec::with_capacity(handles.len());
         let mut at = 0;
         for h in handles {

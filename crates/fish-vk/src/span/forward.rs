@@ -93,15 +93,15 @@ impl Gpu {
             };
             span.bindings = Some(Bindings::build(self, &span.pipelines, &span.layers, &bufs)?);
         }
-        let x_bytes: Vec<u8> = x.iter().flat_map(|v| v.to_le_bytes()).collect();
-        span.arena.upload.write(&self.allocator, 0, &x_bytes)?;
+        let x_bytes = std::mem::size_of_val(x) as u64;
+        span.arena.upload.write_f32(&self.allocator, 0, x)?;
         span.arena
             .step_upload
             .write(&self.allocator, 0, &(pos0 as u32).to_le_bytes())?;
         let copies = Copies {
             upload: span.arena.upload.raw,
             x_dev: span.arena.x.raw,
-            x_bytes: x_bytes.len() as u64,
+            x_bytes,
             step_upload: span.arena.step_upload.raw,
             step: span.arena.step.raw,
             result: match (logit_rows, span.output.as_ref()) {
@@ -110,11 +110,7 @@ impl Gpu {
                     o.readback.raw,
                     (rows * o.n_vocab() * 4) as u64,
                 ),
-                _ => (
-                    span.arena.x.raw,
-                    span.arena.readback.raw,
-                    x_bytes.len() as u64,
-                ),
+                _ => (span.arena.x.raw, span.arena.readback.raw, x_bytes),
             },
         };
         let result_bytes = copies.result.2;
@@ -188,15 +184,14 @@ impl Gpu {
             span.kv.len = span.kv.len.min(pos0);
             return Err(e);
         }
-        let mut out = vec![0u8; result_bytes as usize];
+        let mut result = vec![0f32; result_bytes as usize / 4];
         match (logit_rows, span.output.as_ref()) {
-            (Some(_), Some(o)) => o.readback.read(&self.allocator, 0, &mut out)?,
-            _ => span.arena.readback.read(&self.allocator, 0, &mut out)?,
+            (Some(_), Some(o)) => o.readback.read_f32(&self.allocator, 0, &mut result)?,
+            _ => span
+                .arena
+                .readback
+                .read_f32(&self.allocator, 0, &mut result)?,
         }
-        let result: Vec<f32> = out
-            .chunks_exact(4)
-            .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
-            .collect();
         span.kv.len = pos0 + n_tok;
         if let Some(p) = span.profiler.as_mut() {
             let ns = |a: std::time::Instant, b: std::time::Instant| {
