@@ -2,6 +2,9 @@
 //! (decode, then encode) on the current rayon pool, with the error it costs.
 
 mod fast_fit;
+mod lane_pack;
+mod lanes;
+mod lattice;
 mod weighted_fit;
 
 use crate::blocks::kfit::AffineSuperBlock;
@@ -46,8 +49,9 @@ pub fn requantize(
     n_rows: usize,
     target: RequantTarget,
 ) -> Result<Requantized, QuantError> {
-    requantize_rows(src_ty, src, n_in, n_rows, target, |x, dst, y| {
-        encode_row(target, x, dst, y)
+    let dst_row = n_in / 256 * target.block_bytes();
+    requantize_rows(src_ty, src, n_in, n_rows, dst_row, |x, dst, _| {
+        encode_row(target, x, dst)
     })
 }
 
@@ -72,7 +76,8 @@ pub fn requantize_weighted(
         });
     }
     let weights = sanitized(column_weights);
-    requantize_rows(src_ty, src, n_in, n_rows, target, |x, dst, y| {
+    let dst_row = n_in / 256 * target.block_bytes();
+    requantize_rows(src_ty, src, n_in, n_rows, dst_row, |x, dst, y| {
         encode_row_weighted(target, x, &weights, dst, y)
     })
 }
@@ -97,8 +102,8 @@ fn requantize_rows(
     src: &[u8],
     n_in: usize,
     n_rows: usize,
-    target: RequantTarget,
-    encode: impl Fn(&[f32], &mut [u8], &mut [f32]) + Sync,
+    dst_row: usize,
+    encode: impl Fn(&[f32], &mut [u8], &mut [f32]) -> (f64, f64) + Sync,
 ) -> Result<Requantized, QuantError> {
     let src_row = row_bytes(src_ty, n_in)?;
     if !n_in.is_multiple_of(256) {
@@ -118,7 +123,6 @@ fn requantize_rows(
             got: src.len(),
         });
     }
-    let dst_row = n_in / 256 * target.block_bytes();
     let mut bytes = vec![0u8; dst_row * n_rows];
     if n_rows == 0 || n_in == 0 {
         return Ok(Requantized {
@@ -133,8 +137,7 @@ fn requantize_rows(
             || (vec![0f32; n_in], vec![0f32; n_in]),
             |(x, y), (dst, src)| -> Result<(f64, f64), QuantError> {
                 dequant_row(src_ty, src, x)?;
-                encode(x, dst, y);
-                Ok(row_error(x, y))
+                Ok(encode(x, dst, y))
             },
         )
         .try_reduce(|| (0.0, 0.0), |a, b| Ok((a.0 + b.0, a.1 + b.1)))?;
@@ -146,32 +149,25 @@ fn requantize_rows(
     Ok(Requantized { bytes, rel_rms })
 }
 
-/// Encodes `x` into `dst` and writes its decoded values into `decoded`.
-fn encode_row(target: RequantTarget, x: &[f32], dst: &mut [u8], decoded: &mut [f32]) {
+/// Encodes `x` into `dst`; returns the squared error of the encoded row
+/// and the row's energy (the fit reports both, so nothing is decoded).
+fn encode_row(target: RequantTarget, x: &[f32], dst: &mut [u8]) -> (f64, f64) {
     match target {
-        RequantTarget::Q4K => {
-            let blocks: &mut [BlockQ4K] = bytemuck::cast_slice_mut(dst);
-            for ((b, x), y) in blocks
-                .iter_mut()
-                .zip(x.chunks_exact(256))
-                .zip(decoded.chunks_exact_mut(256))
-            {
-                *b = q4k_from_superblock(&fast_fit::quantize_superblock(as_block(x), 15));
-                b.to_float(y);
-            }
-        }
-        RequantTarget::Fq3 => {
-            let blocks: &mut [BlockFq3] = bytemuck::cast_slice_mut(dst);
-            for ((b, x), y) in blocks
-                .iter_mut()
-                .zip(x.chunks_exact(256))
-                .zip(decoded.chunks_exact_mut(256))
-            {
-                *b = BlockFq3::from_superblock(&fast_fit::quantize_superblock(as_block(x), 7));
-                b.to_float(y);
-            }
-        }
+        RequantTarget::Q4K => encode_blocks::<BlockQ4K>(x, dst),
+        RequantTarget::Fq3 => encode_blocks::<BlockFq3>(x, dst),
     }
+}
+
+fn encode_blocks<B: fast_fit::LanePacked + bytemuck::Pod>(x: &[f32], dst: &mut [u8]) -> (f64, f64) {
+    let blocks: &mut [B] = bytemuck::cast_slice_mut(dst);
+    let mut sums = (0.0, 0.0);
+    for (b, x) in blocks.iter_mut().zip(x.chunks_exact(256)) {
+        let (block, err, energy) = fast_fit::encode_superblock::<B>(as_block(x));
+        *b = block;
+        sums.0 += err as f64;
+        sums.1 += energy as f64;
+    }
+    sums
 }
 
 /// [`encode_row`] with the weighted fit, `w` one weight per value of the row.
@@ -181,7 +177,7 @@ fn encode_row_weighted(
     w: &[f32],
     dst: &mut [u8],
     decoded: &mut [f32],
-) {
+) -> (f64, f64) {
     let chunks = x.chunks_exact(256).zip(w.chunks_exact(256));
     match target {
         RequantTarget::Q4K => {
@@ -209,6 +205,7 @@ fn encode_row_weighted(
             }
         }
     }
+    row_error(x, decoded)
 }
 
 fn as_block(x: &[f32]) -> &[f32; 256] {
@@ -217,7 +214,7 @@ fn as_block(x: &[f32]) -> &[f32; 256] {
 
 /// Packs a fitted super-block (codes in `0..16`) as Q4_K: byte `32 * j + l`
 /// holds value `64 * j + l` (low nibble) and `64 * j + 32 + l` (high nibble).
-fn q4k_from_superblock(sb: &AffineSuperBlock) -> BlockQ4K {
+pub(crate) fn q4k_from_superblock(sb: &AffineSuperBlock) -> BlockQ4K {
     let mut qs = [0u8; 128];
     for j in 0..4 {
         for l in 0..32 {

@@ -1,252 +1,239 @@
 //! The affine super-block fit used by re-quantisation: start each group of
 //! 32 from its min/max and alternate nearest-code assignment with a
 //! closed-form least-squares refit, instead of the file quantiser's
-//! 21-point scale search (which `quantize_row` keeps for byte-exactness).
-//!
-//! The eight groups of a super-block are fitted side by side: every value
-//! below of type `Lanes` holds one number per group, so each step is one
-//! 8-wide vector operation with no horizontal sums and no per-group
-//! branches. Every lane follows the same IEEE operations in the same order
-//! whatever the vector width, so the AVX2 build and the portable build give
-//! the same bytes.
+//! 21-point scale search (which `quantize_row` keeps for byte-exactness);
+//! then 6-bit scales and mins ([`super::lattice`]). The eight groups are
+//! fitted side by side ([`super::lanes`]).
 
+use super::lanes::{
+    code_sums, group_stats, quadratic_errors, transpose_portable, zip, CodeSums, GroupStats, Lanes,
+    Rows,
+};
+use super::lattice::{nearest_pair, settle, super_scales, LaneCodes};
 use crate::bits::F16Bits;
+#[cfg(test)]
 use crate::blocks::kfit::AffineSuperBlock;
 
-/// One number per group of the super-block.
-type Lanes = [f32; 8];
 /// Alternations of assignment and least-squares refit per start.
 const REFITS: usize = 2;
 /// Initial scales `(max - min) / (nmax + stretch)`: each start refits to
 /// its own local optimum; the best is kept.
-const STARTS: [f32; 3] = [-0.5, 0.0, 0.5];
-/// Adding then subtracting 1.5 * 2^23 rounds a float in [0, 2^22) to the
-/// nearest integer, ties to even, without a libm call.
-const ROUND_MAGIC: f32 = 12_582_912.0;
+const NS: usize = 3;
+const STARTS: [f32; NS] = [-0.5, 0.0, 0.5];
 
-/// Quantises 256 values to codes in `0..=nmax` (8 groups of 32 under 6-bit
-/// scales and mins), using AVX2 where the CPU has it.
-pub fn quantize_superblock(x: &[f32; 256], nmax: u8) -> AffineSuperBlock {
-    #[cfg(target_arch = "x86_64")]
-    {
-        if std::arch::is_x86_feature_detected!("avx2") {
-            // SAFETY: the CPU supports AVX2 (checked just above).
-            return unsafe { quantize_avx2(x, nmax) };
+/// A block format a [`LaneFit`] packs into.
+pub trait LanePacked: Sized {
+    /// The largest code of the format.
+    const NMAX: u8;
+    fn pack(fit: &LaneFit) -> Self;
+}
+
+/// A fitted super-block with its codes still in the fit's layout, and what
+/// the fit cost.
+pub struct LaneFit {
+    pub d: F16Bits,
+    pub dmin: F16Bits,
+    pub scales: [u8; 8],
+    pub mins: [u8; 8],
+    /// `codes[i][g]` is the code of value `32 * g + i`.
+    pub codes: LaneCodes,
+    /// `sum (decoded - x)²`.
+    pub err: f32,
+    /// `sum x²`.
+    pub energy: f32,
+}
+
+#[cfg(test)]
+impl LaneFit {
+    /// The codes in value order.
+    pub fn to_superblock(&self) -> AffineSuperBlock {
+        AffineSuperBlock {
+            d: self.d,
+            dmin: self.dmin,
+            scales: self.scales,
+            mins: self.mins,
+            codes: std::array::from_fn(|v| self.codes[v % 32][v / 32] as u8),
         }
     }
-    quantize_portable(x, nmax)
+}
+
+/// Fits and packs 256 values, using AVX2 and FMA where the CPU has them;
+/// returns the block, its squared error and the values' energy.
+pub fn encode_superblock<B: LanePacked>(x: &[f32; 256]) -> (B, f32, f32) {
+    let fit = quantize_superblock_with(x, B::NMAX, |fit| B::pack(fit));
+    (fit.1, fit.0.err, fit.0.energy)
+}
+
+/// Quantises 256 values to codes in `0..=nmax` (8 groups of 32 under 6-bit
+/// scales and mins).
+#[cfg(test)]
+pub fn quantize_superblock(x: &[f32; 256], nmax: u8) -> LaneFit {
+    quantize_superblock_with(x, nmax, |_| ()).0
+}
+
+/// The fit, then `pack` on it, both in the best SIMD context the CPU has.
+#[inline(always)]
+fn quantize_superblock_with<B>(
+    x: &[f32; 256],
+    nmax: u8,
+    pack: impl Fn(&LaneFit) -> B,
+) -> (LaneFit, B) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma")
+        {
+            // SAFETY: the CPU supports AVX2 and FMA (checked just above).
+            return unsafe { quantize_avx2(x, nmax, pack) };
+        }
+    }
+    let fit = quantize_portable(x, nmax);
+    let packed = pack(&fit);
+    (fit, packed)
 }
 
 #[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2")]
-unsafe fn quantize_avx2(x: &[f32; 256], nmax: u8) -> AffineSuperBlock {
-    quantize_portable(x, nmax)
-}
-
-/// The nearest code in `0..=nmax` to `t`, as a float.
-#[inline(always)]
-fn round_code(t: f32, nmax: f32) -> f32 {
-    // Written as comparisons (not f32::max/min, whose NaN rule costs extra
-    // instructions) so each maps to one vector max/min; NaN becomes 0.
-    let t = if t > 0.0 { t } else { 0.0 };
-    let t = if t < nmax { t } else { nmax };
-    (t + ROUND_MAGIC) - ROUND_MAGIC
-}
-
-/// `f` applied lane by lane.
-#[inline(always)]
-fn zip(a: Lanes, b: Lanes, f: impl Fn(f32, f32) -> f32) -> Lanes {
-    let mut out = [0f32; 8];
-    for g in 0..8 {
-        out[g] = f(a[g], b[g]);
-    }
-    out
-}
-
-/// Per-group sums of q, q² and q·x for the nearest codes
-/// `q = round(clamp((x - offset) * inv, 0, nmax))`, for `K` fits at once
-/// (independent accumulators, so the adds do not wait on each other).
-#[inline(always)]
-fn code_sums<const K: usize>(
-    rows: &[Lanes; 32],
-    offset: &[Lanes; K],
-    inv: &[Lanes; K],
-    nmax: f32,
-) -> [[Lanes; 3]; K] {
-    let mut sums = [[[0f32; 8]; 3]; K];
-    for row in rows {
-        for k in 0..K {
-            let [sl, sl2, sxl] = &mut sums[k];
-            for g in 0..8 {
-                let q = round_code((row[g] - offset[k][g]) * inv[k][g], nmax);
-                sl[g] += q;
-                sl2[g] += q * q;
-                sxl[g] += q * row[g];
-            }
-        }
-    }
-    sums
-}
-
-/// Per-group squared error of the nearest codes for
-/// `x ≈ scale * q + offset`, for `K` candidates at once.
-#[inline(always)]
-fn code_errors<const K: usize>(
-    rows: &[Lanes; 32],
-    scale: &[Lanes; K],
-    offset: &[Lanes; K],
-    nmax: f32,
-) -> [Lanes; K] {
-    let inv: [Lanes; K] = std::array::from_fn(|k| {
-        zip(
-            scale[k],
-            scale[k],
-            |s, _| if s != 0.0 { 1.0 / s } else { 0.0 },
-        )
-    });
-    let mut err = [[0f32; 8]; K];
-    for row in rows {
-        for k in 0..K {
-            for g in 0..8 {
-                let q = round_code((row[g] - offset[k][g]) * inv[k][g], nmax);
-                let e = scale[k][g] * q + offset[k][g] - row[g];
-                err[k][g] += e * e;
-            }
-        }
-    }
-    err
-}
-
-/// Fits `x ≈ scale * q - m` per group with `q` in `0..=nmax`, `m >= 0`;
-/// returns `(scale, m)` per group. Each step (nearest codes for the current
-/// fit, then the least-squares fit for those codes) cannot increase the
-/// squared error; the best fit seen over all starts is kept.
-#[inline(always)]
-fn fit_groups(rows: &[Lanes; 32], nmax: f32) -> (Lanes, Lanes) {
-    let (mut lo, mut hi) = ([f32::MAX; 8], [-f32::MAX; 8]);
-    let (mut sx, mut sx2) = ([0f32; 8], [0f32; 8]);
-    for row in rows {
-        for g in 0..8 {
-            lo[g] = lo[g].min(row[g]);
-            hi[g] = hi[g].max(row[g]);
-            sx[g] += row[g];
-            sx2[g] += row[g] * row[g];
-        }
-    }
-    // A positive offset would need a negative m; the formats clamp it.
-    let min = zip(lo, lo, |v, _| v.min(0.0));
-    let flat: [bool; 8] = std::array::from_fn(|g| hi[g] <= min[g]);
-    let range = zip(hi, min, |h, m| h - m);
-    let n = rows.len() as f32;
-    let mut best_err = [f32::MAX; 8];
-    let mut best_scale = zip(range, range, |r, _| r / nmax);
-    let mut best_offset = min;
-    // The starts run in lockstep; their order in the best-fit comparison
-    // is refit by refit, start by start.
-    let mut scale: [Lanes; 3] =
-        std::array::from_fn(|k| zip(range, range, |r, _| r / (nmax + STARTS[k])));
-    let mut offset = [min; 3];
-    let mut alive = [flat.map(|f| !f); 3];
-    for _ in 0..REFITS {
-        let inv: [Lanes; 3] = std::array::from_fn(|k| zip(scale[k], scale[k], |s, _| 1.0 / s));
-        let sums = code_sums(rows, &offset, &inv, nmax);
-        for k in 0..3 {
-            let [sl, sl2, sxl] = sums[k];
-            for g in 0..8 {
-                let det = n * sl2[g] - sl[g] * sl[g];
-                let s = (n * sxl[g] - sx[g] * sl[g]) / det;
-                let m = (sl2[g] * sx[g] - sl[g] * sxl[g]) / det;
-                let clamp_min = m > 0.0;
-                let s = if clamp_min { sxl[g] / sl2[g] } else { s };
-                let m = if clamp_min { 0.0 } else { m };
-                // A degenerate system or a non-positive or non-finite scale
-                // ends this start for the group; it keeps its best so far.
-                alive[k][g] = alive[k][g] && det > 0.0 && s > 0.0 && s.is_finite();
-                // Squared error of these codes under (s, m), from the sums.
-                let err = sx2[g] - 2.0 * s * sxl[g] - 2.0 * m * sx[g]
-                    + s * s * sl2[g]
-                    + 2.0 * s * m * sl[g]
-                    + n * m * m;
-                scale[k][g] = if alive[k][g] { s } else { scale[k][g] };
-                offset[k][g] = if alive[k][g] { m } else { offset[k][g] };
-                let better = alive[k][g] && err < best_err[g];
-                best_err[g] = if better { err } else { best_err[g] };
-                best_scale[g] = if better { s } else { best_scale[g] };
-                best_offset[g] = if better { m } else { best_offset[g] };
-            }
-        }
-    }
-    let scales = std::array::from_fn(|g| if flat[g] { 0.0 } else { best_scale[g] });
-    let mins = std::array::from_fn(|g| if flat[g] { -min[g] } else { -best_offset[g] });
-    (scales, mins)
-}
-
-/// `quantize_group_scales(values, 63)` with the rounding of [`round_code`]
-/// (the same integers for every input, NaN included), inlined into the
-/// fit's SIMD context instead of a libm call per value.
-#[inline(always)]
-fn group_scales_6bit(values: &Lanes) -> (F16Bits, [u8; 8]) {
-    let max = values.iter().fold(0.0f32, |m, &v| m.max(v));
-    if max <= 0.0 {
-        return (F16Bits::from_f32(0.0), [0; 8]);
-    }
-    let inv = 63.0 / max;
-    let ints = values.map(|v| round_code(inv * v, 63.0) as u8);
-    (F16Bits::from_f32(max / 63.0), ints)
+#[target_feature(enable = "avx2,fma")]
+unsafe fn quantize_avx2<B>(x: &[f32; 256], nmax: u8, pack: impl Fn(&LaneFit) -> B) -> (LaneFit, B) {
+    // SAFETY: AVX2 is enabled in this function's context.
+    let rows = unsafe { super::lanes::transpose_avx2(x) };
+    let fit = fit_rows(&rows, nmax);
+    let packed = pack(&fit);
+    (fit, packed)
 }
 
 /// The fit itself, written for the compiler to vectorise in whatever
 /// target-feature context it is inlined into.
 #[inline(always)]
-pub(crate) fn quantize_portable(x: &[f32; 256], nmax: u8) -> AffineSuperBlock {
-    let nmax_f = nmax as f32;
-    let rows: [Lanes; 32] = std::array::from_fn(|i| std::array::from_fn(|g| x[32 * g + i]));
-    let (scales, mins) = fit_groups(&rows, nmax_f);
-    let (d, mut ls) = group_scales_6bit(&scales);
-    let (dmin, mut lm) = group_scales_6bit(&mins);
-    let (df, dminf) = (d.to_f32(), dmin.to_f32());
-    // Rounding scale and min to 6 bits independently is rarely the best
-    // pair: try both neighbours of each and keep the smallest error.
-    let (ls0, lm0) = (ls, lm);
-    // Candidate c is (ls + c / 3 - 1, lm + c % 3 - 1).
-    let cand: [[[i32; 8]; 2]; 9] = std::array::from_fn(|c| {
-        [
-            std::array::from_fn(|g| ls0[g] as i32 + c as i32 / 3 - 1),
-            std::array::from_fn(|g| lm0[g] as i32 + c as i32 % 3 - 1),
-        ]
-    });
-    let scale: [Lanes; 9] =
-        std::array::from_fn(|c| std::array::from_fn(|g| df * cand[c][0][g].clamp(0, 63) as f32));
-    let offset: [Lanes; 9] = std::array::from_fn(|c| {
-        std::array::from_fn(|g| -(dminf * cand[c][1][g].clamp(0, 63) as f32))
-    });
-    let err = code_errors(&rows, &scale, &offset, nmax_f);
-    let mut best = [f32::MAX; 8];
-    for c in 0..9 {
-        let [sl, ml] = cand[c];
+pub(crate) fn quantize_portable(x: &[f32; 256], nmax: u8) -> LaneFit {
+    fit_rows(&transpose_portable(x), nmax)
+}
+
+/// One least-squares fit per group: `x ≈ scale * q + offset`, its squared
+/// error, and the code sums it came from.
+#[derive(Clone, Copy)]
+struct Fit {
+    scale: Lanes,
+    offset: Lanes,
+    err: Lanes,
+    sums: CodeSums,
+}
+
+impl Fit {
+    /// Takes `other`'s groups where they are usable and better.
+    #[inline(always)]
+    fn keep_better(&mut self, other: &Fit, usable: &[bool; 8]) {
         for g in 0..8 {
-            let in_range = (0..=63).contains(&sl[g]) && (0..=63).contains(&ml[g]);
-            if in_range && err[c][g] < best[g] {
-                best[g] = err[c][g];
-                (ls[g], lm[g]) = (sl[g] as u8, ml[g] as u8);
+            let better = usable[g] & (other.err[g] < self.err[g]);
+            let pick = |new: f32, old: f32| if better { new } else { old };
+            self.err[g] = pick(other.err[g], self.err[g]);
+            self.scale[g] = pick(other.scale[g], self.scale[g]);
+            self.offset[g] = pick(other.offset[g], self.offset[g]);
+            for i in 0..3 {
+                self.sums[i][g] = pick(other.sums[i][g], self.sums[i][g]);
             }
         }
     }
-    let scale: Lanes = std::array::from_fn(|g| df * ls[g] as f32);
-    let offset: Lanes = std::array::from_fn(|g| -(dminf * lm[g] as f32));
-    let inv = zip(scale, scale, |s, _| if s != 0.0 { 1.0 / s } else { 0.0 });
-    let mut codes = [0u8; 256];
-    for (i, row) in rows.iter().enumerate() {
-        for g in 0..8 {
-            codes[32 * g + i] = round_code((row[g] - offset[g]) * inv[g], nmax_f) as u8;
+}
+
+/// The closed-form least-squares `(scale, offset)` for fixed codes, with
+/// the offset clamped to `<= 0` (a positive one would need a negative min,
+/// which the formats cannot hold). A degenerate system or a non-positive or
+/// non-finite scale marks the group unusable.
+#[inline(always)]
+fn least_squares(stats: &GroupStats, sums: &CodeSums) -> (Fit, [bool; 8]) {
+    let [sl, sl2, sxl] = sums;
+    let n = stats.n;
+    let mut fit = Fit {
+        scale: [0.0; 8],
+        offset: [0.0; 8],
+        err: [0.0; 8],
+        sums: *sums,
+    };
+    let mut usable = [false; 8];
+    for g in 0..8 {
+        let det = n * sl2[g] - sl[g] * sl[g];
+        let s_free = (n * sxl[g] - stats.sx[g] * sl[g]) / det;
+        let m = (sl2[g] * stats.sx[g] - sl[g] * sxl[g]) / det;
+        let s_through_zero = sxl[g] / sl2[g];
+        let clamp_min = m > 0.0;
+        let s = if clamp_min { s_through_zero } else { s_free };
+        let m = if clamp_min { 0.0 } else { m };
+        // Non-short-circuit `&` keeps this a vector operation.
+        usable[g] = (det > 0.0) & (s > 0.0) & (s < f32::INFINITY);
+        fit.scale[g] = s;
+        fit.offset[g] = m;
+    }
+    fit.err = quadratic_errors(stats, sums, &fit.scale, &fit.offset);
+    (fit, usable)
+}
+
+/// Fits `x ≈ scale * q - m` per group with `q` in `0..=nmax`, `m >= 0`;
+/// returns `(scale, m)` per group and the code sums of that fit. Each step
+/// (nearest codes for the current fit, then the least-squares fit for those
+/// codes) cannot increase the squared error; the best fit seen over all
+/// starts is kept.
+#[inline(always)]
+fn fit_groups(rows: &Rows, stats: &GroupStats, nmax: f32) -> (Lanes, Lanes, CodeSums) {
+    // A positive offset would need a negative m; the formats clamp it.
+    let min = stats.lo.map(|v| v.min(0.0));
+    let flat: [bool; 8] = std::array::from_fn(|g| stats.hi[g] <= min[g]);
+    let range = zip(stats.hi, min, |h, m| h - m);
+    let mut best = Fit {
+        scale: range.map(|r| r / nmax),
+        offset: min,
+        err: [f32::MAX; 8],
+        sums: [[0.0; 8]; 3],
+    };
+    // The starts run in lockstep; their order in the best-fit comparison
+    // is refit by refit, start by start. A start that fails for a group
+    // keeps its last fit there.
+    let mut scale: [Lanes; NS] = std::array::from_fn(|k| range.map(|r| r / (nmax + STARTS[k])));
+    let mut offset = [min; NS];
+    let mut alive = [flat.map(|f| !f); NS];
+    for _ in 0..REFITS {
+        let inv: [Lanes; NS] = scale.map(|s| s.map(|v| 1.0 / v));
+        let sums = code_sums(rows, &offset, &inv, nmax);
+        for k in 0..NS {
+            let (fit, usable) = least_squares(stats, &sums[k]);
+            for g in 0..8 {
+                alive[k][g] &= usable[g];
+                scale[k][g] = if alive[k][g] {
+                    fit.scale[g]
+                } else {
+                    scale[k][g]
+                };
+                offset[k][g] = if alive[k][g] {
+                    fit.offset[g]
+                } else {
+                    offset[k][g]
+                };
+            }
+            best.keep_better(&fit, &alive[k]);
         }
     }
-    AffineSuperBlock {
+    let scales = std::array::from_fn(|g| if flat[g] { 0.0 } else { best.scale[g] });
+    let mins = std::array::from_fn(|g| if flat[g] { -min[g] } else { -best.offset[g] });
+    (scales, mins, best.sums)
+}
+
+/// The fit of a super-block already in rows.
+#[inline(always)]
+fn fit_rows(rows: &Rows, nmax: u8) -> LaneFit {
+    let nmax = nmax as f32;
+    let stats = group_stats(rows);
+    let (scales, mins, sums) = fit_groups(rows, &stats, nmax);
+    let ((d, ls), (dmin, lm)) = super_scales(&stats, &sums, &scales, &mins);
+    let supers = (d.to_f32(), dmin.to_f32());
+    let levels = nearest_pair(rows, &stats, supers, (ls, lm), nmax);
+    let (ls, lm, codes, err) = settle(rows, &stats, supers, levels, nmax);
+    LaneFit {
         d,
         dmin,
-        scales: ls,
-        mins: lm,
+        scales: ls.map(|v| v as u8),
+        mins: lm.map(|v| v as u8),
         codes,
+        err: err.iter().sum(),
+        energy: stats.sx2.iter().sum(),
     }
 }
 
@@ -254,6 +241,7 @@ pub(crate) fn quantize_portable(x: &[f32; 256], nmax: u8) -> AffineSuperBlock {
 mod tests {
     use super::*;
     use crate::blocks::kfit::quantize_group_scales;
+    use crate::requant::lattice::group_scales_6bit;
 
     fn data(seed: u32) -> [f32; 256] {
         let mut s = seed;
@@ -282,8 +270,9 @@ mod tests {
         for seed in 0..32 {
             let x = data(seed);
             for nmax in [7, 15] {
-                let a = quantize_superblock(&x, nmax);
-                let b = quantize_portable(&x, nmax);
+                let (a, b) = (quantize_superblock(&x, nmax), quantize_portable(&x, nmax));
+                assert_eq!(a.err.to_bits(), b.err.to_bits());
+                let (a, b) = (a.to_superblock(), b.to_superblock());
                 assert_eq!(
                     (a.d, a.dmin, a.scales, a.mins),
                     (b.d, b.dmin, b.scales, b.mins)
@@ -321,7 +310,7 @@ mod tests {
     fn codes_stay_in_range_and_error_is_small() {
         let x = data(7);
         for (nmax, bound) in [(7u8, 0.2f32), (15, 0.1)] {
-            let sb = quantize_portable(&x, nmax);
+            let sb = quantize_portable(&x, nmax).to_superblock();
             assert!(sb.codes.iter().all(|&q| q <= nmax));
             let mut y = [0f32; 256];
             decode(&sb, &mut y);
@@ -340,7 +329,7 @@ mod tests {
     fn constant_and_zero_groups_decode_exactly() {
         let mut x = [0f32; 256];
         x[32..64].fill(-0.25);
-        let sb = quantize_portable(&x, 15);
+        let sb = quantize_portable(&x, 15).to_superblock();
         let mut y = [0f32; 256];
         decode(&sb, &mut y);
         assert_eq!(y[..32], [0.0; 32]);

@@ -1,0 +1,181 @@
+//! The eight groups of 32 values of a super-block side by side: every
+//! `Lanes` holds one number per group, row `i` of a super-block holds value
+//! `i` of each group, so each step of the fit is one 8-wide vector operation
+//! with no horizontal sums and no per-group branches. Every lane follows the
+//! same IEEE operations in the same order whatever the vector width, so the
+//! AVX2 build and the portable build give the same bytes.
+
+/// One number per group.
+pub(super) type Lanes = [f32; 8];
+/// A super-block as 32 rows of [`Lanes`].
+pub(super) type Rows = [Lanes; 32];
+
+/// Adding then subtracting 1.5 * 2^23 rounds a float in [0, 2^22) to the
+/// nearest integer, ties to even, without a libm call; in between, the
+/// integer sits in the low mantissa bits of the sum.
+pub(super) const ROUND_MAGIC: f32 = 12_582_912.0;
+
+/// `t` clamped to `[0, nmax]` (NaN becomes 0) and biased by
+/// [`ROUND_MAGIC`], which rounds it.
+#[inline(always)]
+pub(super) fn biased_code(t: f32, nmax: f32) -> f32 {
+    // Written as comparisons (not f32::max/min, whose NaN rule costs extra
+    // instructions) so each maps to one vector max/min.
+    let t = if t > 0.0 { t } else { 0.0 };
+    let t = if t < nmax { t } else { nmax };
+    t + ROUND_MAGIC
+}
+
+/// The nearest code in `0..=nmax` to `t`, as a float.
+#[inline(always)]
+pub(super) fn round_code(t: f32, nmax: f32) -> f32 {
+    biased_code(t, nmax) - ROUND_MAGIC
+}
+
+/// `f` applied lane by lane.
+#[inline(always)]
+pub(super) fn zip(a: Lanes, b: Lanes, f: impl Fn(f32, f32) -> f32) -> Lanes {
+    let mut out = [0f32; 8];
+    for g in 0..8 {
+        out[g] = f(a[g], b[g]);
+    }
+    out
+}
+
+/// `1 / v` per lane, 0 for 0.
+#[inline(always)]
+pub(super) fn inverse(v: &Lanes) -> Lanes {
+    v.map(|s| if s != 0.0 { 1.0 / s } else { 0.0 })
+}
+
+/// Row `i` lane `g` is value `32 * g + i`.
+#[inline(always)]
+pub(super) fn transpose_portable(x: &[f32; 256]) -> Rows {
+    std::array::from_fn(|i| std::array::from_fn(|g| x[32 * g + i]))
+}
+
+/// [`transpose_portable`] as four 8 x 8 register transposes.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+#[inline]
+pub(super) unsafe fn transpose_avx2(x: &[f32; 256]) -> Rows {
+    use std::arch::x86_64::*;
+    let mut rows = [[0f32; 8]; 32];
+    for b in 0..4 {
+        // SAFETY: 32 * g + 8 * b + 8 <= 256 for g < 8, b < 4.
+        let v: [__m256; 8] =
+            std::array::from_fn(|g| unsafe { _mm256_loadu_ps(x.as_ptr().add(32 * g + 8 * b)) });
+        // t[2p], t[2p + 1]: groups 2p and 2p + 1 interleaved.
+        let t: [__m256; 8] = std::array::from_fn(|k| {
+            let (p, q) = (v[2 * (k / 2)], v[2 * (k / 2) + 1]);
+            if k % 2 == 0 {
+                _mm256_unpacklo_ps(p, q)
+            } else {
+                _mm256_unpackhi_ps(p, q)
+            }
+        });
+        // u[0..4] from groups 0-3, u[4..8] from groups 4-7; u[k & 3] holds
+        // rows k and k + 4 of its four groups.
+        let u: [__m256; 8] = std::array::from_fn(|k| {
+            let base = 4 * (k / 4);
+            let (p, q) = (t[base + (k & 2) / 2], t[base + 2 + (k & 2) / 2]);
+            if k % 2 == 0 {
+                _mm256_shuffle_ps::<0x44>(p, q)
+            } else {
+                _mm256_shuffle_ps::<0xEE>(p, q)
+            }
+        });
+        for k in 0..4 {
+            let low = _mm256_permute2f128_ps::<0x20>(u[k], u[k + 4]);
+            let high = _mm256_permute2f128_ps::<0x31>(u[k], u[k + 4]);
+            // SAFETY: rows[8b + k] and rows[8b + k + 4] are 8 floats each.
+            unsafe {
+                _mm256_storeu_ps(rows[8 * b + k].as_mut_ptr(), low);
+                _mm256_storeu_ps(rows[8 * b + k + 4].as_mut_ptr(), high);
+            }
+        }
+    }
+    rows
+}
+
+/// Per-group count, sum and sum of squares, min and max of the values.
+#[derive(Clone, Copy)]
+pub(super) struct GroupStats {
+    pub n: f32,
+    pub lo: Lanes,
+    pub hi: Lanes,
+    pub sx: Lanes,
+    pub sx2: Lanes,
+}
+
+#[inline(always)]
+pub(super) fn group_stats(rows: &Rows) -> GroupStats {
+    let (mut lo, mut hi) = ([f32::MAX; 8], [-f32::MAX; 8]);
+    let (mut sx, mut sx2) = ([0f32; 8], [0f32; 8]);
+    for row in rows {
+        for g in 0..8 {
+            lo[g] = lo[g].min(row[g]);
+            hi[g] = hi[g].max(row[g]);
+            sx[g] += row[g];
+            sx2[g] = row[g].mul_add(row[g], sx2[g]);
+        }
+    }
+    GroupStats {
+        n: rows.len() as f32,
+        lo,
+        hi,
+        sx,
+        sx2,
+    }
+}
+
+/// Per-group `[sum q, sum q², sum q·x]`.
+pub(super) type CodeSums = [Lanes; 3];
+
+/// Code sums of the nearest codes
+/// `q = round(clamp((x - offset) * inv, 0, nmax))`, for `K` fits at once
+/// (independent accumulators, so the adds do not wait on each other).
+#[inline(always)]
+pub(super) fn code_sums<const K: usize>(
+    rows: &Rows,
+    offset: &[Lanes; K],
+    inv: &[Lanes; K],
+    nmax: f32,
+) -> [CodeSums; K] {
+    let shift: [Lanes; K] = std::array::from_fn(|k| zip(offset[k], inv[k], |o, i| -(o * i)));
+    let mut sums = [[[0f32; 8]; 3]; K];
+    for row in rows {
+        for k in 0..K {
+            let [sl, sl2, sxl] = &mut sums[k];
+            for g in 0..8 {
+                let q = round_code(row[g].mul_add(inv[k][g], shift[k][g]), nmax);
+                sl[g] += q;
+                sl2[g] = q.mul_add(q, sl2[g]);
+                sxl[g] = q.mul_add(row[g], sxl[g]);
+            }
+        }
+    }
+    sums
+}
+
+/// Squared error `sum (scale * q + offset - x)²` per group from the code
+/// sums and the groups' value sums: exact for those codes, no pass over the
+/// values.
+#[inline(always)]
+pub(super) fn quadratic_errors(
+    stats: &GroupStats,
+    sums: &CodeSums,
+    scale: &Lanes,
+    offset: &Lanes,
+) -> Lanes {
+    let [sl, sl2, sxl] = sums;
+    let mut err = [0f32; 8];
+    for g in 0..8 {
+        let (s, m) = (scale[g], offset[g]);
+        err[g] = stats.sx2[g] - 2.0 * s * sxl[g] - 2.0 * m * stats.sx[g]
+            + s * s * sl2[g]
+            + 2.0 * s * m * sl[g]
+            + stats.n * m * m;
+    }
+    err
+}

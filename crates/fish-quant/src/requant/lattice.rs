@@ -1,0 +1,184 @@
+//! From fitted per-group `(scale, min)` to the formats' 6-bit scales and
+//! mins under f16 super-scales `d` and `dmin`, and the codes under them.
+//! Errors of candidate pairs come from code sums (a quadratic form), so
+//! ranking candidates costs no pass over the values once codes are fixed.
+
+use super::lanes::{
+    biased_code, code_sums, inverse, quadratic_errors, round_code, zip, CodeSums, GroupStats,
+    Lanes, Rows, ROUND_MAGIC,
+};
+use crate::bits::F16Bits;
+
+/// Super-scales tried, as f16 steps (about 0.05-0.1% each) above
+/// `max / 63`: a slightly larger `d` often rounds the other groups' scales
+/// better than the one that makes the largest exactly 63.
+const SUPER_SCALE_STEPS: [u16; 8] = [0, 4, 8, 12, 16, 24, 32, 48];
+
+/// 6-bit levels per group, as `i32` so the comparisons stay vector ones.
+pub(super) type Levels = [i32; 8];
+
+/// `quantize_group_scales(values, 63)` with the rounding of [`round_code`]
+/// (the same integers for every input, NaN included), inlined into the
+/// fit's SIMD context instead of a libm call per value.
+#[inline(always)]
+pub(super) fn group_scales_6bit(values: &Lanes) -> (F16Bits, [u8; 8]) {
+    let max = values.iter().fold(0.0f32, |m, &v| m.max(v));
+    if max <= 0.0 {
+        return (F16Bits::from_f32(0.0), [0; 8]);
+    }
+    let inv = 63.0 / max;
+    let ints = values.map(|v| round_code(inv * v, 63.0) as u8);
+    (F16Bits::from_f32(max / 63.0), ints)
+}
+
+/// The super-scales and 6-bit levels to start the neighbour search from:
+/// `dmin` as `max(mins) / 63`; for each `d` of [`SUPER_SCALE_STEPS`], every
+/// group's nearest 6-bit scale and the 6-bit min nearest the best offset
+/// for it (codes fixed), ranked by the closed-form error summed over the
+/// super-block.
+#[inline(always)]
+pub(super) fn super_scales(
+    stats: &GroupStats,
+    sums: &CodeSums,
+    scales: &Lanes,
+    mins: &Lanes,
+) -> ((F16Bits, Levels), (F16Bits, Levels)) {
+    let (dmin, _) = group_scales_6bit(mins);
+    let dminf = dmin.to_f32();
+    let inv_dmin = if dminf > 0.0 { 1.0 / dminf } else { 0.0 };
+    let max = scales.iter().fold(0.0f32, |m, &v| m.max(v));
+    let first = F16Bits::from_f32(max / 63.0);
+    let mut best = (f32::MAX, first, [0; 8], [0; 8]);
+    for step in SUPER_SCALE_STEPS {
+        let bits = u16::from_le_bytes(first.0).saturating_add(step);
+        let d = F16Bits(bits.to_le_bytes());
+        let df = d.to_f32();
+        if !(df > 0.0 && df.is_finite()) {
+            continue;
+        }
+        let inv = 1.0 / df;
+        let ls: Lanes = scales.map(|v| round_code(v * inv, 63.0));
+        let s: Lanes = ls.map(|l| df * l);
+        // Best offset for these codes under scale s, clamped to <= 0.
+        let offset = zip(stats.sx, zip(s, sums[0], |s, q| s * q), |x, sq| {
+            ((x - sq) / stats.n).min(0.0)
+        });
+        let lm: Lanes = offset.map(|o| round_code(-o * inv_dmin, 63.0));
+        let err = quadratic_errors(stats, sums, &s, &lm.map(|l| -(dminf * l)));
+        let total: f32 = err.iter().sum();
+        if total < best.0 {
+            best = (total, d, ls.map(|v| v as i32), lm.map(|v| v as i32));
+        }
+    }
+    if best.0 == f32::MAX {
+        // No usable scale (all groups flat): mins only.
+        let (dmin, lm) = group_scales_6bit(mins);
+        return ((first, [0; 8]), (dmin, lm.map(i32::from)));
+    }
+    ((best.1, best.2), (dmin, best.3))
+}
+
+/// Keeps, per group, the candidate levels `(sl, ml)` where both are 6-bit
+/// values and `err` beats `best`.
+#[inline(always)]
+fn take_better(
+    best: &mut Lanes,
+    (ls, lm): (&mut Levels, &mut Levels),
+    err: &Lanes,
+    (sl, ml): (&Levels, &Levels),
+) {
+    for g in 0..8 {
+        // Non-short-circuit `&` and an error pushed out of reach keep this
+        // one vector compare and blend per quantity.
+        let in_range = (sl[g] >= 0) & (sl[g] <= 63) & (ml[g] >= 0) & (ml[g] <= 63);
+        let err = if in_range { err[g] } else { f32::MAX };
+        let better = err < best[g];
+        best[g] = if better { err } else { best[g] };
+        ls[g] = if better { sl[g] } else { ls[g] };
+        lm[g] = if better { ml[g] } else { lm[g] };
+    }
+}
+
+/// `levels + step - 1` (step 0, 1, 2: one below, the same, one above).
+#[inline(always)]
+fn neighbour(levels: &Levels, step: usize) -> Levels {
+    levels.map(|l| l + step as i32 - 1)
+}
+
+/// `d * level` per group, with the level clamped to 6 bits.
+#[inline(always)]
+fn scaled(d: f32, levels: &Levels) -> Lanes {
+    levels.map(|l| d * l.clamp(0, 63) as f32)
+}
+
+/// Rounding scale and min to 6 bits independently is rarely the best pair:
+/// of the 3 x 3 neighbouring pairs, keep the one of smallest error. Each
+/// neighbouring scale gets one pass of nearest codes (under the middle
+/// min); the three mins are ranked by the closed-form error of those codes,
+/// so nine candidates cost three passes.
+#[inline(always)]
+pub(super) fn nearest_pair(
+    rows: &Rows,
+    stats: &GroupStats,
+    (df, dminf): (f32, f32),
+    (ls0, lm0): (Levels, Levels),
+    nmax: f32,
+) -> (Levels, Levels) {
+    let scale: [Lanes; 3] = std::array::from_fn(|j| scaled(df, &neighbour(&ls0, j)));
+    let offset: [Lanes; 3] = std::array::from_fn(|c| scaled(-dminf, &neighbour(&lm0, c)));
+    let sums = code_sums(rows, &[offset[1]; 3], &scale.map(|s| inverse(&s)), nmax);
+    let (mut ls, mut lm) = (ls0, lm0);
+    let mut best = [f32::MAX; 8];
+    for j in 0..3 {
+        for c in 0..3 {
+            let err = quadratic_errors(stats, &sums[j], &scale[j], &offset[c]);
+            let cand = (&neighbour(&ls0, j), &neighbour(&lm0, c));
+            take_better(&mut best, (&mut ls, &mut lm), &err, cand);
+        }
+    }
+    (ls, lm)
+}
+
+/// Codes in the fit's layout: `codes[i][g]` is the code of value `32g + i`.
+pub(super) type LaneCodes = [[u32; 8]; 32];
+
+/// The final step: nearest codes for `(ls0, lm0)`, then the pair among its
+/// 3 x 3 neighbours with the smallest error for those same codes (the
+/// middle one first, so ties keep it). The codes are kept as they are, so
+/// the returned per-group errors are exact for what is stored.
+#[inline(always)]
+pub(super) fn settle(
+    rows: &Rows,
+    stats: &GroupStats,
+    (df, dminf): (f32, f32),
+    (ls0, lm0): (Levels, Levels),
+    nmax: f32,
+) -> (Levels, Levels, LaneCodes, Lanes) {
+    let scale: [Lanes; 3] = std::array::from_fn(|j| scaled(df, &neighbour(&ls0, j)));
+    let offset: [Lanes; 3] = std::array::from_fn(|c| scaled(-dminf, &neighbour(&lm0, c)));
+    let inv = inverse(&scale[1]);
+    let shift = zip(offset[1], inv, |o, i| -(o * i));
+    let mut codes = [[0u32; 8]; 32];
+    let mut sums = [[0f32; 8]; 3];
+    for (row, out) in rows.iter().zip(codes.iter_mut()) {
+        let [sl, sl2, sxl] = &mut sums;
+        for g in 0..8 {
+            let biased = biased_code(row[g].mul_add(inv[g], shift[g]), nmax);
+            out[g] = biased.to_bits() & 0xff;
+            let q = biased - ROUND_MAGIC;
+            sl[g] += q;
+            sl2[g] = q.mul_add(q, sl2[g]);
+            sxl[g] = q.mul_add(row[g], sxl[g]);
+        }
+    }
+    let (mut ls, mut lm) = (ls0, lm0);
+    let mut best = [f32::MAX; 8];
+    for c in [4, 0, 1, 2, 3, 5, 6, 7, 8] {
+        let (j, c) = (c / 3, c % 3);
+        let err = quadratic_errors(stats, &sums, &scale[j], &offset[c]);
+        let cand = (&neighbour(&ls0, j), &neighbour(&lm0, c));
+        take_better(&mut best, (&mut ls, &mut lm), &err, cand);
+    }
+    // Rounding can leave a perfect fit a hair below zero.
+    (ls, lm, codes, best.map(|e| e.max(0.0)))
+}
