@@ -6,8 +6,8 @@
 //! fitted side by side ([`super::lanes`]).
 
 use super::lanes::{
-    code_sums, group_stats, quadratic_errors, transpose_portable, zip, CodeSums, GroupStats, Lanes,
-    Rows,
+    code_sums, code_sums_from_min, each, group_stats, quadratic_errors, transpose_portable, zip,
+    CodeSums, GroupStats, Lanes, Rows,
 };
 use super::lattice::{nearest_pair, settle, super_scales, LaneCodes};
 use crate::bits::F16Bits;
@@ -60,45 +60,53 @@ impl LaneFit {
 /// Fits and packs 256 values, using AVX2 and FMA where the CPU has them;
 /// returns the block, its squared error and the values' energy.
 pub fn encode_superblock<B: LanePacked>(x: &[f32; 256]) -> (B, f32, f32) {
-    let fit = quantize_superblock_with(x, B::NMAX, |fit| B::pack(fit));
-    (fit.1, fit.0.err, fit.0.energy)
-}
-
-/// Quantises 256 values to codes in `0..=nmax` (8 groups of 32 under 6-bit
-/// scales and mins).
-#[cfg(test)]
-pub fn quantize_superblock(x: &[f32; 256], nmax: u8) -> LaneFit {
-    quantize_superblock_with(x, nmax, |_| ()).0
-}
-
-/// The fit, then `pack` on it, both in the best SIMD context the CPU has.
-#[inline(always)]
-fn quantize_superblock_with<B>(
-    x: &[f32; 256],
-    nmax: u8,
-    pack: impl Fn(&LaneFit) -> B,
-) -> (LaneFit, B) {
     #[cfg(target_arch = "x86_64")]
     {
         if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma")
         {
             // SAFETY: the CPU supports AVX2 and FMA (checked just above).
-            return unsafe { quantize_avx2(x, nmax, pack) };
+            return unsafe { encode_avx2(x) };
         }
     }
-    let fit = quantize_portable(x, nmax);
-    let packed = pack(&fit);
-    (fit, packed)
+    packed(quantize_portable(x, B::NMAX))
 }
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
-unsafe fn quantize_avx2<B>(x: &[f32; 256], nmax: u8, pack: impl Fn(&LaneFit) -> B) -> (LaneFit, B) {
+unsafe fn encode_avx2<B: LanePacked>(x: &[f32; 256]) -> (B, f32, f32) {
     // SAFETY: AVX2 is enabled in this function's context.
     let rows = unsafe { super::lanes::transpose_avx2(x) };
-    let fit = fit_rows(&rows, nmax);
-    let packed = pack(&fit);
-    (fit, packed)
+    packed(fit_rows(&rows, B::NMAX))
+}
+
+/// The packing inlined where it is called, so it runs in the same SIMD
+/// context as the fit.
+#[inline(always)]
+fn packed<B: LanePacked>(fit: LaneFit) -> (B, f32, f32) {
+    (B::pack(&fit), fit.err, fit.energy)
+}
+
+/// Quantises 256 values to codes in `0..=nmax` (8 groups of 32 under 6-bit
+/// scales and mins), through the same dispatch as [`encode_superblock`].
+#[cfg(test)]
+pub fn quantize_superblock(x: &[f32; 256], nmax: u8) -> LaneFit {
+    #[cfg(target_arch = "x86_64")]
+    {
+        if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma")
+        {
+            // SAFETY: the CPU supports AVX2 and FMA (checked just above).
+            return unsafe { quantize_avx2(x, nmax) };
+        }
+    }
+    quantize_portable(x, nmax)
+}
+
+#[cfg(all(test, target_arch = "x86_64"))]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn quantize_avx2(x: &[f32; 256], nmax: u8) -> LaneFit {
+    // SAFETY: AVX2 is enabled in this function's context.
+    let rows = unsafe { super::lanes::transpose_avx2(x) };
+    fit_rows(&rows, nmax)
 }
 
 /// The fit itself, written for the compiler to vectorise in whatever
@@ -119,11 +127,11 @@ struct Fit {
 }
 
 impl Fit {
-    /// Takes `other`'s groups where they are usable and better.
+    /// Takes `other`'s groups where its error is smaller.
     #[inline(always)]
-    fn keep_better(&mut self, other: &Fit, usable: &[bool; 8]) {
+    fn keep_better(&mut self, other: &Fit) {
         for g in 0..8 {
-            let better = usable[g] & (other.err[g] < self.err[g]);
+            let better = other.err[g] < self.err[g];
             let pick = |new: f32, old: f32| if better { new } else { old };
             self.err[g] = pick(other.err[g], self.err[g]);
             self.scale[g] = pick(other.scale[g], self.scale[g]);
@@ -138,9 +146,10 @@ impl Fit {
 /// The closed-form least-squares `(scale, offset)` for fixed codes, with
 /// the offset clamped to `<= 0` (a positive one would need a negative min,
 /// which the formats cannot hold). A degenerate system or a non-positive or
-/// non-finite scale marks the group unusable.
+/// non-finite scale makes the group's error `f32::MAX`, so it is never
+/// taken, and its scale and offset those of `current`.
 #[inline(always)]
-fn least_squares(stats: &GroupStats, sums: &CodeSums) -> (Fit, [bool; 8]) {
+fn least_squares(stats: &GroupStats, sums: &CodeSums, current: (&Lanes, &Lanes)) -> Fit {
     let [sl, sl2, sxl] = sums;
     let n = stats.n;
     let mut fit = Fit {
@@ -149,22 +158,25 @@ fn least_squares(stats: &GroupStats, sums: &CodeSums) -> (Fit, [bool; 8]) {
         err: [0.0; 8],
         sums: *sums,
     };
-    let mut usable = [false; 8];
+    let mut usable = [0.0f32; 8];
     for g in 0..8 {
         let det = n * sl2[g] - sl[g] * sl[g];
-        let s_free = (n * sxl[g] - stats.sx[g] * sl[g]) / det;
-        let m = (sl2[g] * stats.sx[g] - sl[g] * sxl[g]) / det;
+        let inv_det = 1.0 / det;
+        let s_free = (n * sxl[g] - stats.sx[g] * sl[g]) * inv_det;
+        let m = (sl2[g] * stats.sx[g] - sl[g] * sxl[g]) * inv_det;
         let s_through_zero = sxl[g] / sl2[g];
         let clamp_min = m > 0.0;
         let s = if clamp_min { s_through_zero } else { s_free };
         let m = if clamp_min { 0.0 } else { m };
         // Non-short-circuit `&` keeps this a vector operation.
-        usable[g] = (det > 0.0) & (s > 0.0) & (s < f32::INFINITY);
-        fit.scale[g] = s;
-        fit.offset[g] = m;
+        let ok = (det > 0.0) & (s > 0.0) & (s < f32::INFINITY);
+        usable[g] = if ok { 1.0 } else { 0.0 };
+        fit.scale[g] = if ok { s } else { current.0[g] };
+        fit.offset[g] = if ok { m } else { current.1[g] };
     }
-    fit.err = quadratic_errors(stats, sums, &fit.scale, &fit.offset);
-    (fit, usable)
+    let err = quadratic_errors(stats, sums, &fit.scale, &fit.offset);
+    fit.err = zip(err, usable, |e, u| if u > 0.0 { e } else { f32::MAX });
+    fit
 }
 
 /// Fits `x ≈ scale * q - m` per group with `q` in `0..=nmax`, `m >= 0`;
@@ -175,40 +187,32 @@ fn least_squares(stats: &GroupStats, sums: &CodeSums) -> (Fit, [bool; 8]) {
 #[inline(always)]
 fn fit_groups(rows: &Rows, stats: &GroupStats, nmax: f32) -> (Lanes, Lanes, CodeSums) {
     // A positive offset would need a negative m; the formats clamp it.
-    let min = stats.lo.map(|v| v.min(0.0));
+    let min = each(&stats.lo, |v| v.min(0.0));
     let flat: [bool; 8] = std::array::from_fn(|g| stats.hi[g] <= min[g]);
     let range = zip(stats.hi, min, |h, m| h - m);
     let mut best = Fit {
-        scale: range.map(|r| r / nmax),
+        scale: each(&range, |r| r / nmax),
         offset: min,
         err: [f32::MAX; 8],
         sums: [[0.0; 8]; 3],
     };
     // The starts run in lockstep; their order in the best-fit comparison
-    // is refit by refit, start by start. A start that fails for a group
-    // keeps its last fit there.
-    let mut scale: [Lanes; NS] = std::array::from_fn(|k| range.map(|r| r / (nmax + STARTS[k])));
+    // is refit by refit, start by start.
+    let mut scale: [Lanes; NS] = std::array::from_fn(|k| each(&range, |r| r / (nmax + STARTS[k])));
     let mut offset = [min; NS];
-    let mut alive = [flat.map(|f| !f); NS];
-    for _ in 0..REFITS {
-        let inv: [Lanes; NS] = scale.map(|s| s.map(|v| 1.0 / v));
-        let sums = code_sums(rows, &offset, &inv, nmax);
+    for round in 0..REFITS {
+        let inv: [Lanes; NS] = std::array::from_fn(|k| each(&scale[k], |v| 1.0 / v));
+        let sums = if round == 0 {
+            code_sums_from_min(rows, &min, &inv, &STARTS, nmax)
+        } else {
+            code_sums(rows, &offset, &inv, nmax)
+        };
         for k in 0..NS {
-            let (fit, usable) = least_squares(stats, &sums[k]);
-            for g in 0..8 {
-                alive[k][g] &= usable[g];
-                scale[k][g] = if alive[k][g] {
-                    fit.scale[g]
-                } else {
-                    scale[k][g]
-                };
-                offset[k][g] = if alive[k][g] {
-                    fit.offset[g]
-                } else {
-                    offset[k][g]
-                };
-            }
-            best.keep_better(&fit, &alive[k]);
+            // A start that fails for a group keeps its last fit there (and
+            // fails the same way again: same codes, same sums).
+            let fit = least_squares(stats, &sums[k], (&scale[k], &offset[k]));
+            (scale[k], offset[k]) = (fit.scale, fit.offset);
+            best.keep_better(&fit);
         }
     }
     let scales = std::array::from_fn(|g| if flat[g] { 0.0 } else { best.scale[g] });
@@ -222,15 +226,15 @@ fn fit_rows(rows: &Rows, nmax: u8) -> LaneFit {
     let nmax = nmax as f32;
     let stats = group_stats(rows);
     let (scales, mins, sums) = fit_groups(rows, &stats, nmax);
-    let ((d, ls), (dmin, lm)) = super_scales(&stats, &sums, &scales, &mins);
+    let ((d, ls, unrounded), (dmin, lm)) = super_scales(&stats, &sums, &scales, &mins);
     let supers = (d.to_f32(), dmin.to_f32());
-    let levels = nearest_pair(rows, &stats, supers, (ls, lm), nmax);
+    let levels = nearest_pair(rows, &stats, supers, (ls, lm), &unrounded, nmax);
     let (ls, lm, codes, err) = settle(rows, &stats, supers, levels, nmax);
     LaneFit {
         d,
         dmin,
-        scales: ls.map(|v| v as u8),
-        mins: lm.map(|v| v as u8),
+        scales: each(&ls, |v| v as u8),
+        mins: each(&lm, |v| v as u8),
         codes,
         err: err.iter().sum(),
         energy: stats.sx2.iter().sum(),

@@ -42,10 +42,21 @@ pub(super) fn zip(a: Lanes, b: Lanes, f: impl Fn(f32, f32) -> f32) -> Lanes {
     out
 }
 
+/// `f` applied lane by lane (a plain loop: `<[T; N]>::map` is not always
+/// inlined, and a call leaves the fit's SIMD context).
+#[inline(always)]
+pub(super) fn each<T: Copy, U: Copy + Default>(a: &[T; 8], f: impl Fn(T) -> U) -> [U; 8] {
+    let mut out = [U::default(); 8];
+    for g in 0..8 {
+        out[g] = f(a[g]);
+    }
+    out
+}
+
 /// `1 / v` per lane, 0 for 0.
 #[inline(always)]
 pub(super) fn inverse(v: &Lanes) -> Lanes {
-    v.map(|s| if s != 0.0 { 1.0 / s } else { 0.0 })
+    each(v, |s| if s != 0.0 { 1.0 / s } else { 0.0 })
 }
 
 /// Row `i` lane `g` is value `32 * g + i`.
@@ -131,6 +142,38 @@ pub(super) fn group_stats(rows: &Rows) -> GroupStats {
 
 /// Per-group `[sum q, sum q², sum q·x]`.
 pub(super) type CodeSums = [Lanes; 3];
+
+/// [`code_sums`] for fits whose offset is the group's min (clamped to
+/// `<= 0`) and whose scale is `range / (nmax + stretch[k])`: every `t` is
+/// then at least 0 (up to rounding far below one half), and at most `nmax`
+/// (plus as little) where the stretch is not positive, so those clamps are
+/// skipped; the codes are the same.
+#[inline(always)]
+pub(super) fn code_sums_from_min<const K: usize>(
+    rows: &Rows,
+    min: &Lanes,
+    inv: &[Lanes; K],
+    stretch: &[f32; K],
+    nmax: f32,
+) -> [CodeSums; K] {
+    let shift: [Lanes; K] = std::array::from_fn(|k| zip(*min, inv[k], |o, i| -(o * i)));
+    let mut sums = [[[0f32; 8]; 3]; K];
+    for row in rows {
+        for k in 0..K {
+            let [sl, sl2, sxl] = &mut sums[k];
+            for g in 0..8 {
+                let t = row[g].mul_add(inv[k][g], shift[k][g]);
+                let ceiling = if t < nmax { t } else { nmax };
+                let t = if stretch[k] > 0.0 { ceiling } else { t };
+                let q = (t + ROUND_MAGIC) - ROUND_MAGIC;
+                sl[g] += q;
+                sl2[g] = q.mul_add(q, sl2[g]);
+                sxl[g] = q.mul_add(row[g], sxl[g]);
+            }
+        }
+    }
+    sums
+}
 
 /// Code sums of the nearest codes
 /// `q = round(clamp((x - offset) * inv, 0, nmax))`, for `K` fits at once

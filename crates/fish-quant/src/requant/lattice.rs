@@ -4,7 +4,7 @@
 //! ranking candidates costs no pass over the values once codes are fixed.
 
 use super::lanes::{
-    biased_code, code_sums, inverse, quadratic_errors, round_code, zip, CodeSums, GroupStats,
+    biased_code, code_sums, each, inverse, quadratic_errors, round_code, zip, CodeSums, GroupStats,
     Lanes, Rows, ROUND_MAGIC,
 };
 use crate::bits::F16Bits;
@@ -14,8 +14,9 @@ use crate::bits::F16Bits;
 /// better than the one that makes the largest exactly 63.
 const SUPER_SCALE_STEPS: [u16; 8] = [0, 4, 8, 12, 16, 24, 32, 48];
 
-/// 6-bit levels per group, as `i32` so the comparisons stay vector ones.
-pub(super) type Levels = [i32; 8];
+/// 6-bit levels per group, held as floats (small integers, exact) so every
+/// comparison and blend stays a vector operation of the same width.
+pub(super) type Levels = Lanes;
 
 /// `quantize_group_scales(values, 63)` with the rounding of [`round_code`]
 /// (the same integers for every input, NaN included), inlined into the
@@ -27,55 +28,62 @@ pub(super) fn group_scales_6bit(values: &Lanes) -> (F16Bits, [u8; 8]) {
         return (F16Bits::from_f32(0.0), [0; 8]);
     }
     let inv = 63.0 / max;
-    let ints = values.map(|v| round_code(inv * v, 63.0) as u8);
+    let ints = each(values, |v| round_code(inv * v, 63.0) as u8);
     (F16Bits::from_f32(max / 63.0), ints)
+}
+
+/// The value of non-negative f16 bits (inlined, unlike the `half` crate's
+/// run-time dispatched conversion).
+#[inline(always)]
+fn f16_magnitude(bits: u16) -> f32 {
+    let (exp, man) = ((bits >> 10) & 0x1f, (bits & 0x3ff) as u32);
+    match exp {
+        0 => man as f32 * (1.0 / 16_777_216.0),
+        31 => f32::INFINITY,
+        _ => f32::from_bits(((exp as u32 + 112) << 23) | (man << 13)),
+    }
 }
 
 /// The super-scales and 6-bit levels to start the neighbour search from:
 /// `dmin` as `max(mins) / 63`; for each `d` of [`SUPER_SCALE_STEPS`], every
 /// group's nearest 6-bit scale and the 6-bit min nearest the best offset
 /// for it (codes fixed), ranked by the closed-form error summed over the
-/// super-block.
+/// super-block. Also returns each group's unrounded scale level under the
+/// chosen `d`.
 #[inline(always)]
 pub(super) fn super_scales(
     stats: &GroupStats,
     sums: &CodeSums,
     scales: &Lanes,
     mins: &Lanes,
-) -> ((F16Bits, Levels), (F16Bits, Levels)) {
+) -> ((F16Bits, Levels, Lanes), (F16Bits, Levels)) {
     let (dmin, _) = group_scales_6bit(mins);
     let dminf = dmin.to_f32();
     let inv_dmin = if dminf > 0.0 { 1.0 / dminf } else { 0.0 };
+    let inv_n = 1.0 / stats.n;
     let max = scales.iter().fold(0.0f32, |m, &v| m.max(v));
-    let first = F16Bits::from_f32(max / 63.0);
-    let mut best = (f32::MAX, first, [0; 8], [0; 8]);
+    let first = u16::from_le_bytes(F16Bits::from_f32(max / 63.0).0) & 0x7fff;
+    let mut best = (f32::MAX, first, [0.0; 8], [0.0; 8], [0.0; 8]);
     for step in SUPER_SCALE_STEPS {
-        let bits = u16::from_le_bytes(first.0).saturating_add(step);
-        let d = F16Bits(bits.to_le_bytes());
-        let df = d.to_f32();
-        if !(df > 0.0 && df.is_finite()) {
-            continue;
-        }
-        let inv = 1.0 / df;
-        let ls: Lanes = scales.map(|v| round_code(v * inv, 63.0));
-        let s: Lanes = ls.map(|l| df * l);
-        // Best offset for these codes under scale s, clamped to <= 0.
+        let bits = first.saturating_add(step).min(0x7bff);
+        let df = f16_magnitude(bits);
+        let inv = if df > 0.0 { 1.0 / df } else { 0.0 };
+        let unrounded = each(scales, |v| v * inv);
+        let ls = each(&unrounded, |v| round_code(v, 63.0));
+        let s = each(&ls, |l| df * l);
+        // The best offset for these codes under scale s, clamped to <= 0.
         let offset = zip(stats.sx, zip(s, sums[0], |s, q| s * q), |x, sq| {
-            ((x - sq) / stats.n).min(0.0)
+            ((x - sq) * inv_n).min(0.0)
         });
-        let lm: Lanes = offset.map(|o| round_code(-o * inv_dmin, 63.0));
-        let err = quadratic_errors(stats, sums, &s, &lm.map(|l| -(dminf * l)));
+        let lm = each(&offset, |o| round_code(-o * inv_dmin, 63.0));
+        let err = quadratic_errors(stats, sums, &s, &each(&lm, |l| -(dminf * l)));
         let total: f32 = err.iter().sum();
         if total < best.0 {
-            best = (total, d, ls.map(|v| v as i32), lm.map(|v| v as i32));
+            best = (total, bits, ls, unrounded, lm);
         }
     }
-    if best.0 == f32::MAX {
-        // No usable scale (all groups flat): mins only.
-        let (dmin, lm) = group_scales_6bit(mins);
-        return ((first, [0; 8]), (dmin, lm.map(i32::from)));
-    }
-    ((best.1, best.2), (dmin, best.3))
+    let d = F16Bits(best.1.to_le_bytes());
+    ((d, best.2, best.3), (dmin, best.4))
 }
 
 /// Keeps, per group, the candidate levels `(sl, ml)` where both are 6-bit
@@ -90,7 +98,7 @@ fn take_better(
     for g in 0..8 {
         // Non-short-circuit `&` and an error pushed out of reach keep this
         // one vector compare and blend per quantity.
-        let in_range = (sl[g] >= 0) & (sl[g] <= 63) & (ml[g] >= 0) & (ml[g] <= 63);
+        let in_range = (sl[g] >= 0.0) & (sl[g] <= 63.0) & (ml[g] >= 0.0) & (ml[g] <= 63.0);
         let err = if in_range { err[g] } else { f32::MAX };
         let better = err < best[g];
         best[g] = if better { err } else { best[g] };
@@ -102,37 +110,48 @@ fn take_better(
 /// `levels + step - 1` (step 0, 1, 2: one below, the same, one above).
 #[inline(always)]
 fn neighbour(levels: &Levels, step: usize) -> Levels {
-    levels.map(|l| l + step as i32 - 1)
+    each(levels, |l| l + (step as f32 - 1.0))
 }
 
 /// `d * level` per group, with the level clamped to 6 bits.
 #[inline(always)]
 fn scaled(d: f32, levels: &Levels) -> Lanes {
-    levels.map(|l| d * l.clamp(0, 63) as f32)
+    each(levels, |l| {
+        let l = if l > 0.0 { l } else { 0.0 };
+        d * if l < 63.0 { l } else { 63.0 }
+    })
 }
 
-/// Rounding scale and min to 6 bits independently is rarely the best pair:
-/// of the 3 x 3 neighbouring pairs, keep the one of smallest error. Each
-/// neighbouring scale gets one pass of nearest codes (under the middle
-/// min); the three mins are ranked by the closed-form error of those codes,
-/// so nine candidates cost three passes.
+/// Rounding scale and min to 6 bits independently is rarely the best pair.
+/// Two scale levels are tried, the rounded one and its neighbour on the
+/// side of the unrounded value, each with one pass of nearest codes under
+/// the rounded min; three mins each (the rounded one and both neighbours)
+/// are ranked by the closed-form error of those codes.
 #[inline(always)]
 pub(super) fn nearest_pair(
     rows: &Rows,
     stats: &GroupStats,
     (df, dminf): (f32, f32),
     (ls0, lm0): (Levels, Levels),
+    unrounded: &Lanes,
     nmax: f32,
 ) -> (Levels, Levels) {
-    let scale: [Lanes; 3] = std::array::from_fn(|j| scaled(df, &neighbour(&ls0, j)));
+    let toward: Levels = zip(
+        *unrounded,
+        ls0,
+        |u, l| if u > l { l + 1.0 } else { l - 1.0 },
+    );
+    let candidates = [ls0, toward];
+    let scale = [scaled(df, &ls0), scaled(df, &toward)];
     let offset: [Lanes; 3] = std::array::from_fn(|c| scaled(-dminf, &neighbour(&lm0, c)));
-    let sums = code_sums(rows, &[offset[1]; 3], &scale.map(|s| inverse(&s)), nmax);
+    let inv = [inverse(&scale[0]), inverse(&scale[1])];
+    let sums = code_sums(rows, &[offset[1]; 2], &inv, nmax);
     let (mut ls, mut lm) = (ls0, lm0);
     let mut best = [f32::MAX; 8];
-    for j in 0..3 {
+    for j in 0..2 {
         for c in 0..3 {
             let err = quadratic_errors(stats, &sums[j], &scale[j], &offset[c]);
-            let cand = (&neighbour(&ls0, j), &neighbour(&lm0, c));
+            let cand = (&candidates[j], &neighbour(&lm0, c));
             take_better(&mut best, (&mut ls, &mut lm), &err, cand);
         }
     }
@@ -180,5 +199,5 @@ pub(super) fn settle(
         take_better(&mut best, (&mut ls, &mut lm), &err, cand);
     }
     // Rounding can leave a perfect fit a hair below zero.
-    (ls, lm, codes, best.map(|e| e.max(0.0)))
+    (ls, lm, codes, each(&best, |e| e.max(0.0)))
 }
