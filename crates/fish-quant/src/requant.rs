@@ -158,14 +158,30 @@ fn encode_row(target: RequantTarget, x: &[f32], dst: &mut [u8]) -> (f64, f64) {
     }
 }
 
-fn encode_blocks<B: fast_fit::LanePacked + bytemuck::Pod>(x: &[f32], dst: &mut [u8]) -> (f64, f64) {
+/// Super-blocks fitted together (the fit interleaves their steps).
+const INTERLEAVED: usize = 2;
+
+fn encode_blocks<B: fast_fit::LanePacked>(x: &[f32], dst: &mut [u8]) -> (f64, f64) {
     let blocks: &mut [B] = bytemuck::cast_slice_mut(dst);
     let mut sums = (0.0, 0.0);
-    for (b, x) in blocks.iter_mut().zip(x.chunks_exact(256)) {
-        let (block, err, energy) = fast_fit::encode_superblock::<B>(as_block(x));
-        *b = block;
+    let mut take = |slot: &mut B, (block, err, energy): (B, f32, f32)| {
+        *slot = block;
         sums.0 += err as f64;
         sums.1 += energy as f64;
+    };
+    const G: usize = INTERLEAVED;
+    let mut groups = blocks.chunks_exact_mut(G);
+    let mut values = x.chunks_exact(256 * G);
+    for (b, x) in (&mut groups).zip(&mut values) {
+        let x: [&[f32; 256]; G] = std::array::from_fn(|p| as_block(&x[256 * p..256 * (p + 1)]));
+        for (slot, out) in b.iter_mut().zip(fast_fit::encode_superblocks::<B, G>(x)) {
+            take(slot, out);
+        }
+    }
+    let rest = groups.into_remainder().iter_mut();
+    for (slot, x) in rest.zip(values.remainder().chunks_exact(256)) {
+        let [out] = fast_fit::encode_superblocks::<B, 1>([as_block(x)]);
+        take(slot, out);
     }
     sums
 }

@@ -9,7 +9,7 @@ use super::lanes::{
     code_sums, code_sums_from_min, each, group_stats, quadratic_errors, transpose_portable, zip,
     CodeSums, GroupStats, Lanes, Rows,
 };
-use super::lattice::{nearest_pair, settle, super_scales, LaneCodes};
+use super::lattice::{nearest_pair, settle, super_scales, LaneCodes, Lattice};
 use crate::bits::F16Bits;
 #[cfg(test)]
 use crate::blocks::kfit::AffineSuperBlock;
@@ -21,8 +21,12 @@ const REFITS: usize = 2;
 const NS: usize = 3;
 const STARTS: [f32; NS] = [-0.5, 0.0, 0.5];
 
+/// Scales at or above this are treated as failed fits (no weight comes
+/// near it; infinity and NaN fail too).
+const SCALE_LIMIT: f32 = 1.0e30;
+
 /// A block format a [`LaneFit`] packs into.
-pub trait LanePacked: Sized {
+pub trait LanePacked: bytemuck::Pod {
     /// The largest code of the format.
     const NMAX: u8;
     fn pack(fit: &LaneFit) -> Self;
@@ -30,6 +34,7 @@ pub trait LanePacked: Sized {
 
 /// A fitted super-block with its codes still in the fit's layout, and what
 /// the fit cost.
+#[derive(Clone, Copy, Default)]
 pub struct LaneFit {
     pub d: F16Bits,
     pub dmin: F16Bits,
@@ -46,7 +51,7 @@ pub struct LaneFit {
 #[cfg(test)]
 impl LaneFit {
     /// The codes in value order.
-    pub fn to_superblock(&self) -> AffineSuperBlock {
+    pub fn in_value_order(&self) -> AffineSuperBlock {
         AffineSuperBlock {
             d: self.d,
             dmin: self.dmin,
@@ -57,9 +62,12 @@ impl LaneFit {
     }
 }
 
-/// Fits and packs 256 values, using AVX2 and FMA where the CPU has them;
-/// returns the block, its squared error and the values' energy.
-pub fn encode_superblock<B: LanePacked>(x: &[f32; 256]) -> (B, f32, f32) {
+/// Fits and packs `P` super-blocks (two at a time interleave their steps,
+/// see [`fit_blocks`]), using AVX2 and FMA where the CPU has them; returns
+/// per block the packed block, its squared error and the values' energy.
+pub fn encode_superblocks<B: LanePacked, const P: usize>(
+    x: [&[f32; 256]; P],
+) -> [(B, f32, f32); P] {
     #[cfg(target_arch = "x86_64")]
     {
         if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma")
@@ -68,22 +76,36 @@ pub fn encode_superblock<B: LanePacked>(x: &[f32; 256]) -> (B, f32, f32) {
             return unsafe { encode_avx2(x) };
         }
     }
-    packed(quantize_portable(x, B::NMAX))
+    let rows: [Rows; P] = std::array::from_fn(|p| transpose_portable(x[p]));
+    let fits: [LaneFit; P] = fit_blocks(std::array::from_fn(|p| &rows[p]), B::NMAX);
+    let mut out = [(B::zeroed(), 0.0, 0.0); P];
+    for p in 0..P {
+        out[p] = packed(&fits[p]);
+    }
+    out
 }
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
-unsafe fn encode_avx2<B: LanePacked>(x: &[f32; 256]) -> (B, f32, f32) {
-    // SAFETY: AVX2 is enabled in this function's context.
-    let rows = unsafe { super::lanes::transpose_avx2(x) };
-    packed(fit_rows(&rows, B::NMAX))
+unsafe fn encode_avx2<B: LanePacked, const P: usize>(x: [&[f32; 256]; P]) -> [(B, f32, f32); P] {
+    let mut rows = [[[0f32; 8]; 32]; P];
+    for p in 0..P {
+        // SAFETY: AVX2 is enabled in this function's context.
+        rows[p] = unsafe { super::lanes::transpose_avx2(x[p]) };
+    }
+    let fits: [LaneFit; P] = fit_blocks(std::array::from_fn(|p| &rows[p]), B::NMAX);
+    let mut out = [(B::zeroed(), 0.0, 0.0); P];
+    for p in 0..P {
+        out[p] = packed(&fits[p]);
+    }
+    out
 }
 
 /// The packing inlined where it is called, so it runs in the same SIMD
 /// context as the fit.
 #[inline(always)]
-fn packed<B: LanePacked>(fit: LaneFit) -> (B, f32, f32) {
-    (B::pack(&fit), fit.err, fit.energy)
+fn packed<B: LanePacked>(fit: &LaneFit) -> (B, f32, f32) {
+    (B::pack(fit), fit.err, fit.energy)
 }
 
 /// Quantises 256 values to codes in `0..=nmax` (8 groups of 32 under 6-bit
@@ -106,19 +128,21 @@ pub fn quantize_superblock(x: &[f32; 256], nmax: u8) -> LaneFit {
 unsafe fn quantize_avx2(x: &[f32; 256], nmax: u8) -> LaneFit {
     // SAFETY: AVX2 is enabled in this function's context.
     let rows = unsafe { super::lanes::transpose_avx2(x) };
-    fit_rows(&rows, nmax)
+    let [fit] = fit_blocks([&rows], nmax);
+    fit
 }
 
-/// The fit itself, written for the compiler to vectorise in whatever
-/// target-feature context it is inlined into.
-#[inline(always)]
+/// One super-block through the portable build (what a CPU without AVX2
+/// and FMA runs), for comparison in tests.
+#[cfg(test)]
 pub(crate) fn quantize_portable(x: &[f32; 256], nmax: u8) -> LaneFit {
-    fit_rows(&transpose_portable(x), nmax)
+    let [fit] = fit_blocks([&transpose_portable(x)], nmax);
+    fit
 }
 
 /// One least-squares fit per group: `x ≈ scale * q + offset`, its squared
 /// error, and the code sums it came from.
-#[derive(Clone, Copy)]
+#[derive(Clone, Copy, Default)]
 struct Fit {
     scale: Lanes,
     offset: Lanes,
@@ -166,10 +190,15 @@ fn least_squares(stats: &GroupStats, sums: &CodeSums, current: (&Lanes, &Lanes))
         let m = (sl2[g] * stats.sx[g] - sl[g] * sxl[g]) * inv_det;
         let s_through_zero = sxl[g] / sl2[g];
         let clamp_min = m > 0.0;
-        let s = if clamp_min { s_through_zero } else { s_free };
+        // A blend rather than `if`: the compiler would move the division
+        // into a branch, and the branch keeps the loop scalar. Where the
+        // blend could go wrong (a zero sum of squares) `det` is 0 too.
+        let s = s_free + (s_through_zero - s_free) * if clamp_min { 1.0 } else { 0.0 };
         let m = if clamp_min { 0.0 } else { m };
-        // Non-short-circuit `&` keeps this a vector operation.
-        let ok = (det > 0.0) & (s > 0.0) & (s < f32::INFINITY);
+        // Non-short-circuit `&`, and a finite bound rather than infinity
+        // (which the compiler turns into a scalar class test), keep this a
+        // vector operation.
+        let ok = (det > 0.0) & (s > 0.0) & (s < SCALE_LIMIT);
         usable[g] = if ok { 1.0 } else { 0.0 };
         fit.scale[g] = if ok { s } else { current.0[g] };
         fit.offset[g] = if ok { m } else { current.1[g] };
@@ -179,66 +208,138 @@ fn least_squares(stats: &GroupStats, sums: &CodeSums, current: (&Lanes, &Lanes))
     fit
 }
 
-/// Fits `x ≈ scale * q - m` per group with `q` in `0..=nmax`, `m >= 0`;
-/// returns `(scale, m)` per group and the code sums of that fit. Each step
-/// (nearest codes for the current fit, then the least-squares fit for those
-/// codes) cannot increase the squared error; the best fit seen over all
-/// starts is kept.
-#[inline(always)]
-fn fit_groups(rows: &Rows, stats: &GroupStats, nmax: f32) -> (Lanes, Lanes, CodeSums) {
-    // A positive offset would need a negative m; the formats clamp it.
-    let min = each(&stats.lo, |v| v.min(0.0));
-    let flat: [bool; 8] = std::array::from_fn(|g| stats.hi[g] <= min[g]);
-    let range = zip(stats.hi, min, |h, m| h - m);
-    let mut best = Fit {
-        scale: each(&range, |r| r / nmax),
-        offset: min,
-        err: [f32::MAX; 8],
-        sums: [[0.0; 8]; 3],
-    };
-    // The starts run in lockstep; their order in the best-fit comparison
-    // is refit by refit, start by start.
-    let mut scale: [Lanes; NS] = std::array::from_fn(|k| each(&range, |r| r / (nmax + STARTS[k])));
-    let mut offset = [min; NS];
-    for round in 0..REFITS {
-        let inv: [Lanes; NS] = std::array::from_fn(|k| each(&scale[k], |v| 1.0 / v));
-        let sums = if round == 0 {
-            code_sums_from_min(rows, &min, &inv, &STARTS, nmax)
+/// The fits of `x ≈ scale * q - m` per group with `q` in `0..=nmax`,
+/// `m >= 0`, from every start, while they are refined. Each round (nearest
+/// codes for the current fit, then the least-squares fit for those codes)
+/// cannot increase a start's squared error; the best fit seen over all
+/// starts and rounds is kept.
+#[derive(Clone, Copy, Default)]
+struct Starts {
+    /// The groups' mins, clamped to `<= 0` (a positive offset would need a
+    /// negative m; the formats clamp it).
+    min: Lanes,
+    /// Groups whose values are all equal.
+    flat: [bool; 8],
+    scale: [Lanes; NS],
+    offset: [Lanes; NS],
+    best: Fit,
+}
+
+impl Starts {
+    #[inline(always)]
+    fn new(stats: &GroupStats, nmax: f32) -> Self {
+        let min = each(&stats.lo, |v| v.min(0.0));
+        let range = zip(stats.hi, min, |h, m| h - m);
+        Self {
+            min,
+            flat: std::array::from_fn(|g| stats.hi[g] <= min[g]),
+            scale: std::array::from_fn(|k| each(&range, |r| r / (nmax + STARTS[k]))),
+            offset: [min; NS],
+            best: Fit {
+                scale: each(&range, |r| r / nmax),
+                offset: min,
+                err: [f32::MAX; 8],
+                sums: [[0.0; 8]; 3],
+            },
+        }
+    }
+
+    /// The code sums of every start's nearest codes (one pass).
+    #[inline(always)]
+    fn code_sums(&self, rows: &Rows, round: usize, nmax: f32) -> [CodeSums; NS] {
+        let inv: [Lanes; NS] = std::array::from_fn(|k| each(&self.scale[k], |v| 1.0 / v));
+        if round == 0 {
+            code_sums_from_min(rows, &self.min, &inv, &STARTS, nmax)
         } else {
-            code_sums(rows, &offset, &inv, nmax)
-        };
+            code_sums(rows, &self.offset, &inv, nmax)
+        }
+    }
+
+    /// Every start's least-squares fit for its codes (lane-only work). The
+    /// starts' order in the best-fit comparison is start by start.
+    #[inline(always)]
+    fn refit(&mut self, stats: &GroupStats, sums: &[CodeSums; NS]) {
         for k in 0..NS {
             // A start that fails for a group keeps its last fit there (and
             // fails the same way again: same codes, same sums).
-            let fit = least_squares(stats, &sums[k], (&scale[k], &offset[k]));
-            (scale[k], offset[k]) = (fit.scale, fit.offset);
-            best.keep_better(&fit);
+            let fit = least_squares(stats, &sums[k], (&self.scale[k], &self.offset[k]));
+            (self.scale[k], self.offset[k]) = (fit.scale, fit.offset);
+            self.best.keep_better(&fit);
         }
     }
-    let scales = std::array::from_fn(|g| if flat[g] { 0.0 } else { best.scale[g] });
-    let mins = std::array::from_fn(|g| if flat[g] { -min[g] } else { -best.offset[g] });
-    (scales, mins, best.sums)
+
+    /// `(scale, m)` per group and the code sums of that fit.
+    #[inline(always)]
+    fn result(&self) -> (Lanes, Lanes, CodeSums) {
+        let flat = &self.flat;
+        let scales = std::array::from_fn(|g| if flat[g] { 0.0 } else { self.best.scale[g] });
+        let mins = std::array::from_fn(|g| {
+            if flat[g] {
+                -self.min[g]
+            } else {
+                -self.best.offset[g]
+            }
+        });
+        (scales, mins, self.best.sums)
+    }
 }
 
-/// The fit of a super-block already in rows.
+/// The fits of `P` super-blocks already in rows. Every step is a pass over
+/// a block's values followed by lane-only work on its result (short, but a
+/// chain of dependent operations with divisions); with two blocks the
+/// steps alternate between them, so one block's lane-only chain runs while
+/// the other block's next pass streams through its values.
+// Plain loops over the blocks, not `array::from_fn` closures: a closure
+// that is not inlined is compiled without the caller's target features.
 #[inline(always)]
-fn fit_rows(rows: &Rows, nmax: u8) -> LaneFit {
+fn fit_blocks<const P: usize>(rows: [&Rows; P], nmax: u8) -> [LaneFit; P] {
     let nmax = nmax as f32;
-    let stats = group_stats(rows);
-    let (scales, mins, sums) = fit_groups(rows, &stats, nmax);
-    let ((d, ls, unrounded), (dmin, lm)) = super_scales(&stats, &sums, &scales, &mins);
-    let supers = (d.to_f32(), dmin.to_f32());
-    let levels = nearest_pair(rows, &stats, supers, (ls, lm), &unrounded, nmax);
-    let (ls, lm, codes, err) = settle(rows, &stats, supers, levels, nmax);
-    LaneFit {
-        d,
-        dmin,
-        scales: each(&ls, |v| v as u8),
-        mins: each(&lm, |v| v as u8),
-        codes,
-        err: err.iter().sum(),
-        energy: stats.sx2.iter().sum(),
+    let mut stats = [GroupStats::default(); P];
+    for p in 0..P {
+        stats[p] = group_stats(rows[p]);
     }
+    let mut starts = [Starts::default(); P];
+    for p in 0..P {
+        starts[p] = Starts::new(&stats[p], nmax);
+    }
+    for round in 0..REFITS {
+        for p in 0..P {
+            let sums = starts[p].code_sums(rows[p], round, nmax);
+            starts[p].refit(&stats[p], &sums);
+        }
+    }
+    let mut lattice = [Lattice::default(); P];
+    for p in 0..P {
+        let (scales, mins, sums) = starts[p].result();
+        lattice[p] = super_scales(&stats[p], &sums, &scales, &mins);
+    }
+    let mut levels = [([0.0; 8], [0.0; 8]); P];
+    for p in 0..P {
+        let l = &lattice[p];
+        levels[p] = nearest_pair(
+            rows[p],
+            &stats[p],
+            l.supers(),
+            (l.ls, l.lm),
+            &l.unrounded,
+            nmax,
+        );
+    }
+    let mut fits = [LaneFit::default(); P];
+    for p in 0..P {
+        let l = &lattice[p];
+        let (ls, lm, codes, err) = settle(rows[p], &stats[p], l.supers(), levels[p], nmax);
+        fits[p] = LaneFit {
+            d: l.d,
+            dmin: l.dmin,
+            scales: each(&ls, |v| v as u8),
+            mins: each(&lm, |v| v as u8),
+            codes,
+            err: err.iter().sum(),
+            energy: stats[p].sx2.iter().sum(),
+        };
+    }
+    fits
 }
 
 #[cfg(test)]
@@ -276,13 +377,36 @@ mod tests {
             for nmax in [7, 15] {
                 let (a, b) = (quantize_superblock(&x, nmax), quantize_portable(&x, nmax));
                 assert_eq!(a.err.to_bits(), b.err.to_bits());
-                let (a, b) = (a.to_superblock(), b.to_superblock());
+                let (a, b) = (a.in_value_order(), b.in_value_order());
                 assert_eq!(
                     (a.d, a.dmin, a.scales, a.mins),
                     (b.d, b.dmin, b.scales, b.mins)
                 );
                 assert_eq!(a.codes, b.codes);
             }
+        }
+    }
+
+    #[test]
+    fn interleaved_blocks_give_the_portable_bytes_of_each() {
+        use crate::blocks::BlockQ4K;
+        use crate::fq3::BlockFq3;
+        fn check<B: LanePacked>(x: [&[f32; 256]; 2]) {
+            let pair = encode_superblocks::<B, 2>(x);
+            for (p, (block, err, energy)) in pair.iter().enumerate() {
+                let single = quantize_portable(x[p], B::NMAX);
+                let (expected, e, s) = packed::<B>(&single);
+                assert_eq!(bytemuck::bytes_of(block), bytemuck::bytes_of(&expected));
+                assert_eq!(
+                    (err.to_bits(), energy.to_bits()),
+                    (e.to_bits(), s.to_bits())
+                );
+            }
+        }
+        for seed in 0..16 {
+            let (a, b) = (data(seed), data(seed + 100));
+            check::<BlockFq3>([&a, &b]);
+            check::<BlockQ4K>([&a, &b]);
         }
     }
 
@@ -314,7 +438,7 @@ mod tests {
     fn codes_stay_in_range_and_error_is_small() {
         let x = data(7);
         for (nmax, bound) in [(7u8, 0.2f32), (15, 0.1)] {
-            let sb = quantize_portable(&x, nmax).to_superblock();
+            let sb = quantize_portable(&x, nmax).in_value_order();
             assert!(sb.codes.iter().all(|&q| q <= nmax));
             let mut y = [0f32; 256];
             decode(&sb, &mut y);
@@ -333,7 +457,7 @@ mod tests {
     fn constant_and_zero_groups_decode_exactly() {
         let mut x = [0f32; 256];
         x[32..64].fill(-0.25);
-        let sb = quantize_portable(&x, 15).to_superblock();
+        let sb = quantize_portable(&x, 15).in_value_order();
         let mut y = [0f32; 256];
         decode(&sb, &mut y);
         assert_eq!(y[..32], [0.0; 32]);

@@ -86,13 +86,13 @@ mod tests {
         for seed in 0..8 {
             let x = data(seed);
             let fit = quantize_superblock(&x, 7);
-            let sb = fit.to_superblock();
+            let sb = fit.in_value_order();
             assert_eq!(
                 bytemuck::bytes_of(&BlockFq3::pack(&fit)),
                 bytemuck::bytes_of(&BlockFq3::from_superblock(&sb))
             );
             let fit = quantize_superblock(&x, 15);
-            let sb = fit.to_superblock();
+            let sb = fit.in_value_order();
             assert_eq!(
                 bytemuck::bytes_of(&BlockQ4K::pack(&fit)),
                 bytemuck::bytes_of(&q4k_from_superblock(&sb))

@@ -110,7 +110,7 @@ pub(super) unsafe fn transpose_avx2(x: &[f32; 256]) -> Rows {
 }
 
 /// Per-group count, sum and sum of squares, min and max of the values.
-#[derive(Clone, Copy)]
+#[derive(Clone, Copy, Default)]
 pub(super) struct GroupStats {
     pub n: f32,
     pub lo: Lanes,

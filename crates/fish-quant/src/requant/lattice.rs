@@ -44,19 +44,37 @@ fn f16_magnitude(bits: u16) -> f32 {
     }
 }
 
+/// Super-scales and the 6-bit levels to start the neighbour search from.
+#[derive(Clone, Copy, Default)]
+pub(super) struct Lattice {
+    pub d: F16Bits,
+    pub dmin: F16Bits,
+    pub ls: Levels,
+    pub lm: Levels,
+    /// Each group's scale in units of `d`, before rounding.
+    pub unrounded: Lanes,
+}
+
+impl Lattice {
+    /// `(d, dmin)` as floats.
+    #[inline(always)]
+    pub fn supers(&self) -> (f32, f32) {
+        (self.d.to_f32(), self.dmin.to_f32())
+    }
+}
+
 /// The super-scales and 6-bit levels to start the neighbour search from:
 /// `dmin` as `max(mins) / 63`; for each `d` of [`SUPER_SCALE_STEPS`], every
 /// group's nearest 6-bit scale and the 6-bit min nearest the best offset
 /// for it (codes fixed), ranked by the closed-form error summed over the
-/// super-block. Also returns each group's unrounded scale level under the
-/// chosen `d`.
+/// super-block.
 #[inline(always)]
 pub(super) fn super_scales(
     stats: &GroupStats,
     sums: &CodeSums,
     scales: &Lanes,
     mins: &Lanes,
-) -> ((F16Bits, Levels, Lanes), (F16Bits, Levels)) {
+) -> Lattice {
     let (dmin, _) = group_scales_6bit(mins);
     let dminf = dmin.to_f32();
     let inv_dmin = if dminf > 0.0 { 1.0 / dminf } else { 0.0 };
@@ -82,8 +100,13 @@ pub(super) fn super_scales(
             best = (total, bits, ls, unrounded, lm);
         }
     }
-    let d = F16Bits(best.1.to_le_bytes());
-    ((d, best.2, best.3), (dmin, best.4))
+    Lattice {
+        d: F16Bits(best.1.to_le_bytes()),
+        dmin,
+        ls: best.2,
+        lm: best.4,
+        unrounded: best.3,
+    }
 }
 
 /// Keeps, per group, the candidate levels `(sl, ml)` where both are 6-bit

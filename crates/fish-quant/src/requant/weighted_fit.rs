@@ -140,7 +140,7 @@ mod tests {
         for seed in 0..16 {
             let x = data(seed);
             let w = skewed_weights(seed);
-            let a = decode(&quantize_superblock(&x, 7).to_superblock());
+            let a = decode(&quantize_superblock(&x, 7).in_value_order());
             let b = decode(&quantize_superblock_weighted(&x, &w, 7));
             plain += weighted_error(&x, &a, &w);
             weighted += weighted_error(&x, &b, &w);
