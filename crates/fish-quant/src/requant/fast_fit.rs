@@ -150,39 +150,15 @@ struct Fit {
     sums: CodeSums,
 }
 
-impl Fit {
-    /// Takes `other`'s groups where its error is smaller.
-    #[inline(always)]
-    fn keep_better(&mut self, other: &Fit) {
-        for g in 0..8 {
-            let better = other.err[g] < self.err[g];
-            let pick = |new: f32, old: f32| if better { new } else { old };
-            self.err[g] = pick(other.err[g], self.err[g]);
-            self.scale[g] = pick(other.scale[g], self.scale[g]);
-            self.offset[g] = pick(other.offset[g], self.offset[g]);
-            for i in 0..3 {
-                self.sums[i][g] = pick(other.sums[i][g], self.sums[i][g]);
-            }
-        }
-    }
-}
-
 /// The closed-form least-squares `(scale, offset)` for fixed codes, with
 /// the offset clamped to `<= 0` (a positive one would need a negative min,
-/// which the formats cannot hold). A degenerate system or a non-positive or
-/// non-finite scale makes the group's error `f32::MAX`, so it is never
-/// taken, and its scale and offset those of `current`.
+/// which the formats cannot hold), and whether it is usable: a degenerate
+/// system or a non-positive or non-finite scale is not.
 #[inline(always)]
-fn least_squares(stats: &GroupStats, sums: &CodeSums, current: (&Lanes, &Lanes)) -> Fit {
+fn least_squares(stats: &GroupStats, sums: &CodeSums) -> (Lanes, Lanes, [bool; 8]) {
     let [sl, sl2, sxl] = sums;
     let n = stats.n;
-    let mut fit = Fit {
-        scale: [0.0; 8],
-        offset: [0.0; 8],
-        err: [0.0; 8],
-        sums: *sums,
-    };
-    let mut usable = [0.0f32; 8];
+    let (mut scale, mut offset, mut usable) = ([0f32; 8], [0f32; 8], [false; 8]);
     for g in 0..8 {
         let det = n * sl2[g] - sl[g] * sl[g];
         let inv_det = 1.0 / det;
@@ -193,19 +169,14 @@ fn least_squares(stats: &GroupStats, sums: &CodeSums, current: (&Lanes, &Lanes))
         // A blend rather than `if`: the compiler would move the division
         // into a branch, and the branch keeps the loop scalar. Where the
         // blend could go wrong (a zero sum of squares) `det` is 0 too.
-        let s = s_free + (s_through_zero - s_free) * if clamp_min { 1.0 } else { 0.0 };
-        let m = if clamp_min { 0.0 } else { m };
+        scale[g] = s_free + (s_through_zero - s_free) * if clamp_min { 1.0 } else { 0.0 };
+        offset[g] = if clamp_min { 0.0 } else { m };
         // Non-short-circuit `&`, and a finite bound rather than infinity
         // (which the compiler turns into a scalar class test), keep this a
         // vector operation.
-        let ok = (det > 0.0) & (s > 0.0) & (s < SCALE_LIMIT);
-        usable[g] = if ok { 1.0 } else { 0.0 };
-        fit.scale[g] = if ok { s } else { current.0[g] };
-        fit.offset[g] = if ok { m } else { current.1[g] };
+        usable[g] = (det > 0.0) & (scale[g] > 0.0) & (scale[g] < SCALE_LIMIT);
     }
-    let err = quadratic_errors(stats, sums, &fit.scale, &fit.offset);
-    fit.err = zip(err, usable, |e, u| if u > 0.0 { e } else { f32::MAX });
-    fit
+    (scale, offset, usable)
 }
 
 /// The fits of `x ≈ scale * q - m` per group with `q` in `0..=nmax`,
@@ -244,27 +215,51 @@ impl Starts {
         }
     }
 
-    /// The code sums of every start's nearest codes (one pass).
+    /// The code sums of the nearest codes of the starts refined in this
+    /// round (one pass), and how many that is: all of them in the first
+    /// round; after it, FQ3's 8 levels refine only the first two (the third
+    /// rarely wins there, measured on Qwen2.5-Coder-1.5B blk.0; Q4_K's
+    /// errors sit closer to their bound and keep all three).
     #[inline(always)]
-    fn code_sums(&self, rows: &Rows, round: usize, nmax: f32) -> [CodeSums; NS] {
+    fn code_sums(&self, rows: &Rows, round: usize, nmax: f32) -> ([CodeSums; NS], usize) {
         let inv: [Lanes; NS] = std::array::from_fn(|k| each(&self.scale[k], |v| 1.0 / v));
         if round == 0 {
-            code_sums_from_min(rows, &self.min, &inv, &STARTS, nmax)
+            (code_sums_from_min(rows, &self.min, &inv, &STARTS, nmax), NS)
+        } else if nmax < 8.0 {
+            let [a, b] = code_sums(
+                rows,
+                &[self.offset[0], self.offset[1]],
+                &[inv[0], inv[1]],
+                nmax,
+            );
+            ([a, b, [[0.0; 8]; 3]], 2)
         } else {
-            code_sums(rows, &self.offset, &inv, nmax)
+            (code_sums(rows, &self.offset, &inv, nmax), NS)
         }
     }
 
     /// Every start's least-squares fit for its codes (lane-only work). The
-    /// starts' order in the best-fit comparison is start by start.
+    /// starts' order in the best-fit comparison is start by start. A start
+    /// that fails for a group keeps its last fit there (and fails the same
+    /// way again: same codes, same sums).
     #[inline(always)]
-    fn refit(&mut self, stats: &GroupStats, sums: &[CodeSums; NS]) {
-        for k in 0..NS {
-            // A start that fails for a group keeps its last fit there (and
-            // fails the same way again: same codes, same sums).
-            let fit = least_squares(stats, &sums[k], (&self.scale[k], &self.offset[k]));
-            (self.scale[k], self.offset[k]) = (fit.scale, fit.offset);
-            self.best.keep_better(&fit);
+    fn refit(&mut self, stats: &GroupStats, (sums, active): &([CodeSums; NS], usize)) {
+        for k in 0..*active {
+            let (scale, offset, usable) = least_squares(stats, &sums[k]);
+            let err = quadratic_errors(stats, &sums[k], &scale, &offset);
+            let best = &mut self.best;
+            for g in 0..8 {
+                let pick = |take: bool, new: f32, old: f32| if take { new } else { old };
+                self.scale[k][g] = pick(usable[g], scale[g], self.scale[k][g]);
+                self.offset[k][g] = pick(usable[g], offset[g], self.offset[k][g]);
+                let better = usable[g] & (err[g] < best.err[g]);
+                best.err[g] = pick(better, err[g], best.err[g]);
+                best.scale[g] = pick(better, scale[g], best.scale[g]);
+                best.offset[g] = pick(better, offset[g], best.offset[g]);
+                for i in 0..3 {
+                    best.sums[i][g] = pick(better, sums[k][i][g], best.sums[i][g]);
+                }
+            }
         }
     }
 

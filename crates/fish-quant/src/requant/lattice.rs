@@ -109,8 +109,8 @@ pub(super) fn super_scales(
     }
 }
 
-/// Keeps, per group, the candidate levels `(sl, ml)` where both are 6-bit
-/// values and `err` beats `best`.
+/// Keeps, per group, the candidate levels `(sl, ml)` where `err` beats
+/// `best`.
 #[inline(always)]
 fn take_better(
     best: &mut Lanes,
@@ -119,30 +119,35 @@ fn take_better(
     (sl, ml): (&Levels, &Levels),
 ) {
     for g in 0..8 {
-        // Non-short-circuit `&` and an error pushed out of reach keep this
-        // one vector compare and blend per quantity.
-        let in_range = (sl[g] >= 0.0) & (sl[g] <= 63.0) & (ml[g] >= 0.0) & (ml[g] <= 63.0);
-        let err = if in_range { err[g] } else { f32::MAX };
-        let better = err < best[g];
-        best[g] = if better { err } else { best[g] };
+        let better = err[g] < best[g];
+        best[g] = if better { err[g] } else { best[g] };
         ls[g] = if better { sl[g] } else { ls[g] };
         lm[g] = if better { ml[g] } else { lm[g] };
     }
 }
 
-/// `levels + step - 1` (step 0, 1, 2: one below, the same, one above).
+/// `levels + step - 1` (step 0, 1, 2: one below, the same, one above),
+/// kept within 6 bits: at the ends the neighbour is the level itself, a
+/// candidate already tried with the same error, so it changes nothing.
 #[inline(always)]
 fn neighbour(levels: &Levels, step: usize) -> Levels {
-    each(levels, |l| l + (step as f32 - 1.0))
+    each(levels, |l| clamp_6bit(l + (step as f32 - 1.0)))
 }
 
-/// `d * level` per group, with the level clamped to 6 bits.
+#[inline(always)]
+fn clamp_6bit(l: f32) -> f32 {
+    let l = if l > 0.0 { l } else { 0.0 };
+    if l < 63.0 {
+        l
+    } else {
+        63.0
+    }
+}
+
+/// `d * level` per group.
 #[inline(always)]
 fn scaled(d: f32, levels: &Levels) -> Lanes {
-    each(levels, |l| {
-        let l = if l > 0.0 { l } else { 0.0 };
-        d * if l < 63.0 { l } else { 63.0 }
-    })
+    each(levels, |l| d * l)
 }
 
 /// Rounding scale and min to 6 bits independently is rarely the best pair.
