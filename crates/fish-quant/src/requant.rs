@@ -5,6 +5,7 @@ mod fast_fit;
 mod lane_pack;
 mod lanes;
 mod lattice;
+mod vector;
 mod weighted_fit;
 
 use crate::blocks::kfit::AffineSuperBlock;

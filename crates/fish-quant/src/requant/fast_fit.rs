@@ -10,6 +10,9 @@ use super::lanes::{
     CodeSums, GroupStats, Lanes, Rows,
 };
 use super::lattice::{nearest_pair, settle, super_scales, LaneCodes, Lattice};
+#[cfg(target_arch = "x86_64")]
+use super::vector::Avx;
+use super::vector::Vector;
 use crate::bits::F16Bits;
 #[cfg(test)]
 use crate::blocks::kfit::AffineSuperBlock;
@@ -77,7 +80,7 @@ pub fn encode_superblocks<B: LanePacked, const P: usize>(
         }
     }
     let rows: [Rows; P] = std::array::from_fn(|p| transpose_portable(x[p]));
-    let fits: [LaneFit; P] = fit_blocks(std::array::from_fn(|p| &rows[p]), B::NMAX);
+    let fits: [LaneFit; P] = fit_blocks::<Lanes, P>(std::array::from_fn(|p| &rows[p]), B::NMAX);
     let mut out = [(B::zeroed(), 0.0, 0.0); P];
     for p in 0..P {
         out[p] = packed(&fits[p]);
@@ -93,7 +96,7 @@ unsafe fn encode_avx2<B: LanePacked, const P: usize>(x: [&[f32; 256]; P]) -> [(B
         // SAFETY: AVX2 is enabled in this function's context.
         rows[p] = unsafe { super::lanes::transpose_avx2(x[p]) };
     }
-    let fits: [LaneFit; P] = fit_blocks(std::array::from_fn(|p| &rows[p]), B::NMAX);
+    let fits: [LaneFit; P] = fit_blocks::<Avx, P>(std::array::from_fn(|p| &rows[p]), B::NMAX);
     let mut out = [(B::zeroed(), 0.0, 0.0); P];
     for p in 0..P {
         out[p] = packed(&fits[p]);
@@ -128,7 +131,7 @@ pub fn quantize_superblock(x: &[f32; 256], nmax: u8) -> LaneFit {
 unsafe fn quantize_avx2(x: &[f32; 256], nmax: u8) -> LaneFit {
     // SAFETY: AVX2 is enabled in this function's context.
     let rows = unsafe { super::lanes::transpose_avx2(x) };
-    let [fit] = fit_blocks([&rows], nmax);
+    let [fit] = fit_blocks::<Avx, 1>([&rows], nmax);
     fit
 }
 
@@ -136,7 +139,7 @@ unsafe fn quantize_avx2(x: &[f32; 256], nmax: u8) -> LaneFit {
 /// and FMA runs), for comparison in tests.
 #[cfg(test)]
 pub(crate) fn quantize_portable(x: &[f32; 256], nmax: u8) -> LaneFit {
-    let [fit] = fit_blocks([&transpose_portable(x)], nmax);
+    let [fit] = fit_blocks::<Lanes, 1>([&transpose_portable(x)], nmax);
     fit
 }
 
@@ -152,30 +155,25 @@ struct Fit {
 
 /// The closed-form least-squares `(scale, offset)` for fixed codes, with
 /// the offset clamped to `<= 0` (a positive one would need a negative min,
-/// which the formats cannot hold), and whether it is usable: a degenerate
-/// system or a non-positive or non-finite scale is not.
+/// which the formats cannot hold), and the mask of groups where it is
+/// usable: a degenerate system or a non-positive or non-finite scale is
+/// not.
 #[inline(always)]
-fn least_squares(stats: &GroupStats, sums: &CodeSums) -> (Lanes, Lanes, [bool; 8]) {
-    let [sl, sl2, sxl] = sums;
-    let n = stats.n;
-    let (mut scale, mut offset, mut usable) = ([0f32; 8], [0f32; 8], [false; 8]);
-    for g in 0..8 {
-        let det = n * sl2[g] - sl[g] * sl[g];
-        let inv_det = 1.0 / det;
-        let s_free = (n * sxl[g] - stats.sx[g] * sl[g]) * inv_det;
-        let m = (sl2[g] * stats.sx[g] - sl[g] * sxl[g]) * inv_det;
-        let s_through_zero = sxl[g] / sl2[g];
-        let clamp_min = m > 0.0;
-        // A blend rather than `if`: the compiler would move the division
-        // into a branch, and the branch keeps the loop scalar. Where the
-        // blend could go wrong (a zero sum of squares) `det` is 0 too.
-        scale[g] = s_free + (s_through_zero - s_free) * if clamp_min { 1.0 } else { 0.0 };
-        offset[g] = if clamp_min { 0.0 } else { m };
-        // Non-short-circuit `&`, and a finite bound rather than infinity
-        // (which the compiler turns into a scalar class test), keep this a
-        // vector operation.
-        usable[g] = (det > 0.0) & (scale[g] > 0.0) & (scale[g] < SCALE_LIMIT);
-    }
+fn least_squares<V: Vector>(stats: &GroupStats, sums: &CodeSums) -> (V, V, V) {
+    let (sl, sl2, sxl) = (V::load(&sums[0]), V::load(&sums[1]), V::load(&sums[2]));
+    let (n, sx, zero) = (V::splat(stats.n), V::load(&stats.sx), V::splat(0.0));
+    let det = n.mul(sl2).sub(sl.mul(sl));
+    let inv_det = V::splat(1.0).div(det);
+    let s_free = n.mul(sxl).sub(sx.mul(sl)).mul(inv_det);
+    let m = sl2.mul(sx).sub(sl.mul(sxl)).mul(inv_det);
+    let s_through_zero = sxl.div(sl2);
+    let clamp_min = m.gt(zero);
+    let scale = clamp_min.select(s_through_zero, s_free);
+    let offset = clamp_min.select(zero, m);
+    let usable = det
+        .gt(zero)
+        .and(scale.gt(zero))
+        .and(scale.lt(V::splat(SCALE_LIMIT)));
     (scale, offset, usable)
 }
 
@@ -243,22 +241,21 @@ impl Starts {
     /// that fails for a group keeps its last fit there (and fails the same
     /// way again: same codes, same sums).
     #[inline(always)]
-    fn refit(&mut self, stats: &GroupStats, (sums, active): &([CodeSums; NS], usize)) {
+    fn refit<V: Vector>(&mut self, stats: &GroupStats, (sums, active): &([CodeSums; NS], usize)) {
         for k in 0..*active {
-            let (scale, offset, usable) = least_squares(stats, &sums[k]);
-            let err = quadratic_errors(stats, &sums[k], &scale, &offset);
+            let (scale, offset, usable) = least_squares::<V>(stats, &sums[k]);
+            let err = quadratic_errors(stats, &sums[k], scale, offset);
+            let keep =
+                |mask: V, new: V, old: &mut Lanes| *old = mask.select(new, V::load(old)).store();
+            keep(usable, scale, &mut self.scale[k]);
+            keep(usable, offset, &mut self.offset[k]);
             let best = &mut self.best;
-            for g in 0..8 {
-                let pick = |take: bool, new: f32, old: f32| if take { new } else { old };
-                self.scale[k][g] = pick(usable[g], scale[g], self.scale[k][g]);
-                self.offset[k][g] = pick(usable[g], offset[g], self.offset[k][g]);
-                let better = usable[g] & (err[g] < best.err[g]);
-                best.err[g] = pick(better, err[g], best.err[g]);
-                best.scale[g] = pick(better, scale[g], best.scale[g]);
-                best.offset[g] = pick(better, offset[g], best.offset[g]);
-                for i in 0..3 {
-                    best.sums[i][g] = pick(better, sums[k][i][g], best.sums[i][g]);
-                }
+            let better = usable.and(err.lt(V::load(&best.err)));
+            keep(better, err, &mut best.err);
+            keep(better, scale, &mut best.scale);
+            keep(better, offset, &mut best.offset);
+            for i in 0..3 {
+                keep(better, V::load(&sums[k][i]), &mut best.sums[i]);
             }
         }
     }
@@ -287,7 +284,7 @@ impl Starts {
 // Plain loops over the blocks, not `array::from_fn` closures: a closure
 // that is not inlined is compiled without the caller's target features.
 #[inline(always)]
-fn fit_blocks<const P: usize>(rows: [&Rows; P], nmax: u8) -> [LaneFit; P] {
+fn fit_blocks<V: Vector, const P: usize>(rows: [&Rows; P], nmax: u8) -> [LaneFit; P] {
     let nmax = nmax as f32;
     let mut stats = [GroupStats::default(); P];
     for p in 0..P {
@@ -300,18 +297,18 @@ fn fit_blocks<const P: usize>(rows: [&Rows; P], nmax: u8) -> [LaneFit; P] {
     for round in 0..REFITS {
         for p in 0..P {
             let sums = starts[p].code_sums(rows[p], round, nmax);
-            starts[p].refit(&stats[p], &sums);
+            starts[p].refit::<V>(&stats[p], &sums);
         }
     }
     let mut lattice = [Lattice::default(); P];
     for p in 0..P {
         let (scales, mins, sums) = starts[p].result();
-        lattice[p] = super_scales(&stats[p], &sums, &scales, &mins);
+        lattice[p] = super_scales::<V>(&stats[p], &sums, &scales, &mins);
     }
     let mut levels = [([0.0; 8], [0.0; 8]); P];
     for p in 0..P {
         let l = &lattice[p];
-        levels[p] = nearest_pair(
+        levels[p] = nearest_pair::<V>(
             rows[p],
             &stats[p],
             l.supers(),
@@ -323,7 +320,7 @@ fn fit_blocks<const P: usize>(rows: [&Rows; P], nmax: u8) -> [LaneFit; P] {
     let mut fits = [LaneFit::default(); P];
     for p in 0..P {
         let l = &lattice[p];
-        let (ls, lm, codes, err) = settle(rows[p], &stats[p], l.supers(), levels[p], nmax);
+        let (ls, lm, codes, err) = settle::<V>(rows[p], &stats[p], l.supers(), levels[p], nmax);
         fits[p] = LaneFit {
             d: l.d,
             dmin: l.dmin,

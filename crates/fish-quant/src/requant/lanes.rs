@@ -5,6 +5,8 @@
 //! same IEEE operations in the same order whatever the vector width, so the
 //! AVX2 build and the portable build give the same bytes.
 
+use super::vector::Vector;
+
 /// One number per group.
 pub(super) type Lanes = [f32; 8];
 /// A super-block as 32 rows of [`Lanes`].
@@ -205,20 +207,18 @@ pub(super) fn code_sums<const K: usize>(
 /// sums and the groups' value sums: exact for those codes, no pass over the
 /// values.
 #[inline(always)]
-pub(super) fn quadratic_errors(
+pub(super) fn quadratic_errors<V: Vector>(
     stats: &GroupStats,
     sums: &CodeSums,
-    scale: &Lanes,
-    offset: &Lanes,
-) -> Lanes {
-    let [sl, sl2, sxl] = sums;
-    let mut err = [0f32; 8];
-    for g in 0..8 {
-        let (s, m) = (scale[g], offset[g]);
-        err[g] = stats.sx2[g] - 2.0 * s * sxl[g] - 2.0 * m * stats.sx[g]
-            + s * s * sl2[g]
-            + 2.0 * s * m * sl[g]
-            + stats.n * m * m;
-    }
-    err
+    scale: V,
+    offset: V,
+) -> V {
+    let (sl, sl2, sxl) = (V::load(&sums[0]), V::load(&sums[1]), V::load(&sums[2]));
+    let (sx, sx2, n) = (V::load(&stats.sx), V::load(&stats.sx2), V::splat(stats.n));
+    let (s, m, two) = (scale, offset, V::splat(2.0));
+    sx2.sub(two.mul(s).mul(sxl))
+        .sub(two.mul(m).mul(sx))
+        .add(s.mul(s).mul(sl2))
+        .add(two.mul(s).mul(m).mul(sl))
+        .add(n.mul(m).mul(m))
 }

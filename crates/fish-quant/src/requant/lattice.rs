@@ -7,6 +7,7 @@ use super::lanes::{
     biased_code, code_sums, each, inverse, quadratic_errors, round_code, zip, CodeSums, GroupStats,
     Lanes, Rows, ROUND_MAGIC,
 };
+use super::vector::Vector;
 use crate::bits::F16Bits;
 
 /// Super-scales tried, as f16 steps (about 0.05-0.1% each) above
@@ -69,7 +70,7 @@ impl Lattice {
 /// for it (codes fixed), ranked by the closed-form error summed over the
 /// super-block.
 #[inline(always)]
-pub(super) fn super_scales(
+pub(super) fn super_scales<V: Vector>(
     stats: &GroupStats,
     sums: &CodeSums,
     scales: &Lanes,
@@ -94,8 +95,13 @@ pub(super) fn super_scales(
             ((x - sq) * inv_n).min(0.0)
         });
         let lm = each(&offset, |o| round_code(-o * inv_dmin, 63.0));
-        let err = quadratic_errors(stats, sums, &s, &each(&lm, |l| -(dminf * l)));
-        let total: f32 = err.iter().sum();
+        let err = quadratic_errors(
+            stats,
+            sums,
+            V::load(&s),
+            V::load(&each(&lm, |l| -(dminf * l))),
+        );
+        let total: f32 = err.store().iter().sum();
         if total < best.0 {
             best = (total, bits, ls, unrounded, lm);
         }
@@ -112,18 +118,16 @@ pub(super) fn super_scales(
 /// Keeps, per group, the candidate levels `(sl, ml)` where `err` beats
 /// `best`.
 #[inline(always)]
-fn take_better(
-    best: &mut Lanes,
+fn take_better<V: Vector>(
+    best: &mut V,
     (ls, lm): (&mut Levels, &mut Levels),
-    err: &Lanes,
+    err: V,
     (sl, ml): (&Levels, &Levels),
 ) {
-    for g in 0..8 {
-        let better = err[g] < best[g];
-        best[g] = if better { err[g] } else { best[g] };
-        ls[g] = if better { sl[g] } else { ls[g] };
-        lm[g] = if better { ml[g] } else { lm[g] };
-    }
+    let better = err.lt(*best);
+    *best = better.select(err, *best);
+    *ls = better.select(V::load(sl), V::load(ls)).store();
+    *lm = better.select(V::load(ml), V::load(lm)).store();
 }
 
 /// `levels + step - 1` (step 0, 1, 2: one below, the same, one above),
@@ -156,7 +160,7 @@ fn scaled(d: f32, levels: &Levels) -> Lanes {
 /// the rounded min; three mins each (the rounded one and both neighbours)
 /// are ranked by the closed-form error of those codes.
 #[inline(always)]
-pub(super) fn nearest_pair(
+pub(super) fn nearest_pair<V: Vector>(
     rows: &Rows,
     stats: &GroupStats,
     (df, dminf): (f32, f32),
@@ -175,12 +179,12 @@ pub(super) fn nearest_pair(
     let inv = [inverse(&scale[0]), inverse(&scale[1])];
     let sums = code_sums(rows, &[offset[1]; 2], &inv, nmax);
     let (mut ls, mut lm) = (ls0, lm0);
-    let mut best = [f32::MAX; 8];
+    let mut best = V::splat(f32::MAX);
     for j in 0..2 {
         for c in 0..3 {
-            let err = quadratic_errors(stats, &sums[j], &scale[j], &offset[c]);
+            let err = quadratic_errors(stats, &sums[j], V::load(&scale[j]), V::load(&offset[c]));
             let cand = (&candidates[j], &neighbour(&lm0, c));
-            take_better(&mut best, (&mut ls, &mut lm), &err, cand);
+            take_better(&mut best, (&mut ls, &mut lm), err, cand);
         }
     }
     (ls, lm)
@@ -194,7 +198,7 @@ pub(super) type LaneCodes = [[u32; 8]; 32];
 /// middle one first, so ties keep it). The codes are kept as they are, so
 /// the returned per-group errors are exact for what is stored.
 #[inline(always)]
-pub(super) fn settle(
+pub(super) fn settle<V: Vector>(
     rows: &Rows,
     stats: &GroupStats,
     (df, dminf): (f32, f32),
@@ -219,13 +223,13 @@ pub(super) fn settle(
         }
     }
     let (mut ls, mut lm) = (ls0, lm0);
-    let mut best = [f32::MAX; 8];
+    let mut best = V::splat(f32::MAX);
     for c in [4, 0, 1, 2, 3, 5, 6, 7, 8] {
         let (j, c) = (c / 3, c % 3);
-        let err = quadratic_errors(stats, &sums, &scale[j], &offset[c]);
+        let err = quadratic_errors(stats, &sums, V::load(&scale[j]), V::load(&offset[c]));
         let cand = (&neighbour(&ls0, j), &neighbour(&lm0, c));
-        take_better(&mut best, (&mut ls, &mut lm), &err, cand);
+        take_better(&mut best, (&mut ls, &mut lm), err, cand);
     }
     // Rounding can leave a perfect fit a hair below zero.
-    (ls, lm, codes, each(&best, |e| e.max(0.0)))
+    (ls, lm, codes, each(&best.store(), |e| e.max(0.0)))
 }

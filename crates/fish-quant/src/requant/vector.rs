@@ -1,0 +1,158 @@
+//! Eight f32 lanes as one value, for the lane-only steps of the fit (least
+//! squares, errors from code sums, selections). Written as plain loops,
+//! those steps are partly left scalar by the compiler; with this type they
+//! are one vector instruction per operation in the AVX2 build. Both
+//! implementations run the same IEEE operations lane by lane (`min` and
+//! `max` included: `if a < b { a } else { b }` is what the AVX instruction
+//! computes), so the bytes stay the same.
+
+use super::lanes::Lanes;
+
+/// Eight lanes and the operations the lane-only steps need. A mask is a
+/// vector too (all bits set where true).
+pub(super) trait Vector: Copy {
+    fn load(a: &Lanes) -> Self;
+    fn store(self) -> Lanes;
+    fn splat(v: f32) -> Self;
+    fn add(self, o: Self) -> Self;
+    fn sub(self, o: Self) -> Self;
+    fn mul(self, o: Self) -> Self;
+    fn div(self, o: Self) -> Self;
+    /// Mask of `self < o`.
+    fn lt(self, o: Self) -> Self;
+    /// Mask of `self > o`.
+    fn gt(self, o: Self) -> Self;
+    /// Both masks.
+    fn and(self, o: Self) -> Self;
+    /// `a` where the mask `self` is set, else `b`.
+    fn select(self, a: Self, b: Self) -> Self;
+}
+
+/// The portable lanes.
+impl Vector for Lanes {
+    #[inline(always)]
+    fn load(a: &Lanes) -> Self {
+        *a
+    }
+    #[inline(always)]
+    fn store(self) -> Lanes {
+        self
+    }
+    #[inline(always)]
+    fn splat(v: f32) -> Self {
+        [v; 8]
+    }
+    #[inline(always)]
+    fn add(self, o: Self) -> Self {
+        lanewise(self, o, |a, b| a + b)
+    }
+    #[inline(always)]
+    fn sub(self, o: Self) -> Self {
+        lanewise(self, o, |a, b| a - b)
+    }
+    #[inline(always)]
+    fn mul(self, o: Self) -> Self {
+        lanewise(self, o, |a, b| a * b)
+    }
+    #[inline(always)]
+    fn div(self, o: Self) -> Self {
+        lanewise(self, o, |a, b| a / b)
+    }
+    #[inline(always)]
+    fn lt(self, o: Self) -> Self {
+        lanewise(self, o, |a, b| mask(a < b))
+    }
+    #[inline(always)]
+    fn gt(self, o: Self) -> Self {
+        lanewise(self, o, |a, b| mask(a > b))
+    }
+    #[inline(always)]
+    fn and(self, o: Self) -> Self {
+        lanewise(self, o, |a, b| f32::from_bits(a.to_bits() & b.to_bits()))
+    }
+    #[inline(always)]
+    fn select(self, a: Self, b: Self) -> Self {
+        let mut out = [0f32; 8];
+        for g in 0..8 {
+            out[g] = if self[g].to_bits() != 0 { a[g] } else { b[g] };
+        }
+        out
+    }
+}
+
+#[inline(always)]
+fn mask(set: bool) -> f32 {
+    f32::from_bits(if set { u32::MAX } else { 0 })
+}
+
+#[inline(always)]
+fn lanewise(a: Lanes, b: Lanes, f: impl Fn(f32, f32) -> f32) -> Lanes {
+    let mut out = [0f32; 8];
+    for g in 0..8 {
+        out[g] = f(a[g], b[g]);
+    }
+    out
+}
+
+/// AVX lanes. Only made inside functions compiled with AVX2 enabled (the
+/// intrinsics are inlined there).
+#[cfg(target_arch = "x86_64")]
+#[derive(Clone, Copy)]
+pub(super) struct Avx(std::arch::x86_64::__m256);
+
+#[cfg(target_arch = "x86_64")]
+mod avx {
+    use super::{Avx, Lanes, Vector};
+    use std::arch::x86_64::*;
+
+    // SAFETY (every block below): an `Avx` value exists only in code that
+    // runs on a CPU with AVX2 (the fit's AVX2 entry points).
+    impl Vector for Avx {
+        #[inline(always)]
+        fn load(a: &Lanes) -> Self {
+            Self(unsafe { _mm256_loadu_ps(a.as_ptr()) })
+        }
+        #[inline(always)]
+        fn store(self) -> Lanes {
+            let mut out = [0f32; 8];
+            unsafe { _mm256_storeu_ps(out.as_mut_ptr(), self.0) };
+            out
+        }
+        #[inline(always)]
+        fn splat(v: f32) -> Self {
+            Self(unsafe { _mm256_set1_ps(v) })
+        }
+        #[inline(always)]
+        fn add(self, o: Self) -> Self {
+            Self(unsafe { _mm256_add_ps(self.0, o.0) })
+        }
+        #[inline(always)]
+        fn sub(self, o: Self) -> Self {
+            Self(unsafe { _mm256_sub_ps(self.0, o.0) })
+        }
+        #[inline(always)]
+        fn mul(self, o: Self) -> Self {
+            Self(unsafe { _mm256_mul_ps(self.0, o.0) })
+        }
+        #[inline(always)]
+        fn div(self, o: Self) -> Self {
+            Self(unsafe { _mm256_div_ps(self.0, o.0) })
+        }
+        #[inline(always)]
+        fn lt(self, o: Self) -> Self {
+            Self(unsafe { _mm256_cmp_ps::<_CMP_LT_OQ>(self.0, o.0) })
+        }
+        #[inline(always)]
+        fn gt(self, o: Self) -> Self {
+            Self(unsafe { _mm256_cmp_ps::<_CMP_GT_OQ>(self.0, o.0) })
+        }
+        #[inline(always)]
+        fn and(self, o: Self) -> Self {
+            Self(unsafe { _mm256_and_ps(self.0, o.0) })
+        }
+        #[inline(always)]
+        fn select(self, a: Self, b: Self) -> Self {
+            Self(unsafe { _mm256_blendv_ps(b.0, a.0, self.0) })
+        }
+    }
+}
