@@ -7,7 +7,7 @@ use super::lanes::{
     biased_code, code_sums, each, inverse, quadratic_errors, round_code, zip, CodeSums, GroupStats,
     Lanes, Rows, ROUND_MAGIC,
 };
-use super::vector::Vector;
+use super::vector::{round_levels, Vector};
 use crate::bits::F16Bits;
 
 /// Super-scales tried, as f16 steps (about 0.05-0.1% each) above
@@ -87,23 +87,17 @@ pub(super) fn super_scales<V: Vector>(
         let bits = first.saturating_add(step).min(0x7bff);
         let df = f16_magnitude(bits);
         let inv = if df > 0.0 { 1.0 / df } else { 0.0 };
-        let unrounded = each(scales, |v| v * inv);
-        let ls = each(&unrounded, |v| round_code(v, 63.0));
-        let s = each(&ls, |l| df * l);
+        let unrounded = V::load(scales).mul(V::splat(inv));
+        let ls = round_levels(unrounded, 63.0);
+        let s = ls.mul(V::splat(df));
         // The best offset for these codes under scale s, clamped to <= 0.
-        let offset = zip(stats.sx, zip(s, sums[0], |s, q| s * q), |x, sq| {
-            ((x - sq) * inv_n).min(0.0)
-        });
-        let lm = each(&offset, |o| round_code(-o * inv_dmin, 63.0));
-        let err = quadratic_errors(
-            stats,
-            sums,
-            V::load(&s),
-            V::load(&each(&lm, |l| -(dminf * l))),
-        );
+        let (sx, sl) = (V::load(&stats.sx), V::load(&sums[0]));
+        let offset = sx.sub(s.mul(sl)).mul(V::splat(inv_n)).min(V::splat(0.0));
+        let lm = round_levels(V::splat(0.0).sub(offset).mul(V::splat(inv_dmin)), 63.0);
+        let err = quadratic_errors(stats, sums, s, V::splat(0.0).sub(lm.mul(V::splat(dminf))));
         let total: f32 = err.store().iter().sum();
         if total < best.0 {
-            best = (total, bits, ls, unrounded, lm);
+            best = (total, bits, ls.store(), unrounded.store(), lm.store());
         }
     }
     Lattice {

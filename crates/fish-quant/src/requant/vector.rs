@@ -8,6 +8,17 @@
 
 use super::lanes::Lanes;
 
+/// The nearest integer in `0..=max` to each lane (NaN becomes 0), as
+/// [`super::lanes::round_code`] computes it.
+#[inline(always)]
+pub(super) fn round_levels<V: Vector>(t: V, max: f32) -> V {
+    let magic = V::splat(super::lanes::ROUND_MAGIC);
+    t.max(V::splat(0.0))
+        .min(V::splat(max))
+        .add(magic)
+        .sub(magic)
+}
+
 /// Eight lanes and the operations the lane-only steps need. A mask is a
 /// vector too (all bits set where true).
 pub(super) trait Vector: Copy {
@@ -18,6 +29,10 @@ pub(super) trait Vector: Copy {
     fn sub(self, o: Self) -> Self;
     fn mul(self, o: Self) -> Self;
     fn div(self, o: Self) -> Self;
+    /// `if self < o { self } else { o }` per lane.
+    fn min(self, o: Self) -> Self;
+    /// `if self > o { self } else { o }` per lane.
+    fn max(self, o: Self) -> Self;
     /// Mask of `self < o`.
     fn lt(self, o: Self) -> Self;
     /// Mask of `self > o`.
@@ -57,6 +72,14 @@ impl Vector for Lanes {
     #[inline(always)]
     fn div(self, o: Self) -> Self {
         lanewise(self, o, |a, b| a / b)
+    }
+    #[inline(always)]
+    fn min(self, o: Self) -> Self {
+        lanewise(self, o, |a, b| if a < b { a } else { b })
+    }
+    #[inline(always)]
+    fn max(self, o: Self) -> Self {
+        lanewise(self, o, |a, b| if a > b { a } else { b })
     }
     #[inline(always)]
     fn lt(self, o: Self) -> Self {
@@ -137,6 +160,14 @@ mod avx {
         #[inline(always)]
         fn div(self, o: Self) -> Self {
             Self(unsafe { _mm256_div_ps(self.0, o.0) })
+        }
+        #[inline(always)]
+        fn min(self, o: Self) -> Self {
+            Self(unsafe { _mm256_min_ps(self.0, o.0) })
+        }
+        #[inline(always)]
+        fn max(self, o: Self) -> Self {
+            Self(unsafe { _mm256_max_ps(self.0, o.0) })
         }
         #[inline(always)]
         fn lt(self, o: Self) -> Self {
