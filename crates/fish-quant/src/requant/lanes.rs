@@ -222,3 +222,56 @@ pub(super) fn quadratic_errors<V: Vector>(
         .add(two.mul(s).mul(m).mul(sl))
         .add(n.mul(m).mul(m))
 }
+
+/// [`quadratic_errors`] for many `(scale, offset)` pairs of the same codes,
+/// as `sx2 + s·(s·Σq² − 2Σqx) + m·(n·m − 2Σx) + (2s·Σq)·m`: the parts of
+/// one scale or one offset are computed once, each pair then costs four
+/// operations.
+pub(super) struct ErrorForm<V> {
+    sx2: V,
+    sl2: V,
+    two_sxl: V,
+    two_sx: V,
+    two_sl: V,
+    n: V,
+}
+
+/// The parts of [`ErrorForm`] that depend on the scale only.
+#[derive(Clone, Copy)]
+pub(super) struct ScalePart<V> {
+    square: V,
+    cross: V,
+}
+
+impl<V: Vector> ErrorForm<V> {
+    #[inline(always)]
+    pub fn new(stats: &GroupStats, sums: &CodeSums) -> Self {
+        let two = V::splat(2.0);
+        Self {
+            sx2: V::load(&stats.sx2),
+            sl2: V::load(&sums[1]),
+            two_sxl: two.mul(V::load(&sums[2])),
+            two_sx: two.mul(V::load(&stats.sx)),
+            two_sl: two.mul(V::load(&sums[0])),
+            n: V::splat(stats.n),
+        }
+    }
+
+    #[inline(always)]
+    pub fn scale_part(&self, s: V) -> ScalePart<V> {
+        ScalePart {
+            square: s.mul(s.mul(self.sl2).sub(self.two_sxl)),
+            cross: self.two_sl.mul(s),
+        }
+    }
+
+    #[inline(always)]
+    pub fn offset_part(&self, m: V) -> V {
+        m.mul(self.n.mul(m).sub(self.two_sx))
+    }
+
+    #[inline(always)]
+    pub fn error(&self, s: &ScalePart<V>, offset_part: V, m: V) -> V {
+        self.sx2.add(s.square).add(offset_part).add(s.cross.mul(m))
+    }
+}

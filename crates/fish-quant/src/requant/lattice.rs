@@ -4,8 +4,8 @@
 //! ranking candidates costs no pass over the values once codes are fixed.
 
 use super::lanes::{
-    biased_code, code_sums, each, inverse, quadratic_errors, round_code, zip, CodeSums, GroupStats,
-    Lanes, Rows, ROUND_MAGIC,
+    biased_code, code_sums, each, inverse, quadratic_errors, round_code, zip, CodeSums, ErrorForm,
+    GroupStats, Lanes, Rows, ROUND_MAGIC,
 };
 use super::vector::{round_levels, Vector};
 use crate::bits::F16Bits;
@@ -174,9 +174,16 @@ pub(super) fn nearest_pair<V: Vector>(
     let sums = code_sums(rows, &[offset[1]; 2], &inv, nmax);
     let (mut ls, mut lm) = (ls0, lm0);
     let mut best = V::splat(f32::MAX);
+    let offset = [
+        V::load(&offset[0]),
+        V::load(&offset[1]),
+        V::load(&offset[2]),
+    ];
     for j in 0..2 {
+        let form = ErrorForm::new(stats, &sums[j]);
+        let part = form.scale_part(V::load(&scale[j]));
         for c in 0..3 {
-            let err = quadratic_errors(stats, &sums[j], V::load(&scale[j]), V::load(&offset[c]));
+            let err = form.error(&part, form.offset_part(offset[c]), offset[c]);
             let cand = (&candidates[j], &neighbour(&lm0, c));
             take_better(&mut best, (&mut ls, &mut lm), err, cand);
         }
@@ -218,9 +225,26 @@ pub(super) fn settle<V: Vector>(
     }
     let (mut ls, mut lm) = (ls0, lm0);
     let mut best = V::splat(f32::MAX);
+    let form = ErrorForm::new(stats, &sums);
+    // Plain arrays, not `map` closures (see `lanes::each`).
+    let parts = [
+        form.scale_part(V::load(&scale[0])),
+        form.scale_part(V::load(&scale[1])),
+        form.scale_part(V::load(&scale[2])),
+    ];
+    let offset = [
+        V::load(&offset[0]),
+        V::load(&offset[1]),
+        V::load(&offset[2]),
+    ];
+    let offset_parts = [
+        form.offset_part(offset[0]),
+        form.offset_part(offset[1]),
+        form.offset_part(offset[2]),
+    ];
     for c in [4, 0, 1, 2, 3, 5, 6, 7, 8] {
         let (j, c) = (c / 3, c % 3);
-        let err = quadratic_errors(stats, &sums, V::load(&scale[j]), V::load(&offset[c]));
+        let err = form.error(&parts[j], offset_parts[c], offset[c]);
         let cand = (&neighbour(&ls0, j), &neighbour(&lm0, c));
         take_better(&mut best, (&mut ls, &mut lm), err, cand);
     }
