@@ -45,7 +45,7 @@ const SCALE_LIMIT: f32 = 1.0e30;
 pub trait LanePacked: bytemuck::Pod {
     /// The largest code of the format.
     const NMAX: u8;
-    fn pack(fit: &LaneFit) -> Self;
+    fn pack<V: Vector>(fit: &LaneFit) -> Self;
 }
 
 /// A fitted super-block with its codes still in the fit's layout, and what
@@ -96,7 +96,7 @@ pub fn encode_superblocks<B: LanePacked, const P: usize>(
     let fits: [LaneFit; P] = fit_blocks::<Lanes, P>(std::array::from_fn(|p| &rows[p]), B::NMAX);
     let mut out = [(B::zeroed(), 0.0, 0.0); P];
     for p in 0..P {
-        out[p] = packed(&fits[p]);
+        out[p] = packed::<B, Lanes>(&fits[p]);
     }
     out
 }
@@ -112,7 +112,7 @@ unsafe fn encode_avx2<B: LanePacked, const P: usize>(x: [&[f32; 256]; P]) -> [(B
     let fits: [LaneFit; P] = fit_blocks::<Avx, P>(std::array::from_fn(|p| &rows[p]), B::NMAX);
     let mut out = [(B::zeroed(), 0.0, 0.0); P];
     for p in 0..P {
-        out[p] = packed(&fits[p]);
+        out[p] = packed::<B, Avx>(&fits[p]);
     }
     out
 }
@@ -120,8 +120,8 @@ unsafe fn encode_avx2<B: LanePacked, const P: usize>(x: [&[f32; 256]; P]) -> [(B
 /// The packing inlined where it is called, so it runs in the same SIMD
 /// context as the fit.
 #[inline(always)]
-fn packed<B: LanePacked>(fit: &LaneFit) -> (B, f32, f32) {
-    (B::pack(fit), fit.err, fit.energy)
+fn packed<B: LanePacked, V: Vector>(fit: &LaneFit) -> (B, f32, f32) {
+    (B::pack::<V>(fit), fit.err, fit.energy)
 }
 
 /// Quantises 256 values to codes in `0..=nmax` (8 groups of 32 under 6-bit
@@ -392,7 +392,7 @@ mod tests {
             let pair = encode_superblocks::<B, 2>(x);
             for (p, (block, err, energy)) in pair.iter().enumerate() {
                 let single = quantize_portable(x[p], B::NMAX);
-                let (expected, e, s) = packed::<B>(&single);
+                let (expected, e, s) = packed::<B, Lanes>(&single);
                 assert_eq!(bytemuck::bytes_of(block), bytemuck::bytes_of(&expected));
                 assert_eq!(
                     (err.to_bits(), energy.to_bits()),

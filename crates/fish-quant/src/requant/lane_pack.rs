@@ -3,6 +3,7 @@
 //! below depends on the row only, so one row is one 8-lane operation.
 
 use super::fast_fit::{LaneFit, LanePacked};
+use super::vector::Vector;
 use crate::blocks::{kscales, BlockQ4K};
 use crate::fq3::BlockFq3;
 
@@ -12,7 +13,7 @@ impl LanePacked for BlockFq3 {
     /// Value `4s + k` of a group is byte `k` of
     /// `((s < 4 ? A : B) >> 2(s & 3)) & 3 | ((C >> s) & 1) << 2`.
     #[inline(always)]
-    fn pack(fit: &LaneFit) -> Self {
+    fn pack<V: Vector>(fit: &LaneFit) -> Self {
         // [A, B] and C per group.
         let mut low = [[0u32; 8]; 2];
         let mut high = [0u32; 8];
@@ -48,13 +49,21 @@ impl LanePacked for BlockQ4K {
     const NMAX: u8 = 15;
 
     /// Byte `32 * j + l` holds value `64 * j + l` (low nibble, group `2j`)
-    /// and `64 * j + 32 + l` (high nibble, group `2j + 1`).
+    /// and `64 * j + 32 + l` (high nibble, group `2j + 1`): the codes go
+    /// back to value order eight rows at a time (an 8 x 8 transpose), then
+    /// each byte pairs two groups' codes.
     #[inline(always)]
-    fn pack(fit: &LaneFit) -> Self {
+    fn pack<V: Vector>(fit: &LaneFit) -> Self {
         let mut qs = [0u8; 128];
-        for (l, row) in fit.codes.iter().enumerate() {
+        for b in 0..4 {
+            let rows: &[[u32; 8]; 8] = fit.codes[8 * b..8 * b + 8].try_into().expect("eight rows");
+            // by_group[g][i]: the code of value 32g + 8b + i.
+            let by_group = V::transpose(rows);
             for j in 0..4 {
-                qs[32 * j + l] = (row[2 * j] | (row[2 * j + 1] << 4)) as u8;
+                let (low, high) = (&by_group[2 * j], &by_group[2 * j + 1]);
+                for i in 0..8 {
+                    qs[32 * j + 8 * b + i] = (low[i] | (high[i] << 4)) as u8;
+                }
             }
         }
         BlockQ4K {
@@ -88,13 +97,13 @@ mod tests {
             let fit = quantize_superblock(&x, 7);
             let sb = fit.in_value_order();
             assert_eq!(
-                bytemuck::bytes_of(&BlockFq3::pack(&fit)),
+                bytemuck::bytes_of(&BlockFq3::pack::<[f32; 8]>(&fit)),
                 bytemuck::bytes_of(&BlockFq3::from_superblock(&sb))
             );
             let fit = quantize_superblock(&x, 15);
             let sb = fit.in_value_order();
             assert_eq!(
-                bytemuck::bytes_of(&BlockQ4K::pack(&fit)),
+                bytemuck::bytes_of(&BlockQ4K::pack::<[f32; 8]>(&fit)),
                 bytemuck::bytes_of(&q4k_from_superblock(&sb))
             );
         }
@@ -107,9 +116,9 @@ mod tests {
             let fit = quantize_superblock(&x, nmax);
             let mut y = [0f32; 256];
             if nmax == 7 {
-                BlockFq3::pack(&fit).to_float(&mut y);
+                BlockFq3::pack::<[f32; 8]>(&fit).to_float(&mut y);
             } else {
-                BlockQ4K::pack(&fit).to_float(&mut y);
+                BlockQ4K::pack::<[f32; 8]>(&fit).to_float(&mut y);
             }
             let err: f32 = x.iter().zip(&y).map(|(a, b)| (a - b) * (a - b)).sum();
             let energy: f32 = x.iter().map(|a| a * a).sum();

@@ -75,37 +75,16 @@ pub(super) unsafe fn transpose_avx2(x: &[f32; 256]) -> Rows {
     use std::arch::x86_64::*;
     let mut rows = [[0f32; 8]; 32];
     for b in 0..4 {
-        // SAFETY: 32 * g + 8 * b + 8 <= 256 for g < 8, b < 4.
-        let v: [__m256; 8] =
-            std::array::from_fn(|g| unsafe { _mm256_loadu_ps(x.as_ptr().add(32 * g + 8 * b)) });
-        // t[2p], t[2p + 1]: groups 2p and 2p + 1 interleaved.
-        let t: [__m256; 8] = std::array::from_fn(|k| {
-            let (p, q) = (v[2 * (k / 2)], v[2 * (k / 2) + 1]);
-            if k % 2 == 0 {
-                _mm256_unpacklo_ps(p, q)
-            } else {
-                _mm256_unpackhi_ps(p, q)
-            }
-        });
-        // u[0..4] from groups 0-3, u[4..8] from groups 4-7; u[k & 3] holds
-        // rows k and k + 4 of its four groups.
-        let u: [__m256; 8] = std::array::from_fn(|k| {
-            let base = 4 * (k / 4);
-            let (p, q) = (t[base + (k & 2) / 2], t[base + 2 + (k & 2) / 2]);
-            if k % 2 == 0 {
-                _mm256_shuffle_ps::<0x44>(p, q)
-            } else {
-                _mm256_shuffle_ps::<0xEE>(p, q)
-            }
-        });
-        for k in 0..4 {
-            let low = _mm256_permute2f128_ps::<0x20>(u[k], u[k + 4]);
-            let high = _mm256_permute2f128_ps::<0x31>(u[k], u[k + 4]);
-            // SAFETY: rows[8b + k] and rows[8b + k + 4] are 8 floats each.
-            unsafe {
-                _mm256_storeu_ps(rows[8 * b + k].as_mut_ptr(), low);
-                _mm256_storeu_ps(rows[8 * b + k + 4].as_mut_ptr(), high);
-            }
+        let mut v = [_mm256_setzero_ps(); 8];
+        for (g, v) in v.iter_mut().enumerate() {
+            // SAFETY: 32 * g + 8 * b + 8 <= 256 for g < 8, b < 4.
+            *v = unsafe { _mm256_loadu_ps(x.as_ptr().add(32 * g + 8 * b)) };
+        }
+        // SAFETY: AVX2 is enabled in this function's context.
+        let t = unsafe { super::vector::transpose8(v) };
+        for (i, t) in t.into_iter().enumerate() {
+            // SAFETY: rows[8b + i] is 8 floats.
+            unsafe { _mm256_storeu_ps(rows[8 * b + i].as_mut_ptr(), t) };
         }
     }
     rows

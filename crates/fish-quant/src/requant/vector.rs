@@ -41,6 +41,8 @@ pub(super) trait Vector: Copy {
     fn and(self, o: Self) -> Self;
     /// `a` where the mask `self` is set, else `b`.
     fn select(self, a: Self, b: Self) -> Self;
+    /// The 8 x 8 transpose of `m` (`out[g][i] = m[i][g]`).
+    fn transpose(m: &[[u32; 8]; 8]) -> [[u32; 8]; 8];
 }
 
 /// The portable lanes.
@@ -101,6 +103,10 @@ impl Vector for Lanes {
         }
         out
     }
+    #[inline(always)]
+    fn transpose(m: &[[u32; 8]; 8]) -> [[u32; 8]; 8] {
+        std::array::from_fn(|g| std::array::from_fn(|i| m[i][g]))
+    }
 }
 
 #[inline(always)]
@@ -122,6 +128,9 @@ fn lanewise(a: Lanes, b: Lanes, f: impl Fn(f32, f32) -> f32) -> Lanes {
 #[cfg(target_arch = "x86_64")]
 #[derive(Clone, Copy)]
 pub(super) struct Avx(std::arch::x86_64::__m256);
+
+#[cfg(target_arch = "x86_64")]
+pub(super) use avx::transpose8;
 
 #[cfg(target_arch = "x86_64")]
 mod avx {
@@ -185,5 +194,45 @@ mod avx {
         fn select(self, a: Self, b: Self) -> Self {
             Self(unsafe { _mm256_blendv_ps(b.0, a.0, self.0) })
         }
+        #[inline(always)]
+        fn transpose(m: &[[u32; 8]; 8]) -> [[u32; 8]; 8] {
+            let mut v = [unsafe { _mm256_setzero_ps() }; 8];
+            for (v, m) in v.iter_mut().zip(m) {
+                *v = unsafe { _mm256_loadu_ps(m.as_ptr().cast::<f32>()) };
+            }
+            let t = unsafe { transpose8(v) };
+            let mut out = [[0u32; 8]; 8];
+            for (o, t) in out.iter_mut().zip(t) {
+                unsafe { _mm256_storeu_ps(o.as_mut_ptr().cast::<f32>(), t) };
+            }
+            out
+        }
+    }
+
+    /// `out[g]` lane `i` is `v[i]` lane `g`.
+    #[inline(always)]
+    pub(in crate::requant) unsafe fn transpose8(v: [__m256; 8]) -> [__m256; 8] {
+        // t[2p], t[2p + 1]: rows 2p and 2p + 1 interleaved.
+        let mut t = [unsafe { _mm256_setzero_ps() }; 8];
+        for p in 0..4 {
+            t[2 * p] = unsafe { _mm256_unpacklo_ps(v[2 * p], v[2 * p + 1]) };
+            t[2 * p + 1] = unsafe { _mm256_unpackhi_ps(v[2 * p], v[2 * p + 1]) };
+        }
+        // u[k] for k < 4 from rows 0-3, u[k + 4] from rows 4-7: columns k
+        // and k + 4 of its four rows.
+        let mut u = t;
+        for half in 0..2 {
+            let b = 4 * half;
+            u[b] = unsafe { _mm256_shuffle_ps::<0x44>(t[b], t[b + 2]) };
+            u[b + 1] = unsafe { _mm256_shuffle_ps::<0xEE>(t[b], t[b + 2]) };
+            u[b + 2] = unsafe { _mm256_shuffle_ps::<0x44>(t[b + 1], t[b + 3]) };
+            u[b + 3] = unsafe { _mm256_shuffle_ps::<0xEE>(t[b + 1], t[b + 3]) };
+        }
+        let mut out = u;
+        for k in 0..4 {
+            out[k] = unsafe { _mm256_permute2f128_ps::<0x20>(u[k], u[k + 4]) };
+            out[k + 4] = unsafe { _mm256_permute2f128_ps::<0x31>(u[k], u[k + 4]) };
+        }
+        out
     }
 }
