@@ -27,12 +27,7 @@ layout(std430, binding = 0) readonly buffer Weights4 { uvec4 w4[]; };
 #include "dequant.glsl"
 #include "matvec_units.glsl"
 
-#if defined(USE_SUBGROUP)
-// One partial sum per subgroup (subgroups are at least 4 lanes wide).
-shared float partial[ROWS * NT][WG / 4u];
-#else
-shared float partial[ROWS * NT][WG];
-#endif
+#include "matvec_reduce.glsl"
 
 void main() {
     uint row0 = workgroup_index() * ROWS;
@@ -50,12 +45,7 @@ void main() {
     }
 
     for (uint t0 = 0u; t0 < p.n_tok; t0 += NT) {
-        float acc[ROWS][NT];
-        for (uint r = 0u; r < ROWS; r++) {
-            for (uint t = 0u; t < NT; t++) {
-                acc[r][t] = 0.0;
-            }
-        }
+        clear_sums();
         for (uint u0 = tid; u0 < n_units; u0 += UNROLL * WG) {
             // All loads of UNROLL units first, so that they are in flight together.
             Unit un[UNROLL][ROWS];
@@ -102,36 +92,6 @@ void main() {
             }
         }
 
-#if defined(USE_SUBGROUP)
-        for (uint r = 0u; r < ROWS; r++) {
-            for (uint t = 0u; t < NT; t++) {
-                float s = subgroupAdd(acc[r][t]);
-                if (subgroupElect()) {
-                    partial[r * NT + t][gl_SubgroupID] = s;
-                }
-            }
-        }
-        uint n_partials = gl_NumSubgroups;
-#else
-        for (uint r = 0u; r < ROWS; r++) {
-            for (uint t = 0u; t < NT; t++) {
-                partial[r * NT + t][tid] = acc[r][t];
-            }
-        }
-        uint n_partials = WG;
-#endif
-        barrier();
-        for (uint i = tid; i < ROWS * NT; i += WG) {
-            uint r = i / NT;
-            uint t = i % NT;
-            if (row0 + r < p.n_rows && t0 + t < p.n_tok) {
-                float s = 0.0;
-                for (uint j = 0u; j < n_partials; j++) {
-                    s += partial[i][j];
-                }
-                store_y((t0 + t) * p.y_stride + p.y_offset + row0 + r, s);
-            }
-        }
-        barrier();
+        store_sums(row0, t0);
     }
 }

@@ -6,8 +6,11 @@
 // runs of 16 consecutive values that share one scale (and min). decode_run
 // returns a run's 16 quants as exact small-integer floats q, its scale and
 // its min: the run adds scale * dot(q, x) + minv * sum(x) to the dot
-// product. run_x4 is the run's first value / 4 within the row (x is read as
-// vec4). (Splitting a unit over lanes so that a subgroup reads x as one
+// product. For the quantised types decode_run is built on decode_codes,
+// which returns the run's 16 codes as unsigned bytes (four per uint) with
+// q = code - CODE_OFFSET: the int8-activation kernel (matvec_i8.comp) feeds
+// them to packed dot products without converting them to floats. run_x4 is
+// the run's first value / 4 within the row (x is read as vec4). (Splitting a unit over lanes so that a subgroup reads x as one
 // contiguous stretch measured slower on the H200: each lane then keeps
 // fewer weight bytes in flight.)
 //
@@ -18,13 +21,9 @@
 // constant (plus the type's offset) leaves the exact value.
 
 const uint EXP_S0 = 0x4B000000u;  // 2^23: fields at bit 0
-const uint EXP_S4 = 0x49000000u;  // 2^19: fields at bit 4
 const uint EXP_S8 = 0x47000000u;  // 2^15: fields at bit 8
-const uint EXP_S12 = 0x45000000u; // 2^11: fields at bit 12
 const float M_S0 = 8388608.0;
-const float M_S4 = 524288.0;
 const float M_S8 = 32768.0;
-const float M_S12 = 2048.0;
 
 // The four byte fields of v (byte i is value i) minus off, each field being
 // at most 8 bits wide and v holding nothing else.
@@ -36,22 +35,9 @@ vec4 byte_fields(uint v, float off) {
                 uintBitsToFloat((h & 0xFF00u) | EXP_S8) - (M_S8 + off));
 }
 
-// The low nibbles of the four bytes of v, minus off.
-vec4 low_nibbles(uint v, float off) {
-    uint h = v >> 16;
-    return vec4(uintBitsToFloat((v & 0xFu) | EXP_S0) - (M_S0 + off),
-                uintBitsToFloat((v & 0xF00u) | EXP_S8) - (M_S8 + off),
-                uintBitsToFloat((h & 0xFu) | EXP_S0) - (M_S0 + off),
-                uintBitsToFloat((h & 0xF00u) | EXP_S8) - (M_S8 + off));
-}
-
-// The high nibbles of the four bytes of v, minus off.
-vec4 high_nibbles(uint v, float off) {
-    uint h = v >> 16;
-    return vec4(uintBitsToFloat((v & 0xF0u) | EXP_S4) - (M_S4 + off),
-                uintBitsToFloat((v & 0xF000u) | EXP_S12) - (M_S12 + off),
-                uintBitsToFloat((h & 0xF0u) | EXP_S4) - (M_S4 + off),
-                uintBitsToFloat((h & 0xF000u) | EXP_S12) - (M_S12 + off));
+// A small unsigned integer (< 2^23) as a float, without a conversion instruction.
+float small_uint_float(uint v) {
+    return uintBitsToFloat(v | EXP_S0) - M_S0;
 }
 
 #if defined(TYPE_F32)
@@ -114,15 +100,13 @@ Unit load_unit(uint row_byte, uint u) {
 #endif
     return un;
 }
-void decode_run(Unit un, uint run, out vec4 q[4], out float scale, out float minv) {
 #if defined(TYPE_Q4_0)
-    const float off = 8.0;
+#define CODE_OFFSET 8.0
 #else
-    const float off = 0.0;
+#define CODE_OFFSET 0.0
 #endif
-    for (uint k = 0u; k < 4u; k++) {
-        q[k] = run == 0u ? low_nibbles(un.qs[k], off) : high_nibbles(un.qs[k], off);
-    }
+void decode_codes(Unit un, uint run, out uvec4 v, out float scale, out float minv) {
+    v = run == 0u ? un.qs & 0x0f0f0f0fu : (un.qs >> 4) & 0x0f0f0f0fu;
     scale = un.dm.x;
     minv = un.dm.y;
 }
@@ -144,16 +128,15 @@ Unit load_unit(uint row_byte, uint u) {
 #endif
     return un;
 }
-void decode_run(Unit un, uint run, out vec4 q[4], out float scale, out float minv) {
 #if defined(TYPE_Q5_0)
-    const float off = 16.0;
+#define CODE_OFFSET 16.0
 #else
-    const float off = 0.0;
+#define CODE_OFFSET 0.0
 #endif
+void decode_codes(Unit un, uint run, out uvec4 v, out float scale, out float minv) {
     for (uint k = 0u; k < 4u; k++) {
-        uint v = run == 0u ? (un.qs[k] & 0x0f0f0f0fu) | qh5_lo(un.qh, k)
-                           : ((un.qs[k] >> 4) & 0x0f0f0f0fu) | qh5_hi(un.qh, k);
-        q[k] = byte_fields(v, off);
+        v[k] = run == 0u ? (un.qs[k] & 0x0f0f0f0fu) | qh5_lo(un.qh, k)
+                         : ((un.qs[k] >> 4) & 0x0f0f0f0fu) | qh5_hi(un.qh, k);
     }
     scale = un.dm.x;
     minv = un.dm.y;
@@ -173,11 +156,9 @@ Unit load_unit(uint row_byte, uint u) {
     un.d = load_f16(row_byte + 32u * blocks_per_row() + 2u * u);
     return un;
 }
-void decode_run(Unit un, uint run, out vec4 q[4], out float scale, out float minv) {
-    uvec4 v = un.q[run] ^ uvec4(0x80808080u);
-    for (uint k = 0u; k < 4u; k++) {
-        q[k] = byte_fields(v[k], 128.0);
-    }
+#define CODE_OFFSET 128.0
+void decode_codes(Unit un, uint run, out uvec4 v, out float scale, out float minv) {
+    v = un.q[run] ^ uvec4(0x80808080u);
     scale = un.d;
     minv = 0.0;
 }
@@ -210,7 +191,8 @@ Unit load_unit(uint row_byte, uint u) {
     un.c = v / 2u;
     return un;
 }
-void decode_run(Unit un, uint run, out vec4 q[4], out float scale, out float minv) {
+#define CODE_OFFSET 0.0
+void decode_codes(Unit un, uint run, out uvec4 v, out float scale, out float minv) {
     uint j = 2u * un.c + run;
     // Sub-blocks j < 4: 6 bits of byte j (scale) and j + 4 (min); j >= 4:
     // 4 bits of byte j + 4 and the top 2 bits of bytes j - 4 / j.
@@ -221,15 +203,12 @@ void decode_run(Unit un, uint run, out vec4 q[4], out float scale, out float min
     uint sc = j < 4u ? b_sc & 63u : (b_e & 15u) | ((b_sc >> 6) << 4);
     uint m = j < 4u ? b_m & 63u : (b_e >> 4) | ((b_m >> 6) << 4);
     vec2 dd = unpackHalf2x16(un.head.x);
-    scale = dd.x * float(sc);
-    minv = -dd.y * float(m);
-    for (uint k = 0u; k < 4u; k++) {
-        uint v = run == 0u ? un.qs[k] & 0x0f0f0f0fu : (un.qs[k] >> 4) & 0x0f0f0f0fu;
+    scale = dd.x * small_uint_float(sc);
+    minv = -dd.y * small_uint_float(m);
+    v = run == 0u ? un.qs & 0x0f0f0f0fu : (un.qs >> 4) & 0x0f0f0f0fu;
 #if defined(TYPE_Q5_K)
-        v |= ((un.qh[k] >> j) & 0x01010101u) << 4;
+    v |= ((un.qh >> j) & 0x01010101u) << 4;
 #endif
-        q[k] = byte_fields(v, 0.0);
-    }
 }
 uint run_x4(uint u, uint run) {
     uint sb = u / 8u;
@@ -258,16 +237,16 @@ Unit load_unit(uint row_byte, uint u) {
     un.d = load_f16(row_byte + Q6_BODY_BYTES * blocks_per_row() + 2u * sb);
     return un;
 }
-void decode_run(Unit un, uint run, out vec4 q[4], out float scale, out float minv) {
+#define CODE_OFFSET 32.0
+void decode_codes(Unit un, uint run, out uvec4 v, out float scale, out float minv) {
     uint qq = run;
-    for (uint k = 0u; k < 4u; k++) {
-        uint l4 = un.ql[qq & 1u][k];
-        uint v = qq < 2u ? l4 & 0x0f0f0f0fu : (l4 >> 4) & 0x0f0f0f0fu;
-        v |= ((un.qh[k] >> (2u * qq)) & 0x03030303u) << 4;
-        q[k] = byte_fields(v, 32.0);
-    }
+    uvec4 l4 = un.ql[qq & 1u];
+    v = qq < 2u ? l4 & 0x0f0f0f0fu : (l4 >> 4) & 0x0f0f0f0fu;
+    v |= ((un.qh >> (2u * qq)) & 0x03030303u) << 4;
     uint s = 8u * un.n + un.half_l + 2u * qq;
-    scale = un.d * float(bitfieldExtract(int(un.scales[s / 4u]), int(8u * (s % 4u)), 8));
+    // The signed scale byte, biased by 128 to decode it as an unsigned field.
+    uint sc = ((un.scales[s / 4u] >> (8u * (s % 4u))) & 0xFFu) ^ 0x80u;
+    scale = un.d * (small_uint_float(sc) - 128.0);
     minv = 0.0;
 }
 uint run_x4(uint u, uint run) {
@@ -295,7 +274,8 @@ Unit load_unit(uint row_byte, uint u) {
     un.j0 = 4u * (u & 1u);
     return un;
 }
-void decode_run(Unit un, uint run, out vec4 q[4], out float scale, out float minv) {
+#define CODE_OFFSET 0.0
+void decode_codes(Unit un, uint run, out uvec4 v, out float scale, out float minv) {
     uint gi = run / 2u;
     uint half_run = run & 1u;
     // The Q4_K packing for sub-block j = j0 + gi (j & 3 = gi): 6 bits of
@@ -308,12 +288,12 @@ void decode_run(Unit un, uint run, out vec4 q[4], out float scale, out float min
     uint sc = un.j0 == 0u ? b_sc & 63u : (b_e & 15u) | ((b_sc >> 6) << 4);
     uint m = un.j0 == 0u ? b_m & 63u : (b_e >> 4) | ((b_m >> 6) << 4);
     vec2 dd = unpackHalf2x16(un.head.x);
-    scale = dd.x * float(sc);
-    minv = -dd.y * float(m);
+    scale = dd.x * small_uint_float(sc);
+    minv = -dd.y * small_uint_float(m);
     uint low = half_run == 0u ? un.a[gi] : un.b[gi];
     uint c = un.c[gi];
     for (uint k = 0u; k < 4u; k++) {
-        q[k] = byte_fields(fq3_codes(low, c, 4u * half_run + k), 0.0);
+        v[k] = fq3_codes(low, c, 4u * half_run + k);
     }
 }
 uint run_x4(uint u, uint run) { return 32u * u + 4u * run; }
@@ -324,4 +304,15 @@ uint run_x4(uint u, uint run) { return 32u * u + 4u * run; }
 
 #if defined(TYPE_Q4_1) || defined(TYPE_Q5_1) || defined(TYPE_Q4_K) || defined(TYPE_Q5_K) || defined(TYPE_FQ3)
 #define HAS_MIN 1
+#endif
+
+#if defined(CODE_OFFSET)
+// A quantised type: its floats are its codes minus the offset.
+void decode_run(Unit un, uint run, out vec4 q[4], out float scale, out float minv) {
+    uvec4 v;
+    decode_codes(un, run, v, scale, minv);
+    for (uint k = 0u; k < 4u; k++) {
+        q[k] = byte_fields(v[k], CODE_OFFSET);
+    }
+}
 #endif

@@ -69,18 +69,39 @@ fn backend_with(mode: RequantMode) -> Option<VulkanBackend> {
 }
 
 /// y = W x for decoded `w`, each element checked within
-/// 1e-3 * (sum_i |w_i||x_i|) / n_out (the kernels' bound).
-fn check_against_decoded(w: &[f32], n_in: usize, x: &[f32], n_tok: usize, y: &[f32], what: &str) {
+/// 1e-3 * (sum_i |w_i||x_i|) / n_out (the kernels' bound). Where decode
+/// runs the int8 matvec, x is first quantised as that kernel does and one
+/// quant step of the largest weight is allowed on top (a tie rounded the
+/// other way).
+#[allow(clippy::too_many_arguments)]
+fn check_against_decoded(
+    gpu: &VulkanBackend,
+    ty: fish_vk::WeightFormat,
+    w: &[f32],
+    n_in: usize,
+    x: &[f32],
+    n_tok: usize,
+    y: &[f32],
+    what: &str,
+) {
     let n_out = w.len() / n_in;
     assert_eq!(y.len(), n_out * n_tok, "{what}: output length");
+    let int8 = n_tok <= fish_vk::MATVEC_MAX_TOKENS && gpu.gpu().int8_matvec(ty);
+    let (x, step) = if int8 {
+        let (xq, scales) = fish_vk::int8_activations(x);
+        (xq, scales.into_iter().fold(0f32, f32::max))
+    } else {
+        (x.to_vec(), 0.0)
+    };
     for (o, row) in w.chunks_exact(n_in).enumerate() {
+        let w_max = row.iter().fold(0f64, |m, v| m.max(f64::from(v.abs())));
         for (t, xt) in x.chunks_exact(n_in).enumerate() {
             let (mut dot, mut mag) = (0f64, 0f64);
             for (a, b) in row.iter().zip(xt) {
                 dot += f64::from(*a) * f64::from(*b);
                 mag += (f64::from(*a) * f64::from(*b)).abs();
             }
-            let bound = 1e-3 * mag / n_out as f64;
+            let bound = 1e-3 * mag / n_out as f64 + w_max * f64::from(step);
             let got = f64::from(y[t * n_out + o]);
             assert!(
                 (got - dot).abs() <= bound,
@@ -140,7 +161,7 @@ fn gpu_kernels_match_the_cpu_decode_of_the_same_re_quantised_bytes() {
             let x = values(n_in * n_tok, 100 + n_tok as u64);
             let y = gpu.matmul(id, &x, n_tok).expect("matmul");
             let what = format!("{mode:?} {ty:?} n_tok {n_tok}");
-            check_against_decoded(&decoded, n_in, &x, n_tok, &y, &what);
+            check_against_decoded(&gpu, format, &decoded, n_in, &x, n_tok, &y, &what);
         }
         gpu.free(id);
         assert_eq!(gpu.gpu().validation_messages(), 0, "{mode:?} {ty:?}");
@@ -315,6 +336,8 @@ fn qwen15_blk0_projections_in_mode_3_report_their_error_and_match_the_cpu() {
             let x = values(n_in * n_tok, 200 + n_tok as u64);
             let y = gpu.matmul(id, &x, n_tok).expect("matmul");
             check_against_decoded(
+                &gpu,
+                gpu.device_handle(id).expect("resident").ty(),
                 &weights,
                 n_in,
                 &x,

@@ -1,8 +1,9 @@
 //! Kernel microbenches, timed with GPU timestamps; one criterion iteration is
 //! one matmul call, so `time` is per call:
 //! - matvec (1 token): throughput in bytes of weights per second, per type;
-//! - matvec_batch (2, 4, 8 tokens): the same, for speculative verification
-//!   and batched decode;
+//!   matvec_i8 the same for the int8-activation kernel (quantised types);
+//! - matvec_batch / matvec_i8_batch (2, 4, 8 tokens): the same, for
+//!   speculative verification and batched decode;
 //! - tiled (512 tokens): throughput in "elements" = floating-point operations
 //!   of one call (2 * n_in * n_out * n_tok), so criterion's Gelem/s reads as
 //!   GFLOP/s.
@@ -134,18 +135,37 @@ fn bench_matvec(c: &mut Criterion) {
         return;
     };
     eprintln!("{}", gpu.describe());
-    let mut group = c.benchmark_group("matvec");
+    matvec_group(c, gpu, "matvec", Kernel::Matvec);
+    if gpu.info().int8_dot == fish_vk::Int8Dot::Absent {
+        eprintln!("matvec_i8: skipped, no packed int8 dot products on this device");
+        return;
+    }
+    matvec_group(c, gpu, "matvec_i8", Kernel::MatvecInt8);
+}
+
+/// Whether `kernel` runs on weights of type `ty` (the int8 matvec only
+/// takes the quantised types).
+fn kernel_takes(kernel: Kernel, ty: WeightFormat) -> bool {
+    kernel != Kernel::MatvecInt8
+        || !matches!(
+            ty,
+            WeightFormat::Ggml(GgmlType::F32) | WeightFormat::Ggml(GgmlType::F16)
+        )
+}
+
+fn matvec_group(c: &mut Criterion, gpu: &fish_vk::Gpu, name: &str, kernel: Kernel) {
+    let mut group = c.benchmark_group(name);
     group
         .sample_size(10)
         .measurement_time(Duration::from_secs(2));
-    for ty in TYPES {
+    for ty in TYPES.into_iter().filter(|&t| kernel_takes(kernel, t)) {
         for (n_in, n_out) in shapes() {
             let Some((handles, bytes)) = upload_copies(gpu, ty, n_in, n_out) else {
                 continue;
             };
             group.throughput(Throughput::Bytes(bytes));
             group.bench_function(format!("{}/{n_in}x{n_out}", ty.name()), |b| {
-                b.iter_custom(|iters| gpu_time(gpu, &handles, 1, Kernel::Matvec, iters))
+                b.iter_custom(|iters| gpu_time(gpu, &handles, 1, kernel, iters))
             });
             for h in handles {
                 let _ = gpu.free(h);
@@ -157,26 +177,32 @@ fn bench_matvec(c: &mut Criterion) {
 
 fn bench_matvec_batch(c: &mut Criterion) {
     let Some(gpu) = fish_vk::global() else { return };
-    let mut group = c.benchmark_group("matvec_batch");
-    group
-        .sample_size(10)
-        .measurement_time(Duration::from_secs(2));
-    let (n_in, n_out) = shapes()[1];
-    for ty in BATCH_TYPES {
-        let Some((handles, bytes)) = upload_copies(gpu, ty, n_in, n_out) else {
-            continue;
-        };
-        group.throughput(Throughput::Bytes(bytes));
-        for n_tok in BATCH_TOKENS {
-            group.bench_function(format!("{}/{n_in}x{n_out}/n_tok{n_tok}", ty.name()), |b| {
-                b.iter_custom(|iters| gpu_time(gpu, &handles, n_tok, Kernel::Matvec, iters))
-            });
-        }
-        for h in handles {
-            let _ = gpu.free(h);
-        }
+    let mut kernels = vec![("matvec_batch", Kernel::Matvec)];
+    if gpu.info().int8_dot != fish_vk::Int8Dot::Absent {
+        kernels.push(("matvec_i8_batch", Kernel::MatvecInt8));
     }
-    group.finish();
+    for (name, kernel) in kernels {
+        let mut group = c.benchmark_group(name);
+        group
+            .sample_size(10)
+            .measurement_time(Duration::from_secs(2));
+        let (n_in, n_out) = shapes()[1];
+        for ty in BATCH_TYPES {
+            let Some((handles, bytes)) = upload_copies(gpu, ty, n_in, n_out) else {
+                continue;
+            };
+            group.throughput(Throughput::Bytes(bytes));
+            for n_tok in BATCH_TOKENS {
+                group.bench_function(format!("{}/{n_in}x{n_out}/n_tok{n_tok}", ty.name()), |b| {
+                    b.iter_custom(|iters| gpu_time(gpu, &handles, n_tok, kernel, iters))
+                });
+            }
+            for h in handles {
+                let _ = gpu.free(h);
+            }
+        }
+        group.finish();
+    }
 }
 
 fn bench_tiled(c: &mut Criterion) {

@@ -18,6 +18,9 @@ pub const KERNEL_TYPES: &[(&str, &str)] = &[
     ("FQ3", "fq3"),
 ];
 
+/// Kernel types stored as floats: no int8-activation matvec (matvec_i8.comp).
+pub const FLOAT_TYPES: &[&str] = &["F32", "F16"];
+
 /// The span kernels (stage 2) as (module name, source file in shaders/).
 pub const SPAN_MODULES: &[(&str, &str)] = &[
     ("span_rmsnorm", "span_rmsnorm.comp"),
@@ -79,6 +82,14 @@ pub fn shader_specs() -> Vec<ShaderSpec> {
             defines: vec![type_define.clone(), "USE_SUBGROUP".to_string()],
             compiler: ShaderCompiler::Glslc,
         });
+        if !FLOAT_TYPES.contains(ty) {
+            specs.push(ShaderSpec {
+                name: format!("matvec_i8_{suffix}"),
+                source: "matvec_i8.comp",
+                defines: vec![type_define.clone()],
+                compiler: ShaderCompiler::Glslc,
+            });
+        }
         specs.push(ShaderSpec {
             name: format!("coopmat_{suffix}"),
             source: "matmul_coopmat.comp",

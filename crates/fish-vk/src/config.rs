@@ -1,6 +1,8 @@
 //! The environment knobs (docs/GPU.md), read once into a plain struct so that
 //! tests and embedders can also build one by hand.
 
+use crate::int8_dot::Int8Policy;
+
 /// Which queue family to run on.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub enum QueuePreference {
@@ -39,6 +41,8 @@ pub struct Config {
     /// `FISH_VK_LOADER`: an explicit loader library path instead of the
     /// platform's default names.
     pub loader: Option<String>,
+    /// `FISH_VK_INT8=0|1`: when the matvec runs on int8 activations.
+    pub int8_matvec: Int8Policy,
 }
 
 fn env(name: &str) -> Option<String> {
@@ -81,6 +85,7 @@ impl Config {
             budget_mb: env_u64("FISH_VRAM_BUDGET_MB"),
             chunk_mb: env_u64("FISH_VK_CHUNK_MB").filter(|&mb| mb > 0),
             loader: env("FISH_VK_LOADER"),
+            int8_matvec: Int8Policy::from_env(),
         }
     }
 }

@@ -3,6 +3,7 @@
 use crate::config::{Config, CpuDevices, QueuePreference};
 use crate::coopmat::{CoopMatFeatures, CoopMatTile};
 use crate::error::{Result, VkCall, VkError};
+use crate::int8_dot::{self, Int8Dot, Int8DotFeatures};
 use ash::{ext, vk};
 
 /// What the rest of the crate needs to know about the chosen device.
@@ -32,6 +33,8 @@ pub struct DeviceInfo {
     pub max_workgroup_threads: u32,
     /// The cooperative-matrix prefill tile; None: plain tiles (coopmat.rs).
     pub cooperative_matrix: Option<CoopMatTile>,
+    /// Packed int8 dot products (the int8-activation matvec, int8_dot.rs).
+    pub int8_dot: Int8Dot,
 }
 
 /// Lower is better; None: never chosen automatically.
@@ -165,6 +168,8 @@ fn describe_physical(
         && subgroup
             .supported_operations
             .contains(vk::SubgroupFeatureFlags::BASIC | vk::SubgroupFeatureFlags::ARITHMETIC);
+    // SAFETY: `physical` comes from `instance`.
+    let int8_dot = unsafe { int8_dot::probe(instance, physical, &exts) };
     let timestamp_period_ns = (family.timestamp_valid_bits > 0
         && props.limits.timestamp_period > 0.0)
         .then_some(f64::from(props.limits.timestamp_period));
@@ -189,6 +194,7 @@ fn describe_physical(
         max_shared_memory: props.limits.max_compute_shared_memory_size,
         max_workgroup_threads: props.limits.max_compute_work_group_invocations,
         cooperative_matrix: None,
+        int8_dot,
     })
 }
 
@@ -210,11 +216,18 @@ pub(crate) fn create_logical(
     if info.cooperative_matrix.is_some() {
         exts.extend(CoopMatFeatures::extension_names());
     }
+    let mut int8_features = Int8DotFeatures::enabled();
+    if info.int8_dot != Int8Dot::Absent {
+        exts.push(Int8DotFeatures::extension_name());
+    }
     let mut create = vk::DeviceCreateInfo::default()
         .queue_create_infos(&queues)
         .enabled_extension_names(&exts);
     if info.cooperative_matrix.is_some() {
         create = coop_features.chain(create);
+    }
+    if info.int8_dot != Int8Dot::Absent {
+        create = int8_features.chain(create);
     }
     // SAFETY: the create info refers to locals alive across the call.
     let device =

@@ -4,6 +4,7 @@
 use crate::buffer::MemoryKind;
 use crate::error::{Result, VkCall, VkError};
 use crate::gpu::{Exec, Gpu};
+use crate::int8_dot::Int8Dot;
 use crate::pipeline::Params;
 use crate::upload::{ResidentTensor, TensorHandle};
 use crate::weight_format::WeightFormat;
@@ -41,6 +42,10 @@ pub enum Kernel {
     Matvec,
     /// The matvec kernel reducing through shared memory only.
     MatvecSharedReduce,
+    /// The matvec on int8-quantised activations (shaders/matvec_i8.comp):
+    /// quantised weight types on devices with packed int8 dot products;
+    /// `Auto` picks it per `Config::int8_matvec`.
+    MatvecInt8,
     /// The tiled matmul kernel.
     Tiled,
     /// The tiled kernel on cooperative matrices (coopmat.rs); an error on
@@ -59,6 +64,15 @@ impl Kernel {
             k => k,
         }
     }
+}
+
+/// Bytes of shared memory the int8 matvec keeps per token and value: the
+/// quants (1), a scale per 32 values and a sum per 16 (shaders/matvec_i8.comp).
+const INT8_SHARED_PER_VALUE: f64 = 1.0 + 4.0 / 32.0 + 4.0 / 16.0;
+
+/// Whether `ty` has an int8-activation matvec (the quantised types).
+fn has_int8_matvec(ty: WeightFormat) -> bool {
+    !matches!(ty, WeightFormat::Ggml(GgmlType::F32 | GgmlType::F16))
 }
 
 /// One dispatch: a chunk of a tensor, its descriptor set and push constants.
@@ -123,6 +137,13 @@ impl MatvecShape {
         use GgmlType::*;
         let (rows, threads) = match ty {
             WeightFormat::Fq3 => (4, 32),
+            // The int8 kernel quantises x once per workgroup: more rows
+            // share that work (measured on the H200, docs/BENCHMARKS.md).
+            WeightFormat::Ggml(Q5_0 | Q5_1 | Q4_K | Q5_K | Q6_K)
+                if kernel == Kernel::MatvecInt8 =>
+            {
+                (8, 64)
+            }
             // Batches keep the one-token shape: each token's sums then run
             // in the same order as alone, so verifying drafted tokens gives
             // exactly the logits of decoding them one by one.
@@ -147,6 +168,26 @@ impl MatvecShape {
     fn spec(&self) -> [u32; 4] {
         [self.threads, self.rows, self.tokens, self.unroll]
     }
+
+    /// Shared memory of the int8 kernel for rows of `n_in` values: the
+    /// activations of `tokens` tokens and one partial sum per subgroup.
+    fn int8_shared_bytes(&self, n_in: usize, subgroup: u32) -> u64 {
+        let acts = (self.tokens as f64 * n_in as f64 * INT8_SHARED_PER_VALUE).ceil() as u64;
+        let partials = u64::from(self.rows * self.tokens * self.threads.div_ceil(subgroup.max(4)));
+        acts + 4 * partials
+    }
+
+    /// The int8 kernel's shape: the float kernel's, with as many tokens per
+    /// pass as its shared activations allow (None: not even one fits).
+    fn for_int8(mut self, n_in: usize, subgroup: u32, max_shared: u32) -> Option<MatvecShape> {
+        while self.tokens > 0 {
+            if self.int8_shared_bytes(n_in, subgroup) <= u64::from(max_shared) {
+                return Some(self);
+            }
+            self.tokens -= 1;
+        }
+        None
+    }
 }
 
 impl Gpu {
@@ -155,6 +196,7 @@ impl Gpu {
         match kernel {
             Kernel::Matvec if self.info.subgroup_arithmetic => format!("matvec_subgroup_{suffix}"),
             Kernel::Matvec | Kernel::MatvecSharedReduce => format!("matvec_{suffix}"),
+            Kernel::MatvecInt8 => format!("matvec_i8_{suffix}"),
             Kernel::Tiled | Kernel::Auto => format!("tiled_{suffix}"),
             Kernel::CoopMat => format!("coopmat_{suffix}"),
             Kernel::CoopMatEmulated => format!("coopmat_emu_{suffix}"),
@@ -372,6 +414,7 @@ impl Gpu {
         n_tok: usize,
         kernel: Kernel,
     ) -> Result<Vec<Dispatch>> {
+        let requested = kernel;
         let kernel = kernel.resolve(n_tok, self.prefill_kernel(n_tok));
         let coop_tile = self.coopmat_tile(kernel)?;
         let max_x = self.info.max_workgroups_x.clamp(1, 65535);
@@ -379,9 +422,15 @@ impl Gpu {
         let mut y_base = 0u32;
         for t in tensors {
             let h = t.handle;
-            let matvec = MatvecShape::new(h.ty(), kernel, n_tok);
+            let (kernel, matvec) =
+                self.matvec_choice(requested, kernel, h.ty(), h.n_in(), n_tok)?;
             let spec: Vec<u32> = match (kernel, coop_tile) {
                 (Kernel::Matvec | Kernel::MatvecSharedReduce, _) => matvec.spec().to_vec(),
+                (Kernel::MatvecInt8, _) => {
+                    let mut spec = matvec.spec().to_vec();
+                    spec.push((h.n_in() / 16) as u32);
+                    spec
+                }
                 (_, Some(tile)) => tile.spec(),
                 _ => Vec::new(),
             };
@@ -424,6 +473,53 @@ impl Gpu {
             y_base += (h.n_out() * n_tok) as u32;
         }
         Ok(out)
+    }
+
+    /// The matvec variant and shape for one tensor: `Auto` resolved to
+    /// `Matvec` becomes `MatvecInt8` where the policy, the type and the
+    /// shared memory allow; an explicit `MatvecInt8` the device cannot run
+    /// is an error.
+    fn matvec_choice(
+        &self,
+        requested: Kernel,
+        kernel: Kernel,
+        ty: WeightFormat,
+        n_in: usize,
+        n_tok: usize,
+    ) -> Result<(Kernel, MatvecShape)> {
+        let shape = MatvecShape::new(ty, kernel, n_tok);
+        let int8 = || {
+            let shape = MatvecShape::new(ty, Kernel::MatvecInt8, n_tok);
+            if self.info.int8_dot == Int8Dot::Absent
+                || !self.info.subgroup_arithmetic
+                || !has_int8_matvec(ty)
+                || !n_in.is_multiple_of(32)
+            {
+                return None;
+            }
+            shape.for_int8(n_in, self.info.subgroup_size, self.info.max_shared_memory)
+        };
+        match kernel {
+            Kernel::MatvecInt8 => int8().map(|s| (kernel, s)).ok_or_else(|| {
+                VkError::Input(format!(
+                    "no int8 matvec for {ty:?} rows of {n_in} on this device"
+                ))
+            }),
+            Kernel::Matvec if requested == Kernel::Auto && self.int8_matvec(ty) => {
+                Ok(int8().map_or((kernel, shape), |s| (Kernel::MatvecInt8, s)))
+            }
+            _ => Ok((kernel, shape)),
+        }
+    }
+
+    /// Whether decode matvecs (`Kernel::Auto`, up to MATVEC_MAX_TOKENS
+    /// tokens) of weights of type `ty` run on int8 activations.
+    pub fn int8_matvec(&self, ty: impl Into<WeightFormat>) -> bool {
+        self.info.subgroup_arithmetic
+            && self
+                .config
+                .int8_matvec
+                .allows(self.info.int8_dot, ty.into())
     }
 
     fn prepare_scratch(&self, exec: &mut Exec, x_bytes: u64, y_bytes: u64) -> Result<()> {

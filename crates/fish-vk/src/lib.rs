@@ -13,6 +13,7 @@ mod device;
 mod error;
 mod gpu;
 mod instance;
+mod int8_dot;
 mod kernels;
 mod loader;
 mod pipeline;
@@ -28,6 +29,7 @@ pub use coopmat::{CoopMatTile, WarpLayout};
 pub use device::DeviceInfo;
 pub use error::{Result, VkError};
 pub use gpu::Gpu;
+pub use int8_dot::{int8_activations, Int8Dot, Int8Policy, INT8_BLOCK};
 pub use kernels::{supports, Kernel, MATVEC_MAX_TOKENS};
 pub use pipeline::{module_bytes, COMPILED_AT_BUILD};
 pub use span::{

@@ -36,7 +36,8 @@ fn a_tiny_budget_refuses_uploads_without_leaking() {
     assert!(gpu.bytes_resident() > 0);
     let x = common::random_values(512, 3);
     let y = gpu.matmul(h, &x, 1).expect("matmul");
-    common::check_against_cpu(
+    common::check_auto(
+        gpu,
         &common::Weights {
             ty: GgmlType::Q8_0,
             bytes: &small,

@@ -79,7 +79,11 @@ fn check_kernel(gpu: &Gpu, h: TensorHandle, w: &[f32], kernel: Kernel, n_tok_set
             .expect("matmul")
             .remove(0);
         let what = format!("FQ3 {n_in}x{} {kernel:?} n_tok={n_tok}", h.n_out());
-        check_against_cpu(w, n_in, &x, n_tok, &y, &what);
+        if runs_int8(gpu, kernel, WeightFormat::Fq3, n_tok) {
+            check_int8_decoded(w, n_in, &x, n_tok, &y, &what);
+        } else {
+            check_against_cpu(w, n_in, &x, n_tok, &y, &what);
+        }
     }
 }
 
@@ -106,12 +110,16 @@ fn fq3_matches_the_cpu_reference_with_every_kernel() {
             .upload(WeightFormat::Fq3, &bytes, n_in, N_OUT)
             .expect("upload");
         assert_eq!(h.ty(), WeightFormat::Fq3);
-        for kernel in [
+        let mut kernels = vec![
             Kernel::Auto,
             Kernel::Matvec,
             Kernel::MatvecSharedReduce,
             Kernel::Tiled,
-        ] {
+        ];
+        if gpu.info().int8_dot != fish_vk::Int8Dot::Absent {
+            kernels.push(Kernel::MatvecInt8);
+        }
+        for kernel in kernels {
             check_kernel(gpu, h, &w, kernel, &[1, 3, 37, 256]);
         }
         gpu.free(h).expect("free");
@@ -157,12 +165,17 @@ fn fq3_joins_a_matmul_group_with_gguf_types() {
         fish_quant::dequant_row(GgmlType::Q4_K, src, dst).expect("dequant");
     }
     let expected = [decoded(&fq3, n_in, 70), q4k_decoded];
+    let handles_ty = [WeightFormat::Fq3, WeightFormat::Ggml(GgmlType::Q4_K)];
     for n_tok in [1usize, 37] {
         let x = random_values(n_in * n_tok, 41);
         let ys = gpu.matmul_group(&handles, &x, n_tok).expect("group");
         for (i, (w, y)) in expected.iter().zip(&ys).enumerate() {
             let what = format!("group member {i} n_tok={n_tok}");
-            check_against_cpu(w, n_in, &x, n_tok, y, &what);
+            if runs_int8(gpu, Kernel::Auto, handles_ty[i], n_tok) {
+                check_int8_decoded(w, n_in, &x, n_tok, y, &what);
+            } else {
+                check_against_cpu(w, n_in, &x, n_tok, y, &what);
+            }
         }
     }
     for h in handles {

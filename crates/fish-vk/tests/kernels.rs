@@ -165,3 +165,51 @@ fn bad_inputs_are_errors_not_panics() {
     gpu.free(other).expect("free");
     assert_no_validation_messages(gpu);
 }
+
+/// The int8-activation matvec of every quantised type, at one token, a batch
+/// and more tokens than one pass holds; rows of 512 and of 14336 values (a
+/// down projection: the largest shared-memory need).
+#[test]
+fn int8_matvec_matches_the_product_with_int8_activations() {
+    let Some(gpu) = gpu_or_skip() else { return };
+    if gpu.info().int8_dot == fish_vk::Int8Dot::Absent {
+        assert!(
+            !require_gpu(),
+            "FISH_REQUIRE_GPU=1 but no packed int8 dot products"
+        );
+        eprintln!("skipped: no packed int8 dot products");
+        return;
+    }
+    let quantised = KERNEL_TYPES
+        .into_iter()
+        .filter(|t| !matches!(t, GgmlType::F32 | GgmlType::F16));
+    for (i, ty) in quantised.enumerate() {
+        for (n_in, n_out, batches) in [(N_IN, N_OUT, &[1usize, 3, 37][..]), (14336, 9, &[1, 2][..])]
+        {
+            let w = synthetic_weights(ty, n_in, n_out, 300 + i as u64);
+            let h = gpu.upload(ty, &w, n_in, n_out).expect("upload");
+            for &n_tok in batches {
+                let x = random_values(n_in * n_tok, 13 + n_tok as u64);
+                let y = gpu
+                    .matmul_group_with(&[h], &x, n_tok, Kernel::MatvecInt8)
+                    .expect("matmul")
+                    .remove(0);
+                let weights = Weights {
+                    ty,
+                    bytes: &w,
+                    n_in,
+                    n_out,
+                };
+                check_int8_product(
+                    &weights,
+                    &x,
+                    n_tok,
+                    &y,
+                    &format!("{ty:?} int8 {n_in} n_tok={n_tok}"),
+                );
+            }
+            gpu.free(h).expect("free");
+        }
+    }
+    assert_no_validation_messages(gpu);
+}

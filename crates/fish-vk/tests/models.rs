@@ -60,7 +60,8 @@ fn check_block0(file: &str) -> Vec<fish_gguf::GgmlType> {
         for n_tok in [1usize, 3, 37] {
             let x = random_values(n_in * n_tok, 21 + n_tok as u64);
             let y = gpu.matmul(h, &x, n_tok).expect("matmul");
-            check_against_cpu(
+            check_auto(
+                gpu,
                 &w,
                 &x,
                 n_tok,

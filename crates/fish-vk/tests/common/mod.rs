@@ -80,21 +80,64 @@ pub struct Weights<'a> {
 /// Checks y against the f32 product of the dequantised weights with x, per
 /// element within 1e-3 * (sum_i |w_i||x_i|) / n_out.
 pub fn check_against_cpu(w: &Weights<'_>, x: &[f32], n_tok: usize, y: &[f32], what: &str) {
-    let (n_in, n_out) = (w.n_in, w.n_out);
+    check_decoded(&decode(w), w.n_in, x, n_tok, y, what, |_, _| 0.0);
+}
+
+/// Checks y from the int8 matvec against the dequantised weights times the
+/// int8 activations (`fish_vk::int8_activations`), with the float bound of
+/// `check_against_cpu` plus one quant step of the largest weight (the
+/// device may round a value that sits on a tie the other way).
+pub fn check_int8_product(w: &Weights<'_>, x: &[f32], n_tok: usize, y: &[f32], what: &str) {
+    check_int8_decoded(&decode(w), w.n_in, x, n_tok, y, what);
+}
+
+/// `check_int8_product` on weights already decoded to f32 (rows of n_in).
+pub fn check_int8_decoded(w: &[f32], n_in: usize, x: &[f32], n_tok: usize, y: &[f32], what: &str) {
+    let (xq, scales) = fish_vk::int8_activations(x);
+    let per_token = n_in / fish_vk::INT8_BLOCK;
+    let quant_step = |row: &[f32], t: usize| {
+        let w_max = row.iter().fold(0f64, |m, v| m.max(f64::from(v.abs())));
+        let d_max = scales[t * per_token..(t + 1) * per_token]
+            .iter()
+            .fold(0f64, |m, d| m.max(f64::from(*d)));
+        w_max * d_max
+    };
+    check_decoded(w, n_in, &xq, n_tok, y, what, quant_step);
+}
+
+/// The rows of `w` decoded to f32.
+fn decode(w: &Weights<'_>) -> Vec<f32> {
+    let row = fish_quant::row_bytes(w.ty, w.n_in).expect("row bytes");
+    let mut deq = vec![0f32; w.n_in * w.n_out];
+    for (src, dst) in w.bytes.chunks_exact(row).zip(deq.chunks_exact_mut(w.n_in)) {
+        fish_quant::dequant_row(w.ty, src, dst).expect("dequant");
+    }
+    deq
+}
+
+/// y against w x (w: rows of n_in decoded values), each element within
+/// 1e-3 * (sum_i |w_i||x_i|) / n_out plus `extra(row, token)`.
+fn check_decoded(
+    w: &[f32],
+    n_in: usize,
+    x: &[f32],
+    n_tok: usize,
+    y: &[f32],
+    what: &str,
+    extra: impl Fn(&[f32], usize) -> f64,
+) {
+    let n_out = w.len() / n_in;
     assert_eq!(y.len(), n_out * n_tok, "{what}: output length");
-    let row = fish_quant::row_bytes(w.ty, n_in).expect("row bytes");
-    let mut deq = vec![0f32; n_in];
     let mut worst = 0f64;
-    for o in 0..n_out {
-        fish_quant::dequant_row(w.ty, &w.bytes[o * row..(o + 1) * row], &mut deq).expect("dequant");
+    for (o, row) in w.chunks_exact(n_in).enumerate() {
         for t in 0..n_tok {
             let xt = &x[t * n_in..(t + 1) * n_in];
             let (mut dot, mut mag) = (0f64, 0f64);
-            for (a, b) in deq.iter().zip(xt) {
+            for (a, b) in row.iter().zip(xt) {
                 dot += f64::from(*a) * f64::from(*b);
                 mag += (f64::from(*a) * f64::from(*b)).abs();
             }
-            let bound = 1e-3 * mag / n_out as f64;
+            let bound = 1e-3 * mag / n_out as f64 + extra(row, t);
             let got = f64::from(y[t * n_out + o]);
             let err = (got - dot).abs();
             assert!(
@@ -105,6 +148,20 @@ pub fn check_against_cpu(w: &Weights<'_>, x: &[f32], n_tok: usize, y: &[f32], wh
         }
     }
     eprintln!("{what}: worst error {:.3}% of the bound", worst * 100.0);
+}
+
+/// Whether `kernel` at `n_tok` tokens runs the int8 matvec on `gpu` for
+/// weights of type `ty`.
+pub fn runs_int8(
+    gpu: &Gpu,
+    kernel: fish_vk::Kernel,
+    ty: fish_vk::WeightFormat,
+    n_tok: usize,
+) -> bool {
+    kernel == fish_vk::Kernel::MatvecInt8
+        || (kernel == fish_vk::Kernel::Auto
+            && n_tok <= fish_vk::MATVEC_MAX_TOKENS
+            && gpu.int8_matvec(ty))
 }
 
 pub fn f16_round(v: f32) -> f64 {
@@ -159,8 +216,11 @@ pub fn check_f16_product(w: &Weights<'_>, x: &[f32], n_tok: usize, y: &[f32], wh
 /// device's prefill kernel, which on devices with cooperative matrices takes
 /// f16 inputs.
 pub fn check_auto(gpu: &Gpu, w: &Weights<'_>, x: &[f32], n_tok: usize, y: &[f32], what: &str) {
-    if n_tok > fish_vk::MATVEC_MAX_TOKENS && gpu.prefill_kernel(n_tok) == fish_vk::Kernel::CoopMat {
+    let matvec = n_tok <= fish_vk::MATVEC_MAX_TOKENS;
+    if !matvec && gpu.prefill_kernel(n_tok) == fish_vk::Kernel::CoopMat {
         check_f16_product(w, x, n_tok, y, what);
+    } else if runs_int8(gpu, fish_vk::Kernel::Auto, w.ty.into(), n_tok) {
+        check_int8_product(w, x, n_tok, y, what);
     } else {
         check_against_cpu(w, x, n_tok, y, what);
     }

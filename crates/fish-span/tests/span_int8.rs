@@ -1,0 +1,72 @@
+//! Spans with the int8-activation matvec forced on (FISH_VK_INT8=1, which
+//! lavapipe needs: it does not report the packed products as accelerated;
+//! on GPUs that do, decode uses them by default). Teacher-forced against the
+//! CPU, whose quant kernels also take int8 activations: both round the
+//! activations, so the two runs differ by that rounding noise rather than
+//! by float error; the bound is set against the float span's own distance
+//! from the CPU, measured in the same test. One test only: the knob is read
+//! from the environment.
+
+mod common;
+
+use std::sync::Arc;
+
+use common::{backend, compare, default_model, greedy_after_prompt, teacher_forced, PARIS};
+use fish_core::model::{Model, PlacementLimits};
+use fish_core::sampling::argmax;
+use fish_gguf::GgmlType;
+use fish_span::VulkanBackend;
+
+/// Teacher-forced logits with every layer and the output on `gpu`.
+fn gpu_logits(gpu: &Arc<VulkanBackend>, forced: &[u32]) -> Vec<Vec<f32>> {
+    let mut model = Model::load(default_model()).expect("load");
+    model.place_on(gpu.clone(), PlacementLimits { max_layers: None });
+    let describe = model.gpu_describe().unwrap();
+    assert!(describe.contains("span"), "{describe}");
+    let logits = teacher_forced(&model, forced);
+    assert!(!model.gpu.as_ref().unwrap().has_failed());
+    logits
+}
+
+#[test]
+fn int8_span_decode_matches_the_cpu_and_answers_paris() {
+    // The knob is read when a device opens: one float, then one int8.
+    std::env::set_var("FISH_VK_INT8", "0");
+    let Some(float_gpu) = backend() else { return };
+    std::env::set_var("FISH_VK_INT8", "1");
+    let Some(gpu) = backend() else { return };
+    assert!(!float_gpu.gpu().int8_matvec(GgmlType::Q4_1));
+    if !gpu.gpu().int8_matvec(GgmlType::Q4_1) {
+        assert!(
+            std::env::var("FISH_REQUIRE_GPU").as_deref() != Ok("1"),
+            "FISH_REQUIRE_GPU=1 but the device has no packed int8 dot products"
+        );
+        eprintln!("skipped: no packed int8 dot products");
+        return;
+    }
+    let cpu = Model::load(default_model()).expect("load");
+    let forced = greedy_after_prompt(&cpu, 32);
+    let cpu_logits = teacher_forced(&cpu, &forced);
+
+    let float_logits = gpu_logits(&float_gpu, &forced);
+    let logits = gpu_logits(&gpu, &forced);
+    assert_eq!(argmax(&logits[0]), PARIS);
+    let (float_same, float_worst) = compare(&float_logits, &cpu_logits);
+    let (same, worst) = compare(&logits, &cpu_logits);
+    eprintln!(
+        "vs CPU over 33 steps: float span argmax {float_same}/33, max |dlogit| {:.3}%; int8 span argmax {same}/33, max |dlogit| {:.3}% of max |logit|",
+        float_worst * 100.0,
+        worst * 100.0
+    );
+    assert!(same >= 32, "argmax differs at {} steps", 33 - same);
+    // Two int8 roundings (GPU and CPU) of slightly different inputs: at most
+    // twice the distance of the float kernels, which round only on the CPU.
+    assert!(
+        worst <= 2.0 * float_worst.max(0.01),
+        "int8 span vs CPU {:.3}% (float span {:.3}%)",
+        worst * 100.0,
+        float_worst * 100.0
+    );
+    assert_eq!(gpu.gpu().validation_messages(), 0);
+    assert_eq!(float_gpu.gpu().validation_messages(), 0);
+}

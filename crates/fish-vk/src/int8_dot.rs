@@ -1,0 +1,188 @@
+//! Packed int8 dot products (VK_KHR_shader_integer_dot_product): the
+//! int8-activation matvec (shaders/matvec_i8.comp) needs them. Which matvec
+//! a decode uses is chosen here too, from what the device reports and
+//! `FISH_VK_INT8`.
+
+use crate::weight_format::WeightFormat;
+use ash::khr;
+use ash::vk;
+use fish_gguf::GgmlType;
+
+/// What the device offers.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum Int8Dot {
+    #[default]
+    Absent,
+    /// Supported, but the driver says mixed-signedness packed products are
+    /// not accelerated (software implementations such as lavapipe).
+    Emulated,
+    Accelerated,
+}
+
+/// Whether the matvec uses int8 activations when the type allows it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum Int8Policy {
+    /// `FISH_VK_INT8=0`: always the float matvec.
+    Never,
+    /// Default: only where the device accelerates the packed products, and
+    /// only for the types whose int8 kernel measured faster than the float
+    /// one (`INT8_BY_DEFAULT`).
+    #[default]
+    WhenAccelerated,
+    /// `FISH_VK_INT8=1`: every quantised type, whenever the device has the
+    /// products (tests on lavapipe, measurements).
+    WhenSupported,
+}
+
+/// The types the int8 matvec serves by default. On the H200 the kernel
+/// streams Q8_0 at up to 3.4 TiB/s against the float kernel's 3.1, but
+/// the nibble types run slower than their float kernel (Q4_K 1.4-1.9 TiB/s
+/// against 1.7, Q6_K 1.7-2.0 against 2.4): quantising x in every workgroup
+/// costs them more than the packed products save (docs/BENCHMARKS.md).
+const INT8_BY_DEFAULT: [WeightFormat; 1] = [WeightFormat::Ggml(GgmlType::Q8_0)];
+
+impl Int8Policy {
+    pub fn from_env() -> Int8Policy {
+        match std::env::var("FISH_VK_INT8").as_deref() {
+            Ok("0") => Int8Policy::Never,
+            Ok("1") => Int8Policy::WhenSupported,
+            _ => Int8Policy::WhenAccelerated,
+        }
+    }
+
+    /// Whether weights of type `ty` use the int8 matvec on a device with `dot`.
+    pub fn allows(self, dot: Int8Dot, ty: WeightFormat) -> bool {
+        let quantised = !matches!(ty, WeightFormat::Ggml(GgmlType::F32 | GgmlType::F16));
+        match self {
+            Int8Policy::Never => false,
+            Int8Policy::WhenAccelerated => {
+                dot == Int8Dot::Accelerated && INT8_BY_DEFAULT.contains(&ty)
+            }
+            Int8Policy::WhenSupported => dot != Int8Dot::Absent && quantised,
+        }
+    }
+}
+
+/// Activation values per int8 scale in the int8 matvec.
+pub const INT8_BLOCK: usize = 32;
+
+/// The activations as the int8 matvec sees them (the CPU model of
+/// shaders/matvec_i8.comp, for checking its results): per block of
+/// `INT8_BLOCK` values, d = max|x| / 127 and quants round(x * 127 / max|x|).
+/// Returns the dequantised values (d * quant) and each block's d.
+pub fn int8_activations(x: &[f32]) -> (Vec<f32>, Vec<f32>) {
+    let mut out = Vec::with_capacity(x.len());
+    let mut scales = Vec::with_capacity(x.len().div_ceil(INT8_BLOCK));
+    for block in x.chunks(INT8_BLOCK) {
+        let amax = block.iter().fold(0f32, |m, v| m.max(v.abs()));
+        let d = amax / 127.0;
+        let id = if amax > 0.0 { 127.0 / amax } else { 0.0 };
+        out.extend(block.iter().map(|v| (v * id).round() * d));
+        scales.push(d);
+    }
+    (out, scales)
+}
+
+/// Queries the feature and its acceleration; `exts` are the device's extensions.
+///
+/// # Safety
+/// `physical` must come from `instance`.
+pub(crate) unsafe fn probe(
+    instance: &ash::Instance,
+    physical: vk::PhysicalDevice,
+    exts: &[vk::ExtensionProperties],
+) -> Int8Dot {
+    let listed = exts
+        .iter()
+        .any(|e| e.extension_name_as_c_str() == Ok(khr::shader_integer_dot_product::NAME));
+    if !listed {
+        return Int8Dot::Absent;
+    }
+    let mut feature = vk::PhysicalDeviceShaderIntegerDotProductFeatures::default();
+    let mut features = vk::PhysicalDeviceFeatures2::default().push_next(&mut feature);
+    // SAFETY: a 1.1 query with a struct of an extension the device lists.
+    unsafe { instance.get_physical_device_features2(physical, &mut features) };
+    if feature.shader_integer_dot_product == vk::FALSE {
+        return Int8Dot::Absent;
+    }
+    let mut props = vk::PhysicalDeviceShaderIntegerDotProductProperties::default();
+    let mut props2 = vk::PhysicalDeviceProperties2::default().push_next(&mut props);
+    // SAFETY: as above.
+    unsafe { instance.get_physical_device_properties2(physical, &mut props2) };
+    if props.integer_dot_product4x8_bit_packed_mixed_signedness_accelerated == vk::TRUE {
+        Int8Dot::Accelerated
+    } else {
+        Int8Dot::Emulated
+    }
+}
+
+/// The feature struct and extension name to enable at device creation.
+pub(crate) struct Int8DotFeatures {
+    feature: vk::PhysicalDeviceShaderIntegerDotProductFeatures<'static>,
+}
+
+impl Int8DotFeatures {
+    pub fn enabled() -> Int8DotFeatures {
+        Int8DotFeatures {
+            feature: vk::PhysicalDeviceShaderIntegerDotProductFeatures::default()
+                .shader_integer_dot_product(true),
+        }
+    }
+
+    pub fn extension_name() -> *const std::ffi::c_char {
+        khr::shader_integer_dot_product::NAME.as_ptr()
+    }
+
+    /// Chains the feature into a device create info.
+    pub fn chain<'a>(&'a mut self, info: vk::DeviceCreateInfo<'a>) -> vk::DeviceCreateInfo<'a> {
+        info.push_next(&mut self.feature)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn activations_keep_their_block_maximum_and_sign() {
+        let x: Vec<f32> = (0..64).map(|i| (i as f32 - 40.0) * 0.05).collect();
+        let (q, d) = int8_activations(&x);
+        assert_eq!(d.len(), 2);
+        assert!((d[0] - 2.0 / 127.0).abs() < 1e-7, "block 0 max |x| is 2.0");
+        assert!(
+            (d[1] - 1.15 / 127.0).abs() < 1e-7,
+            "block 1 max |x| is 1.15"
+        );
+        assert_eq!(q[0], x[0], "the block maximum is exact");
+        for (a, b) in x.iter().zip(&q) {
+            assert!((a - b).abs() <= d[0].max(d[1]) / 2.0 + 1e-6);
+            assert!(a * b >= 0.0, "sign kept: {a} -> {b}");
+        }
+        let (zeros, dz) = int8_activations(&[0.0; 32]);
+        assert_eq!((zeros, dz), (vec![0.0; 32], vec![0.0]));
+    }
+
+    #[test]
+    fn policy_follows_the_device_the_type_and_the_switch() {
+        use Int8Dot::*;
+        let (q8, q4k, f16) = (
+            WeightFormat::Ggml(GgmlType::Q8_0),
+            WeightFormat::Ggml(GgmlType::Q4_K),
+            WeightFormat::Ggml(GgmlType::F16),
+        );
+        for dot in [Absent, Emulated, Accelerated] {
+            for ty in [q8, q4k, f16, WeightFormat::Fq3] {
+                assert!(!Int8Policy::Never.allows(dot, ty));
+                assert_eq!(
+                    Int8Policy::WhenSupported.allows(dot, ty),
+                    dot != Absent && ty != f16
+                );
+            }
+            assert_eq!(
+                Int8Policy::WhenAccelerated.allows(dot, q8),
+                dot == Accelerated
+            );
+            assert!(!Int8Policy::WhenAccelerated.allows(dot, q4k));
+        }
+    }
+}

@@ -1,0 +1,58 @@
+// The per-thread sums of the matvec kernels and their reduction: one sum per
+// row and token of the workgroup, reduced with subgroup arithmetic
+// (USE_SUBGROUP) or through shared memory, then stored by store_y.
+// Needs WG, ROWS and NT (specialisation constants) and common.glsl.
+
+float acc[ROWS][NT];
+
+#if defined(USE_SUBGROUP)
+// One partial sum per subgroup (subgroups are at least 4 lanes wide).
+shared float partial[ROWS * NT][WG / 4u];
+#else
+shared float partial[ROWS * NT][WG];
+#endif
+
+void clear_sums() {
+    for (uint r = 0u; r < ROWS; r++) {
+        for (uint t = 0u; t < NT; t++) {
+            acc[r][t] = 0.0;
+        }
+    }
+}
+
+// Reduces the sums of rows row0.. and tokens t0.. over the workgroup and
+// stores them; every thread must call it (it has barriers).
+void store_sums(uint row0, uint t0) {
+    uint tid = gl_LocalInvocationID.x;
+#if defined(USE_SUBGROUP)
+    for (uint r = 0u; r < ROWS; r++) {
+        for (uint t = 0u; t < NT; t++) {
+            float s = subgroupAdd(acc[r][t]);
+            if (subgroupElect()) {
+                partial[r * NT + t][gl_SubgroupID] = s;
+            }
+        }
+    }
+    uint n_partials = gl_NumSubgroups;
+#else
+    for (uint r = 0u; r < ROWS; r++) {
+        for (uint t = 0u; t < NT; t++) {
+            partial[r * NT + t][tid] = acc[r][t];
+        }
+    }
+    uint n_partials = WG;
+#endif
+    barrier();
+    for (uint i = tid; i < ROWS * NT; i += WG) {
+        uint r = i / NT;
+        uint t = i % NT;
+        if (row0 + r < p.n_rows && t0 + t < p.n_tok) {
+            float s = 0.0;
+            for (uint j = 0u; j < n_partials; j++) {
+                s += partial[i][j];
+            }
+            store_y((t0 + t) * p.y_stride + p.y_offset + row0 + r, s);
+        }
+    }
+    barrier();
+}
