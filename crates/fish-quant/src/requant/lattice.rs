@@ -13,7 +13,7 @@ use crate::bits::F16Bits;
 /// Super-scales tried, as f16 steps (about 0.05-0.1% each) above
 /// `max / 63`: a slightly larger `d` often rounds the other groups' scales
 /// better than the one that makes the largest exactly 63.
-const SUPER_SCALE_STEPS: [u16; 8] = [0, 4, 8, 12, 16, 24, 32, 48];
+const SUPER_SCALE_STEPS: [u16; 4] = [0, 8, 16, 32];
 
 /// 6-bit levels per group, held as floats (small integers, exact) so every
 /// comparison and blend stays a vector operation of the same width.
