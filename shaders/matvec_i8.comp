@@ -14,6 +14,10 @@
 // which is exactly the dequantised weights times the quantised activations.
 // (Blocks of 16 measured further from the CPU's logits, 6.2% against 5.1%
 // of max |logit| on SmolLM2, though each block is finer.)
+// With X_PREQUANTISED, x arrives already quantised that way (int8_acts.glsl,
+// written by the norm before the matvec) and the pass only copies it into
+// shared memory: the quantisation is then done once per token, not once
+// per workgroup.
 // The weight loop, the workgroup shape and the reduction are those of
 // matvec.comp (same units, same specialisation constants 0-3); constant 4 is
 // n_in / 16, which sizes the shared activations.
@@ -44,12 +48,35 @@ const int PACKED_4X8 = 0;
 
 // Per token: the quants (16 per uvec4), the scale of each 32 values and
 // d * (sum of quants) of each 16.
+#if !defined(X_PREQUANTISED)
 shared uvec4 xq[NT * IN_VEC4];
 shared float xd[NT * IN_VEC4 / 2u];
 shared float xs[NT * IN_VEC4];
+#endif
 
+#if defined(X_PREQUANTISED)
+#include "int8_acts.glsl"
+layout(std430, binding = 1) readonly buffer XQ { uvec4 x_int8[]; };
+layout(std430, binding = 1) readonly buffer XQF { float x_int8_f[]; };
+
+// Nothing to prepare: the runs read the quantised x straight from memory
+// (16 bytes of quants where the float kernel reads 64 of x), so no barrier
+// holds the weight loads back.
+void load_x(uint t0) {}
+
+// The quants (16 values from value 16 * v16), their scale and d * sum.
+void x_run(uint t, uint v16, out uvec4 q, out float d, out float s) {
+    uint n = p.n_in;
+    uint base = min(t, p.n_tok - 1u) * int8_token_vec4s(n);
+    uint scales = base + int8_quant_vec4s(n);
+    uint sums = scales + int8_scale_vec4s(n);
+    q = x_int8[base + v16];
+    d = x_int8_f[4u * scales + v16 / 2u];
+    s = x_int8_f[4u * sums + v16];
+}
+#else
 // Quantises the x of tokens t0 .. t0 + NT - 1 (past the end: the last token).
-void quantise_x(uint t0) {
+void load_x(uint t0) {
     uint blocks = p.n_in / 32u;
     for (uint i = gl_LocalInvocationID.x; i < NT * blocks; i += WG) {
         uint t = i / blocks;
@@ -80,6 +107,14 @@ void quantise_x(uint t0) {
         xs[dst + 1u] = d * float(sums[1]);
     }
 }
+
+void x_run(uint t, uint v16, out uvec4 q, out float d, out float s) {
+    uint at = (t % NT) * IN_VEC4 + v16;
+    q = xq[at];
+    d = xd[at / 2u];
+    s = xs[at];
+}
+#endif
 
 // An int of magnitude < 2^22 as a float, without a conversion instruction
 // (a run's dot is at most 16 * 255 * 127).
@@ -113,8 +148,10 @@ void main() {
     }
 
     for (uint t0 = 0u; t0 < p.n_tok; t0 += NT) {
-        quantise_x(t0);
+        load_x(t0);
+#if !defined(X_PREQUANTISED)
         barrier();
+#endif
         clear_sums();
         for (uint u0 = tid; u0 < n_units; u0 += UNROLL * WG) {
             // All loads of UNROLL units first, so that they are in flight together.
@@ -137,10 +174,10 @@ void main() {
                     // The run's 16 values: one uvec4 of quants, half a scale block.
                     uint xv = run_x4(u, run) / 4u;
                     for (uint t = 0u; t < NT; t++) {
-                        uint at = t * IN_VEC4 + xv;
-                        uvec4 q = xq[at];
-                        float d = xd[at / 2u];
-                        float s = xs[at];
+                        uvec4 q;
+                        float d;
+                        float s;
+                        x_run(t0 + t, xv, q, d, s);
                         for (uint r = 0u; r < ROWS; r++) {
                             int idot = dot_i8_u8(q.x, codes[r].x, PACKED_4X8)
                                     + dot_i8_u8(q.y, codes[r].y, PACKED_4X8)

@@ -20,6 +20,10 @@ layout(std430, binding = 0) buffer Src4 { vec4 src4[]; };
 layout(std430, binding = 1) buffer Dst4 { vec4 dst4[]; };
 layout(std430, binding = 2) readonly buffer Params4 { vec4 params4[]; };
 
+// The normed rows quantised for the int8 matvec (int8_acts.glsl), row r at
+// 16-byte word r * int8_token_vec4s(n), when `quantise` is set.
+layout(std430, binding = 3) writeonly buffer Int8Acts { uint q8[]; };
+
 layout(push_constant) uniform Push {
     uint n;
     uint src_off;
@@ -28,7 +32,45 @@ layout(push_constant) uniform Push {
     float eps;
     // 0: dst = norm(src) * w; 1: dst += norm(src) * w.
     uint accumulate;
+    // 1: also write the normed row, quantised, to q8 (src and dst distinct,
+    // n a multiple of 32).
+    uint quantise;
 } p;
+
+#include "int8_acts.glsl"
+
+// Quantises the normed row in blocks of 32 values, one block per thread; the
+// values are recomputed from src (unchanged: src is not dst here) rather
+// than read back from dst, so no barrier is needed.
+void quantise_row(uint row, uint s0, float scale) {
+    uint n = p.n;
+    uint base = 4u * row * int8_token_vec4s(n);
+    uint scales = base + 4u * int8_quant_vec4s(n);
+    uint sums = scales + 4u * int8_scale_vec4s(n);
+    for (uint b = gl_LocalInvocationID.x; b < n / 32u; b += WG_SIZE) {
+        float v[32];
+        float amax = 0.0;
+        for (uint i = 0u; i < 32u; i++) {
+            v[i] = src[s0 + 32u * b + i] * scale * params[p.w_off + 32u * b + i];
+            amax = max(amax, abs(v[i]));
+        }
+        float d = amax / 127.0;
+        float id = amax > 0.0 ? 127.0 / amax : 0.0;
+        int sum[2] = int[2](0, 0);
+        for (uint w = 0u; w < 8u; w++) {
+            uint word = 0u;
+            for (uint i = 0u; i < 4u; i++) {
+                int q = int(round(v[4u * w + i] * id));
+                sum[w / 4u] += q;
+                word |= (uint(q) & 0xFFu) << (8u * i);
+            }
+            q8[base + 8u * b + w] = word;
+        }
+        q8[scales + b] = floatBitsToUint(d);
+        q8[sums + 2u * b] = floatBitsToUint(d * float(sum[0]));
+        q8[sums + 2u * b + 1u] = floatBitsToUint(d * float(sum[1]));
+    }
+}
 
 shared float partial[WG_SIZE];
 
@@ -59,6 +101,9 @@ void main() {
         barrier();
     }
     float scale = 1.0 / sqrt(partial[0] / float(p.n) + p.eps);
+    if (p.quantise != 0u) {
+        quantise_row(row, s0, scale);
+    }
     // Every thread writes only the elements it read, so src may alias dst.
     if (wide) {
         for (uint i = tid; i < p.n / 4u; i += WG_SIZE) {

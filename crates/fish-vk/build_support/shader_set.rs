@@ -89,6 +89,12 @@ pub fn shader_specs() -> Vec<ShaderSpec> {
                 defines: vec![type_define.clone()],
                 compiler: ShaderCompiler::Glslc,
             });
+            specs.push(ShaderSpec {
+                name: format!("matvec_i8x_{suffix}"),
+                source: "matvec_i8.comp",
+                defines: vec![type_define.clone(), "X_PREQUANTISED".to_string()],
+                compiler: ShaderCompiler::Glslc,
+            });
         }
         specs.push(ShaderSpec {
             name: format!("coopmat_{suffix}"),

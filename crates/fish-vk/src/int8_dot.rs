@@ -83,6 +83,13 @@ pub fn int8_activations(x: &[f32]) -> (Vec<f32>, Vec<f32>) {
     (out, scales)
 }
 
+/// Bytes one token of pre-quantised activations takes (shaders/int8_acts.glsl:
+/// the quants, then a scale per 32 and a sum per 16 values, each part
+/// padded to 16 bytes); `n` is a multiple of 32.
+pub(crate) fn int8_token_bytes(n: usize) -> usize {
+    16 * (n / 16 + (n / 32).div_ceil(4) + (n / 16).div_ceil(4))
+}
+
 /// Queries the feature and its acceleration; `exts` are the device's extensions.
 ///
 /// # Safety
@@ -160,6 +167,14 @@ mod tests {
         }
         let (zeros, dz) = int8_activations(&[0.0; 32]);
         assert_eq!((zeros, dz), (vec![0.0; 32], vec![0.0]));
+    }
+
+    #[test]
+    fn token_bytes_pad_each_part_to_16_bytes() {
+        // 576 values: 576 quant bytes, 18 scales (5 words), 36 sums (9 words).
+        assert_eq!(int8_token_bytes(576), 576 + 80 + 144);
+        // 4096: 4096 + 128 * 4 + 256 * 4, already whole words.
+        assert_eq!(int8_token_bytes(4096), 4096 + 512 + 1024);
     }
 
     #[test]

@@ -46,6 +46,9 @@ pub enum Kernel {
     /// quantised weight types on devices with packed int8 dot products;
     /// `Auto` picks it per `Config::int8_matvec`.
     MatvecInt8,
+    /// `MatvecInt8` on x already quantised (shaders/int8_acts.glsl), as the
+    /// span's norm writes it for the q/k/v and gate/up matvecs.
+    MatvecInt8Prequantised,
     /// The tiled matmul kernel.
     Tiled,
     /// The tiled kernel on cooperative matrices (coopmat.rs); an error on
@@ -139,6 +142,7 @@ impl MatvecShape {
             WeightFormat::Fq3 => (4, 32),
             // The int8 kernel quantises x once per workgroup: more rows
             // share that work (measured on the H200, docs/BENCHMARKS.md).
+            // On pre-quantised x it keeps the float kernel's shapes.
             WeightFormat::Ggml(Q5_0 | Q5_1 | Q4_K | Q5_K | Q6_K)
                 if kernel == Kernel::MatvecInt8 =>
             {
@@ -197,6 +201,7 @@ impl Gpu {
             Kernel::Matvec if self.info.subgroup_arithmetic => format!("matvec_subgroup_{suffix}"),
             Kernel::Matvec | Kernel::MatvecSharedReduce => format!("matvec_{suffix}"),
             Kernel::MatvecInt8 => format!("matvec_i8_{suffix}"),
+            Kernel::MatvecInt8Prequantised => format!("matvec_i8x_{suffix}"),
             Kernel::Tiled | Kernel::Auto => format!("tiled_{suffix}"),
             Kernel::CoopMat => format!("coopmat_{suffix}"),
             Kernel::CoopMatEmulated => format!("coopmat_emu_{suffix}"),
@@ -426,7 +431,7 @@ impl Gpu {
                 self.matvec_choice(requested, kernel, h.ty(), h.n_in(), n_tok)?;
             let spec: Vec<u32> = match (kernel, coop_tile) {
                 (Kernel::Matvec | Kernel::MatvecSharedReduce, _) => matvec.spec().to_vec(),
-                (Kernel::MatvecInt8, _) => {
+                (Kernel::MatvecInt8 | Kernel::MatvecInt8Prequantised, _) => {
                     let mut spec = matvec.spec().to_vec();
                     spec.push((h.n_in() / 16) as u32);
                     spec
@@ -489,7 +494,11 @@ impl Gpu {
     ) -> Result<(Kernel, MatvecShape)> {
         let shape = MatvecShape::new(ty, kernel, n_tok);
         let int8 = || {
-            let shape = MatvecShape::new(ty, Kernel::MatvecInt8, n_tok);
+            let int8_kind = match kernel {
+                Kernel::MatvecInt8Prequantised => kernel,
+                _ => Kernel::MatvecInt8,
+            };
+            let shape = MatvecShape::new(ty, int8_kind, n_tok);
             if self.info.int8_dot == Int8Dot::Absent
                 || !self.info.subgroup_arithmetic
                 || !has_int8_matvec(ty)
@@ -500,16 +509,36 @@ impl Gpu {
             shape.for_int8(n_in, self.info.subgroup_size, self.info.max_shared_memory)
         };
         match kernel {
-            Kernel::MatvecInt8 => int8().map(|s| (kernel, s)).ok_or_else(|| {
-                VkError::Input(format!(
-                    "no int8 matvec for {ty:?} rows of {n_in} on this device"
-                ))
-            }),
+            Kernel::MatvecInt8 | Kernel::MatvecInt8Prequantised => {
+                int8().map(|s| (kernel, s)).ok_or_else(|| {
+                    VkError::Input(format!(
+                        "no int8 matvec for {ty:?} rows of {n_in} on this device"
+                    ))
+                })
+            }
             Kernel::Matvec if requested == Kernel::Auto && self.int8_matvec(ty) => {
                 Ok(int8().map_or((kernel, shape), |s| (Kernel::MatvecInt8, s)))
             }
             _ => Ok((kernel, shape)),
         }
+    }
+
+    /// Whether every tensor of a group takes the int8 matvec under the
+    /// policy at up to MATVEC_MAX_TOKENS tokens (the span then quantises
+    /// their input once, in its norm, and uses `MatvecInt8Prequantised`).
+    pub(crate) fn int8_group(&self, handles: &[TensorHandle]) -> bool {
+        !handles.is_empty()
+            && handles.iter().all(|h| {
+                self.int8_matvec(h.ty())
+                    && h.n_in().is_multiple_of(32)
+                    && MatvecShape::new(h.ty(), Kernel::MatvecInt8Prequantised, MATVEC_MAX_TOKENS)
+                        .for_int8(
+                            h.n_in(),
+                            self.info.subgroup_size,
+                            self.info.max_shared_memory,
+                        )
+                        .is_some()
+            })
     }
 
     /// Whether decode matvecs (`Kernel::Auto`, up to MATVEC_MAX_TOKENS

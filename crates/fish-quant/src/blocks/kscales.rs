@@ -52,9 +52,9 @@ mod tests {
 
     #[test]
     fn pack_unpack_round_trips_all_six_bit_values() {
-        for base in 0..64u8 {
-            let s: [u8; 8] = std::array::from_fn(|j| (base + 7 * j as u8) % 64);
-            let m: [u8; 8] = std::array::from_fn(|j| (base * 3 + 11 * j as u8) % 64);
+        for base in 0..64usize {
+            let s: [u8; 8] = std::array::from_fn(|j| ((base + 7 * j) % 64) as u8);
+            let m: [u8; 8] = std::array::from_fn(|j| ((base * 3 + 11 * j) % 64) as u8);
             assert_eq!(unpack(&pack(&s, &m)), (s, m));
         }
     }

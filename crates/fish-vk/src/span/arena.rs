@@ -7,6 +7,8 @@ use super::SPAN_CHUNK_TOKENS;
 use crate::buffer::{Buffer, MemoryKind};
 use crate::error::Result;
 use crate::gpu::Gpu;
+use crate::int8_dot::int8_token_bytes;
+use crate::kernels::MATVEC_MAX_TOKENS;
 
 /// Tokens the residual stream is first sized for (it grows on demand).
 const INITIAL_TOKENS: usize = 256;
@@ -25,6 +27,9 @@ pub(crate) struct Arena {
     pub o: Buffer,
     /// gate | up of a chunk; the activation writes into the gate half.
     pub gate_up: Buffer,
+    /// xn quantised for the int8 matvec (shaders/int8_acts.glsl), written
+    /// by the norm for chunks of up to MATVEC_MAX_TOKENS tokens.
+    pub xn_int8: Buffer,
     /// Host-visible copies of x (in and out), sized like `x`.
     pub upload: Buffer,
     pub readback: Buffer,
@@ -39,8 +44,9 @@ fn f32_bytes(n: usize) -> u64 {
 }
 
 /// The arena's buffers in allocation order: (f32 values, memory kind).
-fn sizes(shape: &SpanShape, n_ff: usize) -> [(usize, MemoryKind); 10] {
+fn sizes(shape: &SpanShape, n_ff: usize) -> [(usize, MemoryKind); 11] {
     let c = SPAN_CHUNK_TOKENS;
+    let int8_values = (MATVEC_MAX_TOKENS * int8_token_bytes(shape.n_embd)).div_ceil(4);
     [
         (INITIAL_TOKENS * shape.n_embd, MemoryKind::Device),
         (c * shape.n_embd, MemoryKind::Device),
@@ -51,6 +57,7 @@ fn sizes(shape: &SpanShape, n_ff: usize) -> [(usize, MemoryKind); 10] {
         (c * shape.attn_dim(), MemoryKind::Device),
         (c * shape.n_embd, MemoryKind::Device),
         (c * 2 * n_ff, MemoryKind::Device),
+        (int8_values, MemoryKind::Device),
         (INITIAL_TOKENS * shape.n_embd, MemoryKind::Upload),
         (INITIAL_TOKENS * shape.n_embd, MemoryKind::Readback),
         (4, MemoryKind::Device),
@@ -91,6 +98,7 @@ impl Arena {
             attn: next(),
             o: next(),
             gate_up: next(),
+            xn_int8: next(),
             upload: next(),
             readback: next(),
             step: next(),
@@ -137,6 +145,7 @@ impl Arena {
             &self.attn,
             &self.o,
             &self.gate_up,
+            &self.xn_int8,
             &self.step,
         ]
         .iter()
@@ -152,6 +161,7 @@ impl Arena {
             self.attn,
             self.o,
             self.gate_up,
+            self.xn_int8,
             self.upload,
             self.readback,
             self.step,

@@ -25,6 +25,10 @@ pub(crate) struct LayerSets {
     pub wo: MatmulSets,
     pub gate_up: MatmulSets,
     pub down: MatmulSets,
+    /// q/k/v and gate/up on the norm's int8 copy of xn (`Gpu::int8_group`),
+    /// for decode-sized chunks; None where the policy keeps float x.
+    pub qkv_int8: Option<MatmulSets>,
+    pub gate_up_int8: Option<MatmulSets>,
     /// qkv, K, V, params.
     pub rope: vk::DescriptorSet,
     /// qkv, K, V, attn.
@@ -89,7 +93,9 @@ impl Bindings {
         let n_matmul: usize =
             weights.iter().flatten().map(Vec::len).sum::<usize>() + output_weights.len();
         let n_span = 5 + 2 * layers.len();
-        let pool = create_pool(gpu, n_matmul + n_span)?;
+        // Room for the int8 copies of the q/k/v and gate/up sets.
+        let n_int8: usize = weights.iter().map(|w| w[0].len() + w[2].len()).sum();
+        let pool = create_pool(gpu, n_matmul + n_int8 + n_span)?;
         let built = Self::write(
             gpu,
             pool,
@@ -151,7 +157,14 @@ impl Bindings {
                 None => a.x.raw,
                 Some(_) => a.o.raw,
             };
+            let int8_sets = |handles: &[TensorHandle], w: &[vk::Buffer], y: vk::Buffer| {
+                gpu.int8_group(handles)
+                    .then(|| matmul_sets(handles, w, a.xn_int8.raw, y))
+                    .transpose()
+            };
             layers.push(LayerSets {
+                qkv_int8: int8_sets(&g[0], &w[0], a.qkv.raw)?,
+                gate_up_int8: int8_sets(&g[2], &w[2], a.gate_up.raw)?,
                 qkv: matmul_sets(&g[0], &w[0], a.xn.raw, a.qkv.raw)?,
                 wo: matmul_sets(&g[1], &w[1], a.attn.raw, residual_target(lp.post_attn_norm))?,
                 gate_up: matmul_sets(&g[2], &w[2], a.xn.raw, a.gate_up.raw)?,
@@ -177,7 +190,7 @@ impl Bindings {
         Ok(Bindings {
             pool,
             output,
-            norm_x: span_set([a.x.raw, a.xn.raw, p, p])?,
+            norm_x: span_set([a.x.raw, a.xn.raw, p, a.xn_int8.raw])?,
             qkv_self: span_set([a.qkv.raw, a.qkv.raw, p, p])?,
             norm_o_into_x: span_set([a.o.raw, a.x.raw, p, p])?,
             act: span_set([a.gate_up.raw; 4])?,

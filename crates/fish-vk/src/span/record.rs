@@ -9,7 +9,7 @@ use super::pipelines::{SpanKernel, SpanPipelines, PUSH_WORDS};
 use super::profile::{Profiler, SpanStage};
 use crate::error::{Result, VkError};
 use crate::gpu::Gpu;
-use crate::kernels::{Dispatch, Kernel};
+use crate::kernels::{Dispatch, Kernel, MATVEC_MAX_TOKENS};
 use ash::vk;
 
 /// Workgroup width of the elementwise kernels (span_add, span_act).
@@ -21,6 +21,9 @@ pub(crate) struct Chunk {
     pub tok0: usize,
     pub n: usize,
     pub matmuls: Vec<[Vec<Dispatch>; 4]>,
+    /// Per layer: whether q/k/v and gate/up read the norm's int8 copy of xn
+    /// (their plans are then `Kernel::MatvecInt8Prequantised`).
+    pub int8: Vec<[bool; 2]>,
 }
 
 /// Plans the matmuls of every chunk; the dispatches must match the sets
@@ -36,29 +39,61 @@ pub(crate) fn plan_chunks(
     for tok0 in (0..n_tok).step_by(chunk_tokens) {
         let n = chunk_tokens.min(n_tok - tok0);
         // Chunks of equal size share the plan.
-        let same = chunks.iter().find(|c| c.n == n).map(|c| &c.matmuls);
-        let matmuls = match same {
-            Some(m) => m.clone(),
-            None => layers
-                .iter()
-                .zip(&bindings.layers)
-                .map(|(_, ls)| {
-                    Ok([
-                        plan_group(gpu, &ls.qkv, n)?,
-                        plan_group(gpu, &ls.wo, n)?,
-                        plan_group(gpu, &ls.gate_up, n)?,
-                        plan_group(gpu, &ls.down, n)?,
-                    ])
-                })
-                .collect::<Result<_>>()?,
-        };
-        chunks.push(Chunk { tok0, n, matmuls });
+        if let Some(same) = chunks.iter().find(|c| c.n == n) {
+            let (matmuls, int8) = (same.matmuls.clone(), same.int8.clone());
+            chunks.push(Chunk {
+                tok0,
+                n,
+                matmuls,
+                int8,
+            });
+            continue;
+        }
+        let decode = n <= MATVEC_MAX_TOKENS;
+        let mut matmuls = Vec::with_capacity(layers.len());
+        let mut int8 = Vec::with_capacity(layers.len());
+        for ls in &bindings.layers {
+            let (qkv, qkv_int8) = plan_normed_group(gpu, &ls.qkv, &ls.qkv_int8, n, decode)?;
+            let (gate_up, gate_up_int8) =
+                plan_normed_group(gpu, &ls.gate_up, &ls.gate_up_int8, n, decode)?;
+            matmuls.push([
+                qkv,
+                plan_group(gpu, &ls.wo, n, Kernel::Auto)?,
+                gate_up,
+                plan_group(gpu, &ls.down, n, Kernel::Auto)?,
+            ]);
+            int8.push([qkv_int8, gate_up_int8]);
+        }
+        chunks.push(Chunk {
+            tok0,
+            n,
+            matmuls,
+            int8,
+        });
     }
     Ok(chunks)
 }
 
-fn plan_group(gpu: &Gpu, sets: &MatmulSets, n_tok: usize) -> Result<Vec<Dispatch>> {
-    let plan = gpu.plan_handles(&sets.handles, n_tok, Kernel::Auto)?;
+/// The plan of a group that reads the normed x: on its int8 copy when the
+/// group has int8 sets and the chunk is decode-sized, else on xn.
+fn plan_normed_group(
+    gpu: &Gpu,
+    sets: &MatmulSets,
+    int8_sets: &Option<MatmulSets>,
+    n_tok: usize,
+    decode: bool,
+) -> Result<(Vec<Dispatch>, bool)> {
+    match int8_sets {
+        Some(q) if decode => Ok((
+            plan_group(gpu, q, n_tok, Kernel::MatvecInt8Prequantised)?,
+            true,
+        )),
+        _ => Ok((plan_group(gpu, sets, n_tok, Kernel::Auto)?, false)),
+    }
+}
+
+fn plan_group(gpu: &Gpu, sets: &MatmulSets, n_tok: usize, kernel: Kernel) -> Result<Vec<Dispatch>> {
+    let plan = gpu.plan_handles(&sets.handles, n_tok, kernel)?;
     if plan.len() != sets.sets.len() {
         return Err(VkError::Input(
             "span matmul plan does not match its descriptor sets".into(),
@@ -76,6 +111,17 @@ pub(crate) struct OutputRecording<'a> {
     pub norm: u32,
     pub rows: usize,
     pub n_tok: usize,
+}
+
+/// What a norm does with its result (shaders/span_rmsnorm.comp).
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum NormOut {
+    /// dst = norm(src) * w.
+    Set,
+    /// dst += norm(src) * w (post-norms into the residual stream).
+    Add,
+    /// Set, and the result quantised for the int8 matvec into binding 3.
+    SetAndInt8,
 }
 
 /// What a recording needs besides the command buffer.
@@ -203,7 +249,16 @@ impl Recording<'_> {
             let n_embd = self.shape.n_embd;
             let src_off = ((o.n_tok - o.rows) * n_embd) as u32;
             let set = self.bindings.norm_x;
-            self.norm(&mut r, set, o.rows, n_embd, src_off, 0, o.norm, 0);
+            self.norm(
+                &mut r,
+                set,
+                o.rows,
+                n_embd,
+                src_off,
+                0,
+                o.norm,
+                NormOut::Set,
+            );
             r.end(SpanStage::RmsNorm);
             self.matmul(&mut r, &o.plan, o.sets);
             r.end(SpanStage::Matvec);
@@ -231,9 +286,30 @@ impl Recording<'_> {
         let v_off = (n * (q_dim + k_dim)) as u32;
 
         // Attention block.
-        self.norm(r, b.norm_x, n, s.n_embd, x_off, 0, lp.attn_norm, 0);
+        let [qkv_int8, gate_up_int8] = chunk.int8[il];
+        let normed = |int8: bool| {
+            if int8 {
+                NormOut::SetAndInt8
+            } else {
+                NormOut::Set
+            }
+        };
+        self.norm(
+            r,
+            b.norm_x,
+            n,
+            s.n_embd,
+            x_off,
+            0,
+            lp.attn_norm,
+            normed(qkv_int8),
+        );
         r.end(SpanStage::RmsNorm);
-        self.matmul(r, &chunk.matmuls[il][0], &sets.qkv.sets);
+        let qkv_sets = match (&sets.qkv_int8, qkv_int8) {
+            (Some(q), true) => &q.sets,
+            _ => &sets.qkv.sets,
+        };
+        self.matmul(r, &chunk.matmuls[il][0], qkv_sets);
         r.end(SpanStage::Matvec);
         let biases = [
             (lp.bq, 0, q_dim),
@@ -253,7 +329,16 @@ impl Recording<'_> {
         }
         if lp.q_norm.is_some() || lp.k_norm.is_some() {
             if let Some(w) = lp.q_norm {
-                self.norm(r, b.qkv_self, n * s.n_head, s.head_dim, 0, 0, w, 0);
+                self.norm(
+                    r,
+                    b.qkv_self,
+                    n * s.n_head,
+                    s.head_dim,
+                    0,
+                    0,
+                    w,
+                    NormOut::Set,
+                );
             }
             if let Some(w) = lp.k_norm {
                 self.norm(
@@ -264,7 +349,7 @@ impl Recording<'_> {
                     k_off,
                     k_off,
                     w,
-                    0,
+                    NormOut::Set,
                 );
             }
             r.end(SpanStage::RmsNorm);
@@ -311,9 +396,22 @@ impl Recording<'_> {
         );
 
         // Feed-forward block.
-        self.norm(r, b.norm_x, n, s.n_embd, x_off, 0, lp.ffn_norm, 0);
+        self.norm(
+            r,
+            b.norm_x,
+            n,
+            s.n_embd,
+            x_off,
+            0,
+            lp.ffn_norm,
+            normed(gate_up_int8),
+        );
         r.end(SpanStage::RmsNorm);
-        self.matmul(r, &chunk.matmuls[il][2], &sets.gate_up.sets);
+        let gate_up_sets = match (&sets.gate_up_int8, gate_up_int8) {
+            (Some(q), true) => &q.sets,
+            _ => &sets.gate_up.sets,
+        };
+        self.matmul(r, &chunk.matmuls[il][2], gate_up_sets);
         r.end(SpanStage::Matvec);
         let count = n * layer.n_ff;
         let (gx, gy) = elementwise_groups(count);
@@ -361,7 +459,16 @@ impl Recording<'_> {
                 self.matmul(r, plan, sets);
                 r.end(SpanStage::Matvec);
                 let b = self.bindings;
-                self.norm(r, b.norm_o_into_x, n, self.shape.n_embd, 0, x_off, w, 1);
+                self.norm(
+                    r,
+                    b.norm_o_into_x,
+                    n,
+                    self.shape.n_embd,
+                    0,
+                    x_off,
+                    w,
+                    NormOut::Add,
+                );
                 r.end(SpanStage::RmsNorm);
             }
         }
@@ -377,7 +484,7 @@ impl Recording<'_> {
         src_off: u32,
         dst_off: u32,
         w_off: u32,
-        accumulate: u32,
+        out: NormOut,
     ) {
         let push = [
             width as u32,
@@ -385,7 +492,8 @@ impl Recording<'_> {
             dst_off,
             w_off,
             self.shape.rms_eps.to_bits(),
-            accumulate,
+            u32::from(out == NormOut::Add),
+            u32::from(out == NormOut::SetAndInt8),
         ];
         r.dispatch(SpanKernel::RmsNorm, set, &push, (rows as u32, 1));
     }
