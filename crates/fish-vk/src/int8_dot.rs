@@ -57,9 +57,7 @@ impl Int8Policy {
         let quantised = !matches!(ty, WeightFormat::Ggml(GgmlType::F32 | GgmlType::F16));
         match self {
             Int8Policy::Never => false,
-            Int8Policy::WhenAccelerated => {
-                dot == Int8Dot::Accelerated && INT8_FASTER.contains(&ty)
-            }
+            Int8Policy::WhenAccelerated => dot == Int8Dot::Accelerated && INT8_FASTER.contains(&ty),
             Int8Policy::WhenSupported => dot != Int8Dot::Absent && quantised,
         }
     }
