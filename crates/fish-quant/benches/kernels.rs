@@ -143,13 +143,16 @@ fn dequant(c: &mut Criterion) {
 
 /// Re-quantisation of Q4_K rows to FQ3 and Q6_K rows to Q4_K, ns per weight.
 fn requant(c: &mut Criterion) {
-    use fish_quant::requant::{requantize, RequantTarget};
+    use fish_quant::requant::{requantize, requantize_weighted, RequantTarget};
     let (n_in, n_rows) = (1536, 64);
     let src = data(n_in * n_rows);
     let mut g = c.benchmark_group("requant");
     g.measurement_time(Duration::from_secs(2))
         .warm_up_time(Duration::from_millis(300))
         .sample_size(10);
+    // Importance as activation energy looks: most columns small, a few
+    // heavy ones.
+    let importance: Vec<f32> = data(n_in).iter().map(|v| (8.0 * v).exp()).collect();
     for (ty, target) in [
         (GgmlType::Q4_K, RequantTarget::Fq3),
         (GgmlType::Q6_K, RequantTarget::Q4K),
@@ -163,6 +166,24 @@ fn requant(c: &mut Criterion) {
                 |b| {
                     p.install(|| {
                         b.iter(|| requantize(ty, black_box(&q), n_in, n_rows, target).unwrap())
+                    })
+                },
+            );
+            g.bench_function(
+                BenchmarkId::new(format!("weighted {ty}->{target:?}"), format!("{threads}t")),
+                |b| {
+                    p.install(|| {
+                        b.iter(|| {
+                            requantize_weighted(
+                                ty,
+                                black_box(&q),
+                                n_in,
+                                n_rows,
+                                target,
+                                &importance,
+                            )
+                            .unwrap()
+                        })
                     })
                 },
             );

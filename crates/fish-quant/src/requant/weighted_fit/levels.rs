@@ -1,0 +1,184 @@
+//! From the fitted per-group `(scale, min)` to 6-bit scales and mins under
+//! f16 `d` and `dmin`, every choice ranked by the weighted error: a few
+//! super-scales, then two scale levels by three min levels per group, then
+//! the 3 x 3 neighbours of the pair for the final codes.
+
+use super::sums::{weighted_code_sums, weighted_codes, WeightedForm, WeightedStats};
+use crate::bits::F16Bits;
+use crate::requant::lanes::{each, inverse, zip, CodeSums, Lanes, Rows};
+use crate::requant::lattice::{group_scales_6bit, LaneCodes};
+use crate::requant::vector::{round_levels, Vector};
+
+/// Super-scales tried, as f16 steps above `max / 63` (as the plain fit).
+const SUPER_SCALE_STEPS: [u16; 4] = [0, 8, 16, 32];
+
+/// 6-bit levels per group, as floats.
+type Levels = Lanes;
+
+/// The chosen super-block: super-scales, 6-bit levels and codes.
+pub(super) struct Quantized {
+    pub d: F16Bits,
+    pub dmin: F16Bits,
+    pub ls: Levels,
+    pub lm: Levels,
+    pub codes: LaneCodes,
+}
+
+#[inline(always)]
+pub(super) fn quantize_levels<V: Vector>(
+    x: &Rows,
+    w: &Rows,
+    stats: &WeightedStats,
+    (scales, mins, sums): (&Lanes, &Lanes, &CodeSums),
+    nmax: f32,
+) -> Quantized {
+    let (dmin, _) = group_scales_6bit(mins);
+    let dminf = dmin.to_f32();
+    let (d, unrounded, ls0, lm0) = super_scale::<V>(stats, sums, scales, dminf);
+    let df = d.to_f32();
+    let (ls, lm) = nearest_pair::<V>(x, w, stats, (df, dminf), (ls0, lm0), &unrounded, nmax);
+    let (ls, lm, codes) = settle::<V>(x, w, stats, (df, dminf), (ls, lm), nmax);
+    Quantized {
+        d,
+        dmin,
+        ls,
+        lm,
+        codes,
+    }
+}
+
+/// The `d` of [`SUPER_SCALE_STEPS`] whose rounded scales, with the min
+/// level nearest the best offset for each (codes fixed), give the smallest
+/// weighted error over the super-block; returns it with the unrounded and
+/// rounded scale levels and the min levels.
+#[inline(always)]
+fn super_scale<V: Vector>(
+    stats: &WeightedStats,
+    sums: &CodeSums,
+    scales: &Lanes,
+    dminf: f32,
+) -> (F16Bits, Lanes, Levels, Levels) {
+    let inv_dmin = if dminf > 0.0 { 1.0 / dminf } else { 0.0 };
+    let max = scales.iter().fold(0.0f32, |m, &v| m.max(v));
+    let first = u16::from_le_bytes(F16Bits::from_f32(max / 63.0).0) & 0x7fff;
+    let form = WeightedForm::<V>::new(stats, sums);
+    let inv_sw = V::splat(1.0).div(V::load(&stats.sw));
+    let mut best = (f32::MAX, first, [0.0; 8], [0.0; 8], [0.0; 8]);
+    for step in SUPER_SCALE_STEPS {
+        let bits = first.saturating_add(step).min(0x7bff);
+        let df = F16Bits(bits.to_le_bytes()).to_f32();
+        let inv = if df > 0.0 { 1.0 / df } else { 0.0 };
+        let unrounded = V::load(scales).mul(V::splat(inv));
+        let ls = round_levels(unrounded, 63.0);
+        let s = ls.mul(V::splat(df));
+        // The best offset for these codes under scale s, clamped to <= 0.
+        let (sx, sl) = (V::load(&stats.swx), V::load(&sums[0]));
+        let offset = sx.sub(s.mul(sl)).mul(inv_sw).min(V::splat(0.0));
+        let lm = round_levels(V::splat(0.0).sub(offset).mul(V::splat(inv_dmin)), 63.0);
+        let err = form.error_of(s, V::splat(0.0).sub(lm.mul(V::splat(dminf))));
+        let total: f32 = err.store().iter().sum();
+        if total < best.0 {
+            best = (total, bits, unrounded.store(), ls.store(), lm.store());
+        }
+    }
+    (F16Bits(best.1.to_le_bytes()), best.2, best.3, best.4)
+}
+
+/// `levels + step - 1`, kept within 6 bits.
+#[inline(always)]
+fn neighbour(levels: &Levels, step: usize) -> Levels {
+    each(levels, |l| {
+        let l = l + (step as f32 - 1.0);
+        let l = if l > 0.0 { l } else { 0.0 };
+        if l < 63.0 {
+            l
+        } else {
+            63.0
+        }
+    })
+}
+
+#[inline(always)]
+fn scaled(d: f32, levels: &Levels) -> Lanes {
+    each(levels, |l| d * l)
+}
+
+/// Keeps, per group, the candidate levels where `err` beats `best`.
+#[inline(always)]
+fn take_better<V: Vector>(
+    best: &mut V,
+    (ls, lm): (&mut Levels, &mut Levels),
+    err: V,
+    (sl, ml): (&Levels, &Levels),
+) {
+    let better = err.lt(*best);
+    *best = better.select(err, *best);
+    *ls = better.select(V::load(sl), V::load(ls)).store();
+    *lm = better.select(V::load(ml), V::load(lm)).store();
+}
+
+/// Two scale levels (the rounded one and its neighbour toward the
+/// unrounded value), each with one pass of nearest codes under the rounded
+/// min; three min levels each, ranked by the closed-form weighted error.
+#[inline(always)]
+fn nearest_pair<V: Vector>(
+    x: &Rows,
+    w: &Rows,
+    stats: &WeightedStats,
+    (df, dminf): (f32, f32),
+    (ls0, lm0): (Levels, Levels),
+    unrounded: &Lanes,
+    nmax: f32,
+) -> (Levels, Levels) {
+    let toward = zip(
+        *unrounded,
+        ls0,
+        |u, l| if u > l { l + 1.0 } else { l - 1.0 },
+    );
+    let toward = neighbour(&toward, 1);
+    let candidates = [ls0, toward];
+    let scale = [scaled(df, &ls0), scaled(df, &toward)];
+    let offset: [Lanes; 3] = std::array::from_fn(|c| scaled(-dminf, &neighbour(&lm0, c)));
+    let inv = [inverse(&scale[0]), inverse(&scale[1])];
+    let sums = weighted_code_sums(x, w, &[offset[1]; 2], &inv, nmax);
+    let (mut ls, mut lm) = (ls0, lm0);
+    let mut best = V::splat(f32::MAX);
+    for j in 0..2 {
+        let form = WeightedForm::new(stats, &sums[j]);
+        let part = form.scale_part(V::load(&scale[j]));
+        for (c, offset) in offset.iter().enumerate() {
+            let m = V::load(offset);
+            let err = form.error(&part, form.offset_part(m), m);
+            let cand = (&candidates[j], &neighbour(&lm0, c));
+            take_better(&mut best, (&mut ls, &mut lm), err, cand);
+        }
+    }
+    (ls, lm)
+}
+
+/// Nearest codes for `(ls0, lm0)`, then the pair among its 3 x 3
+/// neighbours with the smallest weighted error for those codes (the middle
+/// one first, so ties keep it).
+#[inline(always)]
+fn settle<V: Vector>(
+    x: &Rows,
+    w: &Rows,
+    stats: &WeightedStats,
+    (df, dminf): (f32, f32),
+    (ls0, lm0): (Levels, Levels),
+    nmax: f32,
+) -> (Levels, Levels, LaneCodes) {
+    let scale: [Lanes; 3] = std::array::from_fn(|j| scaled(df, &neighbour(&ls0, j)));
+    let offset: [Lanes; 3] = std::array::from_fn(|c| scaled(-dminf, &neighbour(&lm0, c)));
+    let (codes, sums) = weighted_codes(x, w, &offset[1], &inverse(&scale[1]), nmax);
+    let form = WeightedForm::new(stats, &sums);
+    let (mut ls, mut lm) = (ls0, lm0);
+    let mut best = V::splat(f32::MAX);
+    for c in [4, 0, 1, 2, 3, 5, 6, 7, 8] {
+        let (j, c) = (c / 3, c % 3);
+        let err = form.error_of(V::load(&scale[j]), V::load(&offset[c]));
+        let cand = (&neighbour(&ls0, j), &neighbour(&lm0, c));
+        take_better(&mut best, (&mut ls, &mut lm), err, cand);
+    }
+    (ls, lm, codes)
+}
