@@ -4,7 +4,7 @@
 //! for fixed codes and its weighted error `Σ w (scale·q + offset − x)²` are
 //! closed form, so ranking fits costs no pass over the values.
 
-use crate::requant::lanes::{biased_code, round_code, zip, CodeSums, Lanes, Rows, ROUND_MAGIC};
+use crate::requant::lanes::{biased_code, round_code, zip, CodeSums, Lanes, Rows};
 use crate::requant::lattice::LaneCodes;
 use crate::requant::vector::Vector;
 
@@ -81,19 +81,15 @@ pub(super) fn weighted_codes(
     inv: &Lanes,
     nmax: f32,
 ) -> (LaneCodes, CodeSums) {
+    let [sums] = weighted_code_sums(x, w, &[*offset], &[*inv], nmax);
+    // The codes again in a loop of their own: fused with the sums above the
+    // compiler splits the lanes into scalar pieces. The code sits in the low
+    // mantissa bits of the biased value.
     let shift = zip(*offset, *inv, |o, i| -(o * i));
     let mut codes = [[0u32; 8]; 32];
-    let mut sums = [[0f32; 8]; 3];
-    for ((row, wr), out) in x.iter().zip(w).zip(codes.iter_mut()) {
-        let [sl, sl2, sxl] = &mut sums;
+    for (out, row) in codes.iter_mut().zip(x) {
         for g in 0..8 {
-            let biased = biased_code(row[g].mul_add(inv[g], shift[g]), nmax);
-            out[g] = biased.to_bits() & 0xff;
-            let q = biased - ROUND_MAGIC;
-            let wq = wr[g] * q;
-            sl[g] += wq;
-            sl2[g] = wq.mul_add(q, sl2[g]);
-            sxl[g] = wq.mul_add(row[g], sxl[g]);
+            out[g] = biased_code(row[g].mul_add(inv[g], shift[g]), nmax).to_bits() & 0xff;
         }
     }
     (codes, sums)
