@@ -22,6 +22,11 @@ layout(push_constant) uniform Params {
     uint groups_x;
     // 0: y = W x; 1: y += W x (every element has one writer).
     uint accumulate;
+    // The NORM matvec (matvec.comp): offset of the RMS-norm weights in the
+    // parameter buffer (binding 3) and the norm's epsilon; x is then the
+    // un-normed residual stream and the kernel normalises it on the fly.
+    uint norm_off;
+    float norm_eps;
 } p;
 
 // Stores one output element, added to what y holds when accumulating.

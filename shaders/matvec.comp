@@ -9,6 +9,13 @@
 // pass (the host sets NT = n_tok up to 8, so NT = 1 keeps decode lean),
 // 3 UNROLL = units a thread loads before it computes (a memory-bound matvec
 // runs at the bytes of weights it keeps in flight; more costs registers).
+//
+// With NORM the kernel also applies the RMS norm before it (the span's
+// attention and feed-forward norms, fused to save their dispatch and
+// barrier): x is the raw residual stream, each value is multiplied by its
+// norm weight as it is read, and since every value of x passes through
+// exactly one thread of the workgroup, the sum of squares comes from the
+// same loads: y = rsqrt(mean(x^2) + eps) * sum_i W_i (x_i * g_i).
 #extension GL_GOOGLE_include_directive : require
 #if defined(USE_SUBGROUP)
 #extension GL_KHR_shader_subgroup_arithmetic : require
@@ -29,6 +36,40 @@ layout(std430, binding = 0) readonly buffer Weights4 { uvec4 w4[]; };
 
 #include "matvec_reduce.glsl"
 
+#if defined(NORM)
+// The norm weights, as vec4 (the offset and n_in are multiples of 4).
+layout(std430, binding = 3) readonly buffer NormWeights { vec4 norm_w4[]; };
+// Per token: this thread's share of sum(x^2).
+float sumsq[NT];
+#endif
+
+#if defined(NORM)
+shared float norm_partial[NT][WG / 4u];
+
+// Multiplies every sum by its token's rsqrt(mean(x^2) + eps), the sums of
+// squares reduced over the workgroup (subgroup sums, then shared memory).
+void scale_by_norm() {
+    for (uint t = 0u; t < NT; t++) {
+        float s = subgroupAdd(sumsq[t]);
+        if (subgroupElect()) {
+            norm_partial[t][gl_SubgroupID] = s;
+        }
+    }
+    barrier();
+    for (uint t = 0u; t < NT; t++) {
+        float total = 0.0;
+        for (uint j = 0u; j < gl_NumSubgroups; j++) {
+            total += norm_partial[t][j];
+        }
+        float scale = inversesqrt(total / float(p.n_in) + p.norm_eps);
+        for (uint r = 0u; r < ROWS; r++) {
+            acc[r][t] *= scale;
+        }
+    }
+    // norm_partial is rewritten by the next pass only after store_sums' barriers.
+}
+#endif
+
 void main() {
     uint row0 = workgroup_index() * ROWS;
     // Uniform across the workgroup, so the barriers below stay legal.
@@ -46,6 +87,11 @@ void main() {
 
     for (uint t0 = 0u; t0 < p.n_tok; t0 += NT) {
         clear_sums();
+#if defined(NORM)
+        for (uint t = 0u; t < NT; t++) {
+            sumsq[t] = 0.0;
+        }
+#endif
         for (uint u0 = tid; u0 < n_units; u0 += UNROLL * WG) {
             // All loads of UNROLL units first, so that they are in flight together.
             Unit un[UNROLL][ROWS];
@@ -76,6 +122,14 @@ void main() {
                         vec4 x1 = x[xi + 1u];
                         vec4 x2 = x[xi + 2u];
                         vec4 x3 = x[xi + 3u];
+#if defined(NORM)
+                        sumsq[t] += (dot(x0, x0) + dot(x1, x1)) + (dot(x2, x2) + dot(x3, x3));
+                        uint g = p.norm_off / 4u + xr;
+                        x0 *= norm_w4[g];
+                        x1 *= norm_w4[g + 1u];
+                        x2 *= norm_w4[g + 2u];
+                        x3 *= norm_w4[g + 3u];
+#endif
 #if defined(HAS_MIN)
                         float xsum = dot((x0 + x1) + (x2 + x3), vec4(1.0));
 #endif
@@ -92,6 +146,9 @@ void main() {
             }
         }
 
+#if defined(NORM)
+        scale_by_norm();
+#endif
         store_sums(row0, t0);
     }
 }

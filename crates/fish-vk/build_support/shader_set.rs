@@ -82,6 +82,16 @@ pub fn shader_specs() -> Vec<ShaderSpec> {
             defines: vec![type_define.clone(), "USE_SUBGROUP".to_string()],
             compiler: ShaderCompiler::Glslc,
         });
+        specs.push(ShaderSpec {
+            name: format!("matvec_norm_{suffix}"),
+            source: "matvec.comp",
+            defines: vec![
+                type_define.clone(),
+                "USE_SUBGROUP".to_string(),
+                "NORM".to_string(),
+            ],
+            compiler: ShaderCompiler::Glslc,
+        });
         if !FLOAT_TYPES.contains(ty) {
             specs.push(ShaderSpec {
                 name: format!("matvec_i8_{suffix}"),

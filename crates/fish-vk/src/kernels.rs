@@ -5,7 +5,7 @@ use crate::buffer::MemoryKind;
 use crate::error::{Result, VkCall, VkError};
 use crate::gpu::{Exec, Gpu};
 use crate::int8_dot::Int8Dot;
-use crate::pipeline::Params;
+use crate::pipeline::{Params, MATMUL_BINDINGS};
 use crate::upload::{ResidentTensor, TensorHandle};
 use crate::weight_format::WeightFormat;
 use ash::vk;
@@ -49,6 +49,10 @@ pub enum Kernel {
     /// `MatvecInt8` on x already quantised (shaders/int8_acts.glsl), as the
     /// span's norm writes it for the q/k/v and gate/up matvecs.
     MatvecInt8Prequantised,
+    /// The matvec with the RMS norm before it fused in (shaders/matvec.comp
+    /// NORM): x is the raw residual stream, the norm weights are at
+    /// binding 3 (`Params::norm_off`). Needs subgroup arithmetic.
+    MatvecNorm,
     /// The tiled matmul kernel.
     Tiled,
     /// The tiled kernel on cooperative matrices (coopmat.rs); an error on
@@ -202,6 +206,7 @@ impl Gpu {
             Kernel::Matvec | Kernel::MatvecSharedReduce => format!("matvec_{suffix}"),
             Kernel::MatvecInt8 => format!("matvec_i8_{suffix}"),
             Kernel::MatvecInt8Prequantised => format!("matvec_i8x_{suffix}"),
+            Kernel::MatvecNorm => format!("matvec_norm_{suffix}"),
             Kernel::Tiled | Kernel::Auto => format!("tiled_{suffix}"),
             Kernel::CoopMat => format!("coopmat_{suffix}"),
             Kernel::CoopMatEmulated => format!("coopmat_emu_{suffix}"),
@@ -430,7 +435,9 @@ impl Gpu {
             let (kernel, matvec) =
                 self.matvec_choice(requested, kernel, h.ty(), h.n_in(), n_tok)?;
             let spec: Vec<u32> = match (kernel, coop_tile) {
-                (Kernel::Matvec | Kernel::MatvecSharedReduce, _) => matvec.spec().to_vec(),
+                (Kernel::Matvec | Kernel::MatvecSharedReduce | Kernel::MatvecNorm, _) => {
+                    matvec.spec().to_vec()
+                }
                 (Kernel::MatvecInt8 | Kernel::MatvecInt8Prequantised, _) => {
                     let mut spec = matvec.spec().to_vec();
                     spec.push((h.n_in() / 16) as u32);
@@ -470,6 +477,8 @@ impl Gpu {
                         y_offset: y_base + c.row0 as u32,
                         groups_x,
                         accumulate: 0,
+                        norm_off: 0,
+                        norm_eps: 0.0,
                     },
                     groups,
                     weights: c.buffer.raw,
@@ -516,6 +525,9 @@ impl Gpu {
                     ))
                 })
             }
+            Kernel::MatvecNorm if !self.info.subgroup_arithmetic => Err(VkError::Input(
+                "the fused-norm matvec needs subgroup arithmetic".into(),
+            )),
             Kernel::Matvec if requested == Kernel::Auto && self.int8_matvec(ty) => {
                 Ok(int8().map_or((kernel, shape), |s| (Kernel::MatvecInt8, s)))
             }
@@ -561,7 +573,7 @@ impl Gpu {
     fn descriptor_pool(&self, n_sets: usize) -> Result<vk::DescriptorPool> {
         let sizes = [vk::DescriptorPoolSize {
             ty: vk::DescriptorType::STORAGE_BUFFER,
-            descriptor_count: 3 * n_sets as u32,
+            descriptor_count: MATMUL_BINDINGS * n_sets as u32,
         }];
         let info = vk::DescriptorPoolCreateInfo::default()
             .max_sets(n_sets as u32)

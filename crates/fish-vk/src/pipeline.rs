@@ -32,10 +32,14 @@ pub(crate) struct Params {
     pub groups_x: u32,
     /// 1: the kernel adds its products to y instead of storing them.
     pub accumulate: u32,
+    /// `Kernel::MatvecNorm`: float offset of the RMS-norm weights in the
+    /// buffer at binding 3, and the norm's epsilon.
+    pub norm_off: u32,
+    pub norm_eps: f32,
 }
 
 impl Params {
-    pub fn bytes(&self) -> [u8; 32] {
+    pub fn bytes(&self) -> [u8; 40] {
         let words = [
             self.n_in,
             self.n_rows,
@@ -45,8 +49,10 @@ impl Params {
             self.y_offset,
             self.groups_x,
             self.accumulate,
+            self.norm_off,
+            self.norm_eps.to_bits(),
         ];
-        let mut out = [0u8; 32];
+        let mut out = [0u8; 40];
         for (chunk, w) in out.chunks_exact_mut(4).zip(words) {
             chunk.copy_from_slice(&w.to_le_bytes());
         }
@@ -54,8 +60,13 @@ impl Params {
     }
 }
 
+/// Storage buffers of a matmul descriptor set; only the NORM matvec uses
+/// the fourth (stage 1 leaves it unwritten).
+pub(crate) const MATMUL_BINDINGS: u32 = 4;
+
 pub(crate) struct Pipelines {
-    /// Three storage buffers: weights, x, y.
+    /// Storage buffers: weights, x, y, and the norm weights of the NORM
+    /// matvec (MATMUL_BINDINGS).
     pub set_layout: vk::DescriptorSetLayout,
     pub layout: vk::PipelineLayout,
     built: Mutex<HashMap<String, (vk::ShaderModule, vk::Pipeline)>>,
@@ -63,7 +74,7 @@ pub(crate) struct Pipelines {
 
 impl Pipelines {
     pub fn new(device: &ash::Device) -> Result<Pipelines> {
-        let bindings: Vec<_> = (0..3)
+        let bindings: Vec<_> = (0..MATMUL_BINDINGS)
             .map(|b| {
                 vk::DescriptorSetLayoutBinding::default()
                     .binding(b)

@@ -7,6 +7,7 @@ use super::kv::KvCache;
 use super::output::SpanOutput;
 use super::params::Params;
 use super::pipelines::{SpanPipelines, SPAN_BINDINGS};
+use super::record::NormedGroup;
 use crate::error::{Result, VkCall};
 use crate::gpu::Gpu;
 use crate::kernels::Kernel;
@@ -29,10 +30,33 @@ pub(crate) struct LayerSets {
     /// for decode-sized chunks; None where the policy keeps float x.
     pub qkv_int8: Option<MatmulSets>,
     pub gate_up_int8: Option<MatmulSets>,
+    /// q/k/v and gate/up with their norm fused in (`Kernel::MatvecNorm`):
+    /// x is the residual stream, binding 3 the parameters; None where the
+    /// fusion is off (`fused_norm_wanted`).
+    pub qkv_norm: Option<MatmulSets>,
+    pub gate_up_norm: Option<MatmulSets>,
     /// qkv, K, V, params.
     pub rope: vk::DescriptorSet,
     /// qkv, K, V, attn.
     pub attention: vk::DescriptorSet,
+}
+
+impl LayerSets {
+    pub fn qkv_group(&self) -> NormedGroup<'_> {
+        NormedGroup {
+            float: &self.qkv,
+            int8: &self.qkv_int8,
+            fused: &self.qkv_norm,
+        }
+    }
+
+    pub fn gate_up_group(&self) -> NormedGroup<'_> {
+        NormedGroup {
+            float: &self.gate_up,
+            int8: &self.gate_up_int8,
+            fused: &self.gate_up_norm,
+        }
+    }
 }
 
 pub(crate) struct Bindings {
@@ -48,6 +72,8 @@ pub(crate) struct Bindings {
     pub layers: Vec<LayerSets>,
     /// The output projection: normed rows (xn) -> logits.
     pub output: Option<MatmulSets>,
+    /// The same with the output norm fused in (x, parameters at binding 3).
+    pub output_norm: Option<MatmulSets>,
 }
 
 /// The span's buffers, for writing the sets.
@@ -93,9 +119,9 @@ impl Bindings {
         let n_matmul: usize =
             weights.iter().flatten().map(Vec::len).sum::<usize>() + output_weights.len();
         let n_span = 5 + 2 * layers.len();
-        // Room for the int8 copies of the q/k/v and gate/up sets.
-        let n_int8: usize = weights.iter().map(|w| w[0].len() + w[2].len()).sum();
-        let pool = create_pool(gpu, n_matmul + n_int8 + n_span)?;
+        // Room for the int8 and fused-norm copies of the q/k/v and gate/up sets.
+        let n_normed: usize = weights.iter().map(|w| w[0].len() + w[2].len()).sum();
+        let pool = create_pool(gpu, n_matmul + output_weights.len() + 2 * n_normed + n_span)?;
         let built = Self::write(
             gpu,
             pool,
@@ -129,16 +155,20 @@ impl Bindings {
             write_set(gpu, set, &[b[0], b[1], b[2], b[3], a.step.raw]);
             Ok(set)
         };
-        let matmul_sets = |handles: &[TensorHandle],
-                           w: &[vk::Buffer],
-                           x: vk::Buffer,
-                           y: vk::Buffer|
+        let sets_binding = |handles: &[TensorHandle],
+                            w: &[vk::Buffer],
+                            x: vk::Buffer,
+                            y: vk::Buffer,
+                            norm: Option<vk::Buffer>|
          -> Result<MatmulSets> {
             let sets = w
                 .iter()
                 .map(|&wb| {
                     let set = allocate(gpu, pool, gpu.pipelines.set_layout)?;
-                    write_set(gpu, set, &[wb, x, y]);
+                    match norm {
+                        Some(n) => write_set(gpu, set, &[wb, x, y, n]),
+                        None => write_set(gpu, set, &[wb, x, y]),
+                    }
                     Ok(set)
                 })
                 .collect::<Result<_>>()?;
@@ -147,6 +177,9 @@ impl Bindings {
                 sets,
             })
         };
+        let matmul_sets =
+            |handles: &[TensorHandle], w: &[vk::Buffer], x, y| sets_binding(handles, w, x, y, None);
+        let fuse_norm = fused_norm_wanted(gpu);
         let mut layers = Vec::with_capacity(groups.len());
         for (il, (g, w)) in groups.iter().zip(weights).enumerate() {
             let (k, v) = (bufs.kv.k[il].raw, bufs.kv.v[il].raw);
@@ -162,9 +195,16 @@ impl Bindings {
                     .then(|| matmul_sets(handles, w, a.xn_int8.raw, y))
                     .transpose()
             };
+            let norm_sets = |handles: &[TensorHandle], w: &[vk::Buffer], y: vk::Buffer| {
+                fuse_norm
+                    .then(|| sets_binding(handles, w, a.x.raw, y, Some(p)))
+                    .transpose()
+            };
             layers.push(LayerSets {
                 qkv_int8: int8_sets(&g[0], &w[0], a.qkv.raw)?,
                 gate_up_int8: int8_sets(&g[2], &w[2], a.gate_up.raw)?,
+                qkv_norm: norm_sets(&g[0], &w[0], a.qkv.raw)?,
+                gate_up_norm: norm_sets(&g[2], &w[2], a.gate_up.raw)?,
                 qkv: matmul_sets(&g[0], &w[0], a.xn.raw, a.qkv.raw)?,
                 wo: matmul_sets(&g[1], &w[1], a.attn.raw, residual_target(lp.post_attn_norm))?,
                 gate_up: matmul_sets(&g[2], &w[2], a.xn.raw, a.gate_up.raw)?,
@@ -187,9 +227,20 @@ impl Bindings {
             )?),
             None => None,
         };
+        let output_norm = match bufs.output {
+            Some(o) if fuse_norm => Some(sets_binding(
+                &[o.weight],
+                output_weights,
+                a.x.raw,
+                o.logits.raw,
+                Some(p),
+            )?),
+            _ => None,
+        };
         Ok(Bindings {
             pool,
             output,
+            output_norm,
             norm_x: span_set([a.x.raw, a.xn.raw, p, a.xn_int8.raw])?,
             qkv_self: span_set([a.qkv.raw, a.qkv.raw, p, p])?,
             norm_o_into_x: span_set([a.o.raw, a.x.raw, p, p])?,
@@ -202,6 +253,13 @@ impl Bindings {
         // SAFETY: callers hold the exec lock or know no forward is pending.
         unsafe { device.destroy_descriptor_pool(self.pool, None) };
     }
+}
+
+/// Whether spans fuse the attention and feed-forward norms into the q/k/v
+/// and gate/up matvecs of decode steps (`FISH_GPU_FUSE_NORM=0` turns it
+/// off; it needs subgroup arithmetic).
+fn fused_norm_wanted(gpu: &Gpu) -> bool {
+    gpu.info.subgroup_arithmetic && std::env::var("FISH_GPU_FUSE_NORM").as_deref() != Ok("0")
 }
 
 fn create_pool(gpu: &Gpu, n_sets: usize) -> Result<vk::DescriptorPool> {

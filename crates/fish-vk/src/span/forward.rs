@@ -8,7 +8,7 @@ use super::record::{max_timestamps, plan_chunks, OutputRecording, Recording};
 use super::{Span, SPAN_CHUNK_TOKENS};
 use crate::error::{Result, VkError};
 use crate::gpu::Gpu;
-use crate::kernels::Kernel;
+use crate::kernels::{Kernel, MATVEC_MAX_TOKENS};
 use ash::vk;
 
 impl Gpu {
@@ -231,8 +231,23 @@ fn output_recording<'a>(
 ) -> Result<OutputRecording<'a>> {
     let missing = || VkError::Input("this span does not run the output".into());
     let o = output.ok_or_else(missing)?;
-    let sets = &bindings.output.as_ref().ok_or_else(missing)?.sets;
-    let plan = gpu.plan_handles(&[o.weight], rows, Kernel::Auto)?;
+    // The fused norm reads x from its first token: every row must be a logits row.
+    let fused_sets = bindings
+        .output_norm
+        .as_ref()
+        .filter(|_| rows == n_tok && rows <= MATVEC_MAX_TOKENS);
+    let (sets, plan, fused) = match fused_sets {
+        Some(f) => (
+            &f.sets,
+            gpu.plan_handles(&[o.weight], rows, Kernel::MatvecNorm)?,
+            true,
+        ),
+        None => (
+            &bindings.output.as_ref().ok_or_else(missing)?.sets,
+            gpu.plan_handles(&[o.weight], rows, Kernel::Auto)?,
+            false,
+        ),
+    };
     if plan.len() != sets.len() {
         return Err(VkError::Input(
             "output plan does not match its descriptor sets".into(),
@@ -244,6 +259,7 @@ fn output_recording<'a>(
         norm: norm.ok_or_else(missing)?,
         rows,
         n_tok,
+        fused,
     })
 }
 

@@ -35,7 +35,10 @@ pub(crate) struct Params {
 struct Packer(Vec<f32>);
 
 impl Packer {
+    /// Every vector starts on a 16-byte boundary, so kernels may read
+    /// them as vec4 (the fused-norm matvec does).
     fn put(&mut self, v: &[f32]) -> u32 {
+        self.0.resize(self.0.len().next_multiple_of(4), 0.0);
         let at = self.0.len() as u32;
         self.0.extend_from_slice(v);
         at

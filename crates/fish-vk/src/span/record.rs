@@ -21,9 +21,21 @@ pub(crate) struct Chunk {
     pub tok0: usize,
     pub n: usize,
     pub matmuls: Vec<[Vec<Dispatch>; 4]>,
-    /// Per layer: whether q/k/v and gate/up read the norm's int8 copy of xn
-    /// (their plans are then `Kernel::MatvecInt8Prequantised`).
-    pub int8: Vec<[bool; 2]>,
+    /// Per layer: what q/k/v and gate/up read.
+    pub inputs: Vec<[NormedInput; 2]>,
+}
+
+/// The input of a matmul group that follows a layer norm.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(crate) enum NormedInput {
+    /// xn, written by the norm.
+    Float,
+    /// The norm's int8 copy of xn (`Kernel::MatvecInt8Prequantised`).
+    Int8,
+    /// The residual stream x, normed inside the matvec (`Kernel::MatvecNorm`;
+    /// no norm dispatch). Only for a forward's first chunk, which starts at
+    /// token 0 of x.
+    Fused,
 }
 
 /// Plans the matmuls of every chunk; the dispatches must match the sets
@@ -38,57 +50,84 @@ pub(crate) fn plan_chunks(
     let mut chunks: Vec<Chunk> = Vec::new();
     for tok0 in (0..n_tok).step_by(chunk_tokens) {
         let n = chunk_tokens.min(n_tok - tok0);
-        // Chunks of equal size share the plan.
-        if let Some(same) = chunks.iter().find(|c| c.n == n) {
-            let (matmuls, int8) = (same.matmuls.clone(), same.int8.clone());
+        // Chunks of equal size share the plan (only the first chunk can
+        // fuse its norms, and no later chunk has its size unless all are full).
+        if let Some(same) = chunks.iter().find(|c| c.n == n && tok0 > 0) {
+            let (matmuls, inputs) = (same.matmuls.clone(), same.inputs.clone());
             chunks.push(Chunk {
                 tok0,
                 n,
                 matmuls,
-                int8,
+                inputs,
             });
             continue;
         }
         let decode = n <= MATVEC_MAX_TOKENS;
         let mut matmuls = Vec::with_capacity(layers.len());
-        let mut int8 = Vec::with_capacity(layers.len());
+        let mut inputs = Vec::with_capacity(layers.len());
         for ls in &bindings.layers {
-            let (qkv, qkv_int8) = plan_normed_group(gpu, &ls.qkv, &ls.qkv_int8, n, decode)?;
-            let (gate_up, gate_up_int8) =
-                plan_normed_group(gpu, &ls.gate_up, &ls.gate_up_int8, n, decode)?;
+            let (qkv_plan, qkv_input) = ls.qkv_group().plan(gpu, n, decode, tok0 == 0)?;
+            let (gate_up_plan, gate_up_input) =
+                ls.gate_up_group().plan(gpu, n, decode, tok0 == 0)?;
             matmuls.push([
-                qkv,
+                qkv_plan,
                 plan_group(gpu, &ls.wo, n, Kernel::Auto)?,
-                gate_up,
+                gate_up_plan,
                 plan_group(gpu, &ls.down, n, Kernel::Auto)?,
             ]);
-            int8.push([qkv_int8, gate_up_int8]);
+            inputs.push([qkv_input, gate_up_input]);
         }
         chunks.push(Chunk {
             tok0,
             n,
             matmuls,
-            int8,
+            inputs,
         });
     }
     Ok(chunks)
 }
 
-/// The plan of a group that reads the normed x: on its int8 copy when the
-/// group has int8 sets and the chunk is decode-sized, else on xn.
-fn plan_normed_group(
-    gpu: &Gpu,
-    sets: &MatmulSets,
-    int8_sets: &Option<MatmulSets>,
-    n_tok: usize,
-    decode: bool,
-) -> Result<(Vec<Dispatch>, bool)> {
-    match int8_sets {
-        Some(q) if decode => Ok((
-            plan_group(gpu, q, n_tok, Kernel::MatvecInt8Prequantised)?,
-            true,
-        )),
-        _ => Ok((plan_group(gpu, sets, n_tok, Kernel::Auto)?, false)),
+/// The set variants of a matmul group that follows a layer norm.
+pub(crate) struct NormedGroup<'a> {
+    pub float: &'a MatmulSets,
+    pub int8: &'a Option<MatmulSets>,
+    pub fused: &'a Option<MatmulSets>,
+}
+
+impl NormedGroup<'_> {
+    /// The plan and input for a chunk of `n_tok` tokens: decode-sized chunks
+    /// read the int8 copy where the group has one, else (first chunk only)
+    /// fuse the norm where the group has those sets; the rest read xn.
+    fn plan(
+        &self,
+        gpu: &Gpu,
+        n_tok: usize,
+        decode: bool,
+        first: bool,
+    ) -> Result<(Vec<Dispatch>, NormedInput)> {
+        match (self.int8, self.fused) {
+            (Some(q), _) if decode => Ok((
+                plan_group(gpu, q, n_tok, Kernel::MatvecInt8Prequantised)?,
+                NormedInput::Int8,
+            )),
+            (_, Some(f)) if decode && first => Ok((
+                plan_group(gpu, f, n_tok, Kernel::MatvecNorm)?,
+                NormedInput::Fused,
+            )),
+            _ => Ok((
+                plan_group(gpu, self.float, n_tok, Kernel::Auto)?,
+                NormedInput::Float,
+            )),
+        }
+    }
+
+    fn sets(&self, input: NormedInput) -> &[vk::DescriptorSet] {
+        let chosen = match input {
+            NormedInput::Float => None,
+            NormedInput::Int8 => self.int8.as_ref(),
+            NormedInput::Fused => self.fused.as_ref(),
+        };
+        &chosen.unwrap_or(self.float).sets
     }
 }
 
@@ -111,6 +150,21 @@ pub(crate) struct OutputRecording<'a> {
     pub norm: u32,
     pub rows: usize,
     pub n_tok: usize,
+    /// The norm runs inside the projection (`Kernel::MatvecNorm` on the
+    /// residual stream): decode steps whose every row is a logits row.
+    pub fused: bool,
+}
+
+/// `plan` (of `Kernel::MatvecNorm`) applying the norm at float offset `norm`.
+fn with_norm(plan: &[Dispatch], norm: u32, eps: f32) -> Vec<Dispatch> {
+    plan.iter()
+        .map(|d| {
+            let mut d = *d;
+            d.params.norm_off = norm;
+            d.params.norm_eps = eps;
+            d
+        })
+        .collect()
 }
 
 /// What a norm does with its result (shaders/span_rmsnorm.comp).
@@ -246,21 +300,29 @@ impl Recording<'_> {
             }
         }
         if let Some(o) = &self.output {
-            let n_embd = self.shape.n_embd;
-            let src_off = ((o.n_tok - o.rows) * n_embd) as u32;
-            let set = self.bindings.norm_x;
-            self.norm(
-                &mut r,
-                set,
-                o.rows,
-                n_embd,
-                src_off,
-                0,
-                o.norm,
-                NormOut::Set,
-            );
-            r.end(SpanStage::RmsNorm);
-            self.matmul(&mut r, &o.plan, o.sets);
+            if o.fused {
+                self.matmul(
+                    &mut r,
+                    &with_norm(&o.plan, o.norm, self.shape.rms_eps),
+                    o.sets,
+                );
+            } else {
+                let n_embd = self.shape.n_embd;
+                let src_off = ((o.n_tok - o.rows) * n_embd) as u32;
+                let set = self.bindings.norm_x;
+                self.norm(
+                    &mut r,
+                    set,
+                    o.rows,
+                    n_embd,
+                    src_off,
+                    0,
+                    o.norm,
+                    NormOut::Set,
+                );
+                r.end(SpanStage::RmsNorm);
+                self.matmul(&mut r, &o.plan, o.sets);
+            }
             r.end(SpanStage::Matvec);
         }
     }
@@ -286,31 +348,16 @@ impl Recording<'_> {
         let v_off = (n * (q_dim + k_dim)) as u32;
 
         // Attention block.
-        let [qkv_int8, gate_up_int8] = chunk.int8[il];
-        let normed = |int8: bool| {
-            if int8 {
-                NormOut::SetAndInt8
-            } else {
-                NormOut::Set
-            }
-        };
-        self.norm(
+        let [qkv_input, gate_up_input] = chunk.inputs[il];
+        let qkv_plan = &chunk.matmuls[il][0];
+        self.normed_matmul(
             r,
-            b.norm_x,
-            n,
-            s.n_embd,
-            x_off,
-            0,
+            chunk,
+            &sets.qkv_group(),
+            qkv_input,
+            qkv_plan,
             lp.attn_norm,
-            normed(qkv_int8),
         );
-        r.end(SpanStage::RmsNorm);
-        let qkv_sets = match (&sets.qkv_int8, qkv_int8) {
-            (Some(q), true) => &q.sets,
-            _ => &sets.qkv.sets,
-        };
-        self.matmul(r, &chunk.matmuls[il][0], qkv_sets);
-        r.end(SpanStage::Matvec);
         let biases = [
             (lp.bq, 0, q_dim),
             (lp.bk, k_off, k_dim),
@@ -396,23 +443,9 @@ impl Recording<'_> {
         );
 
         // Feed-forward block.
-        self.norm(
-            r,
-            b.norm_x,
-            n,
-            s.n_embd,
-            x_off,
-            0,
-            lp.ffn_norm,
-            normed(gate_up_int8),
-        );
-        r.end(SpanStage::RmsNorm);
-        let gate_up_sets = match (&sets.gate_up_int8, gate_up_int8) {
-            (Some(q), true) => &q.sets,
-            _ => &sets.gate_up.sets,
-        };
-        self.matmul(r, &chunk.matmuls[il][2], gate_up_sets);
-        r.end(SpanStage::Matvec);
+        let gate_up_plan = &chunk.matmuls[il][2];
+        let gate_up = sets.gate_up_group();
+        self.normed_matmul(r, chunk, &gate_up, gate_up_input, gate_up_plan, lp.ffn_norm);
         let count = n * layer.n_ff;
         let (gx, gy) = elementwise_groups(count);
         let gelu = u32::from(s.activation == SpanActivation::GeGlu);
@@ -426,6 +459,36 @@ impl Recording<'_> {
             x_off,
             lp.post_ffn_norm,
         );
+    }
+
+    /// The layer norm at float offset `norm` and the matmul group after it:
+    /// a norm dispatch then the group on xn (or on the norm's int8 copy), or
+    /// the group alone with the norm fused in.
+    unsafe fn normed_matmul(
+        &self,
+        r: &mut Recorder<'_>,
+        chunk: &Chunk,
+        group: &NormedGroup<'_>,
+        input: NormedInput,
+        plan: &[Dispatch],
+        norm: u32,
+    ) {
+        let s = self.shape;
+        let x_off = (chunk.tok0 * s.n_embd) as u32;
+        let out = match input {
+            NormedInput::Float => Some(NormOut::Set),
+            NormedInput::Int8 => Some(NormOut::SetAndInt8),
+            NormedInput::Fused => None,
+        };
+        if let Some(out) = out {
+            let set = self.bindings.norm_x;
+            self.norm(r, set, chunk.n, s.n_embd, x_off, 0, norm, out);
+            r.end(SpanStage::RmsNorm);
+            self.matmul(r, plan, group.sets(input));
+        } else {
+            self.matmul(r, &with_norm(plan, norm, s.rms_eps), group.sets(input));
+        }
+        r.end(SpanStage::Matvec);
     }
 
     /// A projection whose result joins the residual stream: without a
