@@ -142,3 +142,42 @@ fn quality_reports_agreement_and_fails_below_the_bar() {
     assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
     assert!(stderr(&out).contains("top-1 agreement"), "{}", stderr(&out));
 }
+
+/// Re-quantisation is weighed by a calibration run unless
+/// FISH_GPU_REQUANT_IMATRIX=0; without re-quantisation nothing is calibrated.
+#[test]
+fn re_quantisation_calibrates_unless_turned_off() {
+    let m = default_model();
+    let m = m.to_str().unwrap();
+    let run = |requant: &str, imatrix: Option<&str>| {
+        let mut envs = vec![("FISH_GPU_VERBOSE", "1")];
+        envs.extend(imatrix.map(|v| ("FISH_GPU_REQUANT_IMATRIX", v)));
+        let out = fish(
+            &[
+                "run",
+                m,
+                "-p",
+                "hello",
+                "-n",
+                "1",
+                "--temp",
+                "0",
+                "--requant",
+                requant,
+            ],
+            &envs,
+        );
+        assert!(out.status.success(), "{}", stderr(&out));
+        stderr(&out)
+    };
+    let default = run("2", None);
+    if !default.contains("gpu: ") && !gpu_required() {
+        eprintln!("skipping: no GPU");
+        return;
+    }
+    assert!(default.contains("fish: calibration: "), "{default}");
+    let off = run("2", Some("0"));
+    assert!(!off.contains("calibration"), "{off}");
+    let plain = run("0", None);
+    assert!(!plain.contains("calibration"), "{plain}");
+}
