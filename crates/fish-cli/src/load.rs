@@ -58,7 +58,7 @@ pub fn attach_gpu(model: &mut Model, gpu: &GpuArgs) {
         Ok(backend) => {
             let level = gpu.requant_level();
             backend.set_requant(fish_span::RequantMode::from_level(level).unwrap_or_default());
-            if level > 0 && imatrix_wanted() {
+            if imatrix_wanted(level) {
                 backend.set_requant_importance(calibration_importance(model, verbose));
             }
             // Re-quantisation happens inside each upload, so the layer bar is its bar.
@@ -78,12 +78,19 @@ pub fn attach_gpu(model: &mut Model, gpu: &GpuArgs) {
     }
 }
 
-/// Re-quantisation is weighed by calibration activation energy unless
-/// `FISH_GPU_REQUANT_IMATRIX=0` (docs/QUANT.md: it lifts mode 1 over the
-/// 95% top-1 bar that the plain fit misses).
+/// Whether re-quantisation at `level` is weighed by calibration activation
+/// energy: `FISH_GPU_REQUANT_IMATRIX=1|0` forces it on or off; by default
+/// only mode 1 (everything to FQ3), where it lifts top-1 over the 95% bar
+/// that the plain fit misses, while modes 2 and 3 clear it with the plain
+/// fit at half the time per weight (docs/QUANT.md).
 #[cfg(feature = "vulkan")]
-fn imatrix_wanted() -> bool {
-    std::env::var("FISH_GPU_REQUANT_IMATRIX").as_deref() != Ok("0")
+fn imatrix_wanted(level: u8) -> bool {
+    match std::env::var("FISH_GPU_REQUANT_IMATRIX").as_deref() {
+        _ if level == 0 => false,
+        Ok("1") => true,
+        Ok("0") => false,
+        _ => level == 1,
+    }
 }
 
 /// Input energy of every matrix from a CPU run of the built-in calibration

@@ -143,10 +143,11 @@ fn quality_reports_agreement_and_fails_below_the_bar() {
     assert!(stderr(&out).contains("top-1 agreement"), "{}", stderr(&out));
 }
 
-/// Re-quantisation is weighed by a calibration run unless
-/// FISH_GPU_REQUANT_IMATRIX=0; without re-quantisation nothing is calibrated.
+/// Mode 1 re-quantisation is weighed by a calibration run by default, the
+/// other modes only with FISH_GPU_REQUANT_IMATRIX=1; =0 turns it off, and
+/// without re-quantisation nothing is calibrated.
 #[test]
-fn re_quantisation_calibrates_unless_turned_off() {
+fn calibration_runs_for_mode_1_or_when_asked() {
     let m = default_model();
     let m = m.to_str().unwrap();
     let run = |requant: &str, imatrix: Option<&str>| {
@@ -170,14 +171,24 @@ fn re_quantisation_calibrates_unless_turned_off() {
         assert!(out.status.success(), "{}", stderr(&out));
         stderr(&out)
     };
-    let default = run("2", None);
-    if !default.contains("gpu: ") && !gpu_required() {
+    let mode1 = run("1", None);
+    if !mode1.contains("gpu: ") && !gpu_required() {
         eprintln!("skipping: no GPU");
         return;
     }
-    assert!(default.contains("fish: calibration: "), "{default}");
-    let off = run("2", Some("0"));
-    assert!(!off.contains("calibration"), "{off}");
-    let plain = run("0", None);
-    assert!(!plain.contains("calibration"), "{plain}");
+    let calibrated = |s: &str| s.contains("fish: calibration: ");
+    assert!(calibrated(&mode1), "{mode1}");
+    for (requant, imatrix, want) in [
+        ("1", Some("0"), false),
+        ("2", None, false),
+        ("2", Some("1"), true),
+        ("0", Some("1"), false),
+    ] {
+        let err = run(requant, imatrix);
+        assert_eq!(
+            calibrated(&err),
+            want,
+            "--requant {requant} {imatrix:?}: {err}"
+        );
+    }
 }
