@@ -6,8 +6,8 @@
 //! fitted side by side ([`super::lanes`]).
 
 use super::lanes::{
-    code_sums, code_sums_from_min, each, group_stats, quadratic_errors, transpose_portable, zip,
-    CodeSums, GroupStats, Lanes, Rows,
+    code_sums, code_sums_from_min, each, group_stats, least_squares, quadratic_errors,
+    transpose_portable, zip, CodeSums, GroupStats, Lanes, Rows,
 };
 use super::lattice::{nearest_pair, settle, super_scales, LaneCodes, Lattice};
 #[cfg(target_arch = "x86_64")]
@@ -36,10 +36,6 @@ fn refined_starts(nmax: f32) -> usize {
 /// its own local optimum; the best is kept.
 const NS: usize = 3;
 const STARTS: [f32; NS] = [-0.5, 0.0, 0.5];
-
-/// Scales at or above this are treated as failed fits (no weight comes
-/// near it; infinity and NaN fail too).
-const SCALE_LIMIT: f32 = 1.0e30;
 
 /// A block format a [`LaneFit`] packs into.
 pub trait LanePacked: bytemuck::Pod {
@@ -166,30 +162,6 @@ struct Fit {
     sums: CodeSums,
 }
 
-/// The closed-form least-squares `(scale, offset)` for fixed codes, with
-/// the offset clamped to `<= 0` (a positive one would need a negative min,
-/// which the formats cannot hold), and the mask of groups where it is
-/// usable: a degenerate system or a non-positive or non-finite scale is
-/// not.
-#[inline(always)]
-fn least_squares<V: Vector>(stats: &GroupStats, sums: &CodeSums) -> (V, V, V) {
-    let (sl, sl2, sxl) = (V::load(&sums[0]), V::load(&sums[1]), V::load(&sums[2]));
-    let (n, sx, zero) = (V::splat(stats.n), V::load(&stats.sx), V::splat(0.0));
-    let det = n.mul(sl2).sub(sl.mul(sl));
-    let inv_det = V::splat(1.0).div(det);
-    let s_free = n.mul(sxl).sub(sx.mul(sl)).mul(inv_det);
-    let m = sl2.mul(sx).sub(sl.mul(sxl)).mul(inv_det);
-    let s_through_zero = sxl.div(sl2);
-    let clamp_min = m.gt(zero);
-    let scale = clamp_min.select(s_through_zero, s_free);
-    let offset = clamp_min.select(zero, m);
-    let usable = det
-        .gt(zero)
-        .and(scale.gt(zero))
-        .and(scale.lt(V::splat(SCALE_LIMIT)));
-    (scale, offset, usable)
-}
-
 /// The fits of `x ≈ scale * q - m` per group with `q` in `0..=nmax`,
 /// `m >= 0`, from every start, while they are refined. Each round (nearest
 /// codes for the current fit, then the least-squares fit for those codes)
@@ -248,7 +220,7 @@ impl Starts {
     #[inline(always)]
     fn refit<V: Vector>(&mut self, stats: &GroupStats, (sums, refined): &([CodeSums; NS], usize)) {
         for k in 0..*refined {
-            let (scale, offset, usable) = least_squares::<V>(stats, &sums[k]);
+            let (scale, offset, usable) = least_squares::<V>(stats.moments(), &sums[k]);
             let err = quadratic_errors(stats, &sums[k], scale, offset);
             let keep =
                 |mask: V, new: V, old: &mut Lanes| *old = mask.select(new, V::load(old)).store();

@@ -100,6 +100,55 @@ pub(super) struct GroupStats {
     pub sx2: Lanes,
 }
 
+impl GroupStats {
+    #[inline(always)]
+    pub fn moments<V: Vector>(&self) -> Moments<V> {
+        Moments {
+            count: V::splat(self.n),
+            sx: V::load(&self.sx),
+            sx2: V::load(&self.sx2),
+        }
+    }
+}
+
+/// What the closed forms ([`least_squares`], [`ErrorForm`]) need of a
+/// group's values: their count, Σx and Σx², or, for the weighted fit, Σw,
+/// Σwx and Σwx² (the same formulas with every value weighted).
+#[derive(Clone, Copy)]
+pub(super) struct Moments<V> {
+    pub count: V,
+    pub sx: V,
+    pub sx2: V,
+}
+
+/// Scales at or above this are treated as failed fits (infinity and NaN
+/// fail too).
+const SCALE_LIMIT: f32 = 1.0e30;
+
+/// The closed-form least-squares `(scale, offset)` for fixed codes, with
+/// the offset clamped to `<= 0` (a positive one would need a negative min,
+/// which the formats cannot hold), and the mask of groups where it is
+/// usable: a degenerate system or a non-positive or non-finite scale is
+/// not.
+#[inline(always)]
+pub(super) fn least_squares<V: Vector>(moments: Moments<V>, sums: &CodeSums) -> (V, V, V) {
+    let (sl, sl2, sxl) = (V::load(&sums[0]), V::load(&sums[1]), V::load(&sums[2]));
+    let (n, sx, zero) = (moments.count, moments.sx, V::splat(0.0));
+    let det = n.mul(sl2).sub(sl.mul(sl));
+    let inv_det = V::splat(1.0).div(det);
+    let s_free = n.mul(sxl).sub(sx.mul(sl)).mul(inv_det);
+    let m = sl2.mul(sx).sub(sl.mul(sxl)).mul(inv_det);
+    let s_through_zero = sxl.div(sl2);
+    let clamp_min = m.gt(zero);
+    let scale = clamp_min.select(s_through_zero, s_free);
+    let offset = clamp_min.select(zero, m);
+    let usable = det
+        .gt(zero)
+        .and(scale.gt(zero))
+        .and(scale.lt(V::splat(SCALE_LIMIT)));
+    (scale, offset, usable)
+}
+
 #[inline(always)]
 pub(super) fn group_stats(rows: &Rows) -> GroupStats {
     let (mut lo, mut hi) = ([f32::MAX; 8], [-f32::MAX; 8]);
@@ -203,7 +252,8 @@ pub(super) fn quadratic_errors<V: Vector>(
 }
 
 /// [`quadratic_errors`] for many `(scale, offset)` pairs of the same codes,
-/// as `sx2 + s·(s·Σq² − 2Σqx) + m·(n·m − 2Σx) + (2s·Σq)·m`: the parts of
+/// as `sx2 + s·(s·Σq² − 2Σqx) + m·(n·m − 2Σx) + (2s·Σq)·m` (weighted alike
+/// from weighted moments): the parts of
 /// one scale or one offset are computed once, each pair then costs four
 /// operations.
 pub(super) struct ErrorForm<V> {
@@ -212,7 +262,7 @@ pub(super) struct ErrorForm<V> {
     two_sxl: V,
     two_sx: V,
     two_sl: V,
-    n: V,
+    count: V,
 }
 
 /// The parts of [`ErrorForm`] that depend on the scale only.
@@ -224,15 +274,15 @@ pub(super) struct ScalePart<V> {
 
 impl<V: Vector> ErrorForm<V> {
     #[inline(always)]
-    pub fn new(stats: &GroupStats, sums: &CodeSums) -> Self {
+    pub fn new(moments: Moments<V>, sums: &CodeSums) -> Self {
         let two = V::splat(2.0);
         Self {
-            sx2: V::load(&stats.sx2),
+            sx2: moments.sx2,
             sl2: V::load(&sums[1]),
             two_sxl: two.mul(V::load(&sums[2])),
-            two_sx: two.mul(V::load(&stats.sx)),
+            two_sx: two.mul(moments.sx),
             two_sl: two.mul(V::load(&sums[0])),
-            n: V::splat(stats.n),
+            count: moments.count,
         }
     }
 
@@ -246,11 +296,17 @@ impl<V: Vector> ErrorForm<V> {
 
     #[inline(always)]
     pub fn offset_part(&self, m: V) -> V {
-        m.mul(self.n.mul(m).sub(self.two_sx))
+        m.mul(self.count.mul(m).sub(self.two_sx))
     }
 
     #[inline(always)]
     pub fn error(&self, s: &ScalePart<V>, offset_part: V, m: V) -> V {
         self.sx2.add(s.square).add(offset_part).add(s.cross.mul(m))
+    }
+
+    /// The error of one pair.
+    #[inline(always)]
+    pub fn error_of(&self, s: V, m: V) -> V {
+        self.error(&self.scale_part(s), self.offset_part(m), m)
     }
 }

@@ -180,7 +180,7 @@ pub(super) fn nearest_pair<V: Vector>(
         V::load(&offset[2]),
     ];
     for j in 0..2 {
-        let form = ErrorForm::new(stats, &sums[j]);
+        let form = ErrorForm::new(stats.moments(), &sums[j]);
         let part = form.scale_part(V::load(&scale[j]));
         for c in 0..3 {
             let err = form.error(&part, form.offset_part(offset[c]), offset[c]);
@@ -225,7 +225,7 @@ pub(super) fn settle<V: Vector>(
     }
     let (mut ls, mut lm) = (ls0, lm0);
     let mut best = V::splat(f32::MAX);
-    let form = ErrorForm::new(stats, &sums);
+    let form = ErrorForm::new(stats.moments(), &sums);
     // Plain arrays, not `map` closures (see `lanes::each`).
     let parts = [
         form.scale_part(V::load(&scale[0])),

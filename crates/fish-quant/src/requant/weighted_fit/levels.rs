@@ -3,9 +3,9 @@
 //! super-scales, then two scale levels by three min levels per group, then
 //! the 3 x 3 neighbours of the pair for the final codes.
 
-use super::sums::{weighted_code_sums, weighted_codes, WeightedForm, WeightedStats};
+use super::sums::{weighted_code_sums, weighted_codes, WeightedStats};
 use crate::bits::F16Bits;
-use crate::requant::lanes::{each, inverse, zip, CodeSums, Lanes, Rows};
+use crate::requant::lanes::{each, inverse, zip, CodeSums, ErrorForm, Lanes, Rows};
 use crate::requant::lattice::{group_scales_6bit, LaneCodes};
 use crate::requant::vector::{round_levels, Vector};
 
@@ -61,7 +61,7 @@ fn super_scale<V: Vector>(
     let inv_dmin = if dminf > 0.0 { 1.0 / dminf } else { 0.0 };
     let max = scales.iter().fold(0.0f32, |m, &v| m.max(v));
     let first = u16::from_le_bytes(F16Bits::from_f32(max / 63.0).0) & 0x7fff;
-    let form = WeightedForm::<V>::new(stats, sums);
+    let form = ErrorForm::<V>::new(stats.moments(), sums);
     let inv_sw = V::splat(1.0).div(V::load(&stats.sw));
     let mut best = (f32::MAX, first, [0.0; 8], [0.0; 8], [0.0; 8]);
     for step in SUPER_SCALE_STEPS {
@@ -144,7 +144,7 @@ fn nearest_pair<V: Vector>(
     let (mut ls, mut lm) = (ls0, lm0);
     let mut best = V::splat(f32::MAX);
     for j in 0..2 {
-        let form = WeightedForm::new(stats, &sums[j]);
+        let form = ErrorForm::new(stats.moments(), &sums[j]);
         let part = form.scale_part(V::load(&scale[j]));
         for (c, offset) in offset.iter().enumerate() {
             let m = V::load(offset);
@@ -171,7 +171,7 @@ fn settle<V: Vector>(
     let scale: [Lanes; 3] = std::array::from_fn(|j| scaled(df, &neighbour(&ls0, j)));
     let offset: [Lanes; 3] = std::array::from_fn(|c| scaled(-dminf, &neighbour(&lm0, c)));
     let (codes, sums) = weighted_codes(x, w, &offset[1], &inverse(&scale[1]), nmax);
-    let form = WeightedForm::new(stats, &sums);
+    let form = ErrorForm::new(stats.moments(), &sums);
     let (mut ls, mut lm) = (ls0, lm0);
     let mut best = V::splat(f32::MAX);
     for c in [4, 0, 1, 2, 3, 5, 6, 7, 8] {

@@ -2,8 +2,8 @@
 //! min and max, each alternating nearest codes with the closed-form
 //! weighted least squares ([`super::sums`]); the best fit seen is kept.
 
-use super::sums::{weighted_code_sums, weighted_least_squares, WeightedForm, WeightedStats};
-use crate::requant::lanes::{each, zip, CodeSums, Lanes, Rows};
+use super::sums::{weighted_code_sums, WeightedStats};
+use crate::requant::lanes::{each, least_squares, zip, CodeSums, ErrorForm, Lanes, Rows};
 use crate::requant::vector::Vector;
 
 /// Initial scales `(max - min) / (nmax + stretch)`.
@@ -40,8 +40,8 @@ pub(super) fn fit_groups<V: Vector>(
         let inv: [Lanes; NS] = std::array::from_fn(|k| each(&scale[k], |v| 1.0 / v));
         let sums = weighted_code_sums(x, w, &offset, &inv, nmax);
         for k in 0..NS {
-            let (s, m, usable) = weighted_least_squares::<V>(stats, &sums[k]);
-            let err = WeightedForm::new(stats, &sums[k]).error_of(s, m);
+            let (s, m, usable) = least_squares::<V>(stats.moments(), &sums[k]);
+            let err = ErrorForm::new(stats.moments(), &sums[k]).error_of(s, m);
             // A start that fails for a group keeps its last fit there.
             scale[k] = usable.select(s, V::load(&scale[k])).store();
             offset[k] = usable.select(m, V::load(&offset[k])).store();

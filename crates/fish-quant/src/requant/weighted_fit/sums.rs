@@ -4,7 +4,7 @@
 //! for fixed codes and its weighted error `Σ w (scale·q + offset − x)²` are
 //! closed form, so ranking fits costs no pass over the values.
 
-use crate::requant::lanes::{biased_code, round_code, zip, CodeSums, Lanes, Rows};
+use crate::requant::lanes::{biased_code, round_code, zip, CodeSums, Lanes, Moments, Rows};
 use crate::requant::lattice::LaneCodes;
 use crate::requant::vector::Vector;
 
@@ -95,90 +95,16 @@ pub(super) fn weighted_codes(
     (codes, sums)
 }
 
-/// Scales at or above this are treated as failed fits (infinity and NaN
-/// fail too).
-const SCALE_LIMIT: f32 = 1.0e30;
-
-/// The weighted least-squares `(scale, offset)` for fixed codes, the offset
-/// clamped to `<= 0` (a positive one would need a negative min), and the
-/// mask of groups where it is usable (a degenerate system or a
-/// non-positive or non-finite scale is not).
-#[inline(always)]
-pub(super) fn weighted_least_squares<V: Vector>(
-    stats: &WeightedStats,
-    sums: &CodeSums,
-) -> (V, V, V) {
-    let (sl, sl2, sxl) = (V::load(&sums[0]), V::load(&sums[1]), V::load(&sums[2]));
-    let (sw, sx, zero) = (V::load(&stats.sw), V::load(&stats.swx), V::splat(0.0));
-    let det = sw.mul(sl2).sub(sl.mul(sl));
-    let inv_det = V::splat(1.0).div(det);
-    let s_free = sw.mul(sxl).sub(sx.mul(sl)).mul(inv_det);
-    let m = sl2.mul(sx).sub(sl.mul(sxl)).mul(inv_det);
-    let s_through_zero = sxl.div(sl2);
-    let clamp_min = m.gt(zero);
-    let scale = clamp_min.select(s_through_zero, s_free);
-    let offset = clamp_min.select(zero, m);
-    let usable = det
-        .gt(zero)
-        .and(scale.gt(zero))
-        .and(scale.lt(V::splat(SCALE_LIMIT)));
-    (scale, offset, usable)
-}
-
-/// The weighted error of fixed codes under many `(scale, offset)` pairs,
-/// `Σwx² + s·(s·Σwq² − 2Σwqx) + m·(Σw·m − 2Σwx) + (2s·Σwq)·m`: the parts of
-/// one scale or one offset are computed once.
-pub(super) struct WeightedForm<V> {
-    sx2: V,
-    sl2: V,
-    two_sxl: V,
-    two_sx: V,
-    two_sl: V,
-    sw: V,
-}
-
-/// The parts of [`WeightedForm`] that depend on the scale only.
-#[derive(Clone, Copy)]
-pub(super) struct ScalePart<V> {
-    square: V,
-    cross: V,
-}
-
-impl<V: Vector> WeightedForm<V> {
+impl WeightedStats {
+    /// The weighted moments, for the shared closed forms
+    /// ([`least_squares`](crate::requant::lanes::least_squares),
+    /// [`ErrorForm`](crate::requant::lanes::ErrorForm)).
     #[inline(always)]
-    pub fn new(stats: &WeightedStats, sums: &CodeSums) -> Self {
-        let two = V::splat(2.0);
-        Self {
-            sx2: V::load(&stats.swx2),
-            sl2: V::load(&sums[1]),
-            two_sxl: two.mul(V::load(&sums[2])),
-            two_sx: two.mul(V::load(&stats.swx)),
-            two_sl: two.mul(V::load(&sums[0])),
-            sw: V::load(&stats.sw),
+    pub fn moments<V: Vector>(&self) -> Moments<V> {
+        Moments {
+            count: V::load(&self.sw),
+            sx: V::load(&self.swx),
+            sx2: V::load(&self.swx2),
         }
-    }
-
-    #[inline(always)]
-    pub fn scale_part(&self, s: V) -> ScalePart<V> {
-        ScalePart {
-            square: s.mul(s.mul(self.sl2).sub(self.two_sxl)),
-            cross: self.two_sl.mul(s),
-        }
-    }
-
-    #[inline(always)]
-    pub fn offset_part(&self, m: V) -> V {
-        m.mul(self.sw.mul(m).sub(self.two_sx))
-    }
-
-    #[inline(always)]
-    pub fn error(&self, s: &ScalePart<V>, offset_part: V, m: V) -> V {
-        self.sx2.add(s.square).add(offset_part).add(s.cross.mul(m))
-    }
-
-    /// The error of one pair.
-    #[inline(always)]
-    pub fn error_of(&self, s: V, m: V) -> V {
-        self.error(&self.scale_part(s), self.offset_part(m), m)
     }
 }
