@@ -128,7 +128,7 @@ fn take_better<V: Vector>(
 /// kept within 6 bits: at the ends the neighbour is the level itself, a
 /// candidate already tried with the same error, so it changes nothing.
 #[inline(always)]
-fn neighbour(levels: &Levels, step: usize) -> Levels {
+pub(super) fn neighbour(levels: &Levels, step: usize) -> Levels {
     each(levels, |l| clamp_6bit(l + (step as f32 - 1.0)))
 }
 
@@ -144,7 +144,7 @@ fn clamp_6bit(l: f32) -> f32 {
 
 /// `d * level` per group.
 #[inline(always)]
-fn scaled(d: f32, levels: &Levels) -> Lanes {
+pub(super) fn scaled(d: f32, levels: &Levels) -> Lanes {
     each(levels, |l| d * l)
 }
 

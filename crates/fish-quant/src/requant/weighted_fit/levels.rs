@@ -5,15 +5,12 @@
 
 use super::sums::{weighted_code_sums, weighted_codes, WeightedStats};
 use crate::bits::F16Bits;
-use crate::requant::lanes::{each, inverse, zip, CodeSums, ErrorForm, Lanes, Rows};
-use crate::requant::lattice::{group_scales_6bit, LaneCodes};
+use crate::requant::lanes::{inverse, zip, CodeSums, ErrorForm, Lanes, Rows};
+use crate::requant::lattice::{group_scales_6bit, neighbour, scaled, LaneCodes, Levels};
 use crate::requant::vector::{round_levels, Vector};
 
 /// Super-scales tried, as f16 steps above `max / 63` (as the plain fit).
 const SUPER_SCALE_STEPS: [u16; 4] = [0, 8, 16, 32];
-
-/// 6-bit levels per group, as floats.
-type Levels = Lanes;
 
 /// The chosen super-block: super-scales, 6-bit levels and codes.
 pub(super) struct Quantized {
@@ -82,25 +79,6 @@ fn super_scale<V: Vector>(
         }
     }
     (F16Bits(best.1.to_le_bytes()), best.2, best.3, best.4)
-}
-
-/// `levels + step - 1`, kept within 6 bits.
-#[inline(always)]
-fn neighbour(levels: &Levels, step: usize) -> Levels {
-    each(levels, |l| {
-        let l = l + (step as f32 - 1.0);
-        let l = if l > 0.0 { l } else { 0.0 };
-        if l < 63.0 {
-            l
-        } else {
-            63.0
-        }
-    })
-}
-
-#[inline(always)]
-fn scaled(d: f32, levels: &Levels) -> Lanes {
-    each(levels, |l| d * l)
 }
 
 /// Keeps, per group, the candidate levels where `err` beats `best`.
