@@ -65,65 +65,94 @@ pub struct ShaderSpec {
     pub compiler: ShaderCompiler,
 }
 
+/// One kernel built for every weight type: module `{prefix}_{suffix}` from
+/// `source` with `TYPE_{ty}` and `defines`; `quantised_only` skips
+/// FLOAT_TYPES.
+struct TypeVariant {
+    prefix: &'static str,
+    source: &'static str,
+    defines: &'static [&'static str],
+    compiler: ShaderCompiler,
+    quantised_only: bool,
+}
+
+/// The per-type kernels, in module order.
+const TYPE_VARIANTS: &[TypeVariant] = &[
+    TypeVariant {
+        prefix: "matvec",
+        source: "matvec.comp",
+        defines: &[],
+        compiler: ShaderCompiler::Glslc,
+        quantised_only: false,
+    },
+    TypeVariant {
+        prefix: "matvec_subgroup",
+        source: "matvec.comp",
+        defines: &["USE_SUBGROUP"],
+        compiler: ShaderCompiler::Glslc,
+        quantised_only: false,
+    },
+    TypeVariant {
+        prefix: "matvec_norm",
+        source: "matvec.comp",
+        defines: &["USE_SUBGROUP", "NORM"],
+        compiler: ShaderCompiler::Glslc,
+        quantised_only: false,
+    },
+    TypeVariant {
+        prefix: "matvec_i8",
+        source: "matvec_i8.comp",
+        defines: &[],
+        compiler: ShaderCompiler::Glslc,
+        quantised_only: true,
+    },
+    TypeVariant {
+        prefix: "matvec_i8x",
+        source: "matvec_i8.comp",
+        defines: &["X_PREQUANTISED"],
+        compiler: ShaderCompiler::Glslc,
+        quantised_only: true,
+    },
+    TypeVariant {
+        prefix: "coopmat",
+        source: "matmul_coopmat.comp",
+        defines: &[],
+        compiler: ShaderCompiler::GlslangCoopMat,
+        quantised_only: false,
+    },
+    TypeVariant {
+        prefix: "coopmat_emu",
+        source: "matmul_coopmat.comp",
+        defines: &["EMULATE_COOPMAT"],
+        compiler: ShaderCompiler::Glslc,
+        quantised_only: false,
+    },
+    TypeVariant {
+        prefix: "tiled",
+        source: "matmul_tiled.comp",
+        defines: &[],
+        compiler: ShaderCompiler::Glslc,
+        quantised_only: false,
+    },
+];
+
 /// Every module, in a fixed order.
 pub fn shader_specs() -> Vec<ShaderSpec> {
     let mut specs = Vec::new();
     for (ty, suffix) in KERNEL_TYPES {
-        let type_define = format!("TYPE_{ty}");
-        specs.push(ShaderSpec {
-            name: format!("matvec_{suffix}"),
-            source: "matvec.comp",
-            defines: vec![type_define.clone()],
-            compiler: ShaderCompiler::Glslc,
-        });
-        specs.push(ShaderSpec {
-            name: format!("matvec_subgroup_{suffix}"),
-            source: "matvec.comp",
-            defines: vec![type_define.clone(), "USE_SUBGROUP".to_string()],
-            compiler: ShaderCompiler::Glslc,
-        });
-        specs.push(ShaderSpec {
-            name: format!("matvec_norm_{suffix}"),
-            source: "matvec.comp",
-            defines: vec![
-                type_define.clone(),
-                "USE_SUBGROUP".to_string(),
-                "NORM".to_string(),
-            ],
-            compiler: ShaderCompiler::Glslc,
-        });
-        if !FLOAT_TYPES.contains(ty) {
+        for v in TYPE_VARIANTS {
+            if v.quantised_only && FLOAT_TYPES.contains(ty) {
+                continue;
+            }
+            let mut defines = vec![format!("TYPE_{ty}")];
+            defines.extend(v.defines.iter().map(|d| d.to_string()));
             specs.push(ShaderSpec {
-                name: format!("matvec_i8_{suffix}"),
-                source: "matvec_i8.comp",
-                defines: vec![type_define.clone()],
-                compiler: ShaderCompiler::Glslc,
-            });
-            specs.push(ShaderSpec {
-                name: format!("matvec_i8x_{suffix}"),
-                source: "matvec_i8.comp",
-                defines: vec![type_define.clone(), "X_PREQUANTISED".to_string()],
-                compiler: ShaderCompiler::Glslc,
+                name: format!("{}_{suffix}", v.prefix),
+                source: v.source,
+                defines,
+                compiler: v.compiler,
             });
         }
-        specs.push(ShaderSpec {
-            name: format!("coopmat_{suffix}"),
-            source: "matmul_coopmat.comp",
-            defines: vec![type_define.clone()],
-            compiler: ShaderCompiler::GlslangCoopMat,
-        });
-        specs.push(ShaderSpec {
-            name: format!("coopmat_emu_{suffix}"),
-            source: "matmul_coopmat.comp",
-            defines: vec![type_define.clone(), "EMULATE_COOPMAT".to_string()],
-            compiler: ShaderCompiler::Glslc,
-        });
-        specs.push(ShaderSpec {
-            name: format!("tiled_{suffix}"),
-            source: "matmul_tiled.comp",
-            defines: vec![type_define],
-            compiler: ShaderCompiler::Glslc,
-        });
     }
     for (name, source) in SPAN_MODULES {
         specs.push(ShaderSpec {
