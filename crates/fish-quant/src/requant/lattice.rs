@@ -4,8 +4,8 @@
 //! ranking candidates costs no pass over the values once codes are fixed.
 
 use super::lanes::{
-    biased_code, code_sums, each, inverse, quadratic_errors, round_code, zip, CodeSums, ErrorForm,
-    GroupStats, Lanes, Rows, ROUND_MAGIC,
+    code_sums, each, inverse, quadratic_errors, round_code, zip, CodeSums, ErrorForm, GroupStats,
+    Lanes, Rows, ROUND_MAGIC,
 };
 use super::vector::{round_levels, Vector};
 use crate::bits::F16Bits;
@@ -194,6 +194,33 @@ pub(super) fn nearest_pair<V: Vector>(
 /// Codes in the fit's layout: `codes[i][g]` is the code of value `32g + i`.
 pub(super) type LaneCodes = [[u32; 8]; 32];
 
+/// The nearest codes `round(clamp((x - offset) * inv, 0, nmax))` and
+/// their sums, in explicit vector operations (as plain loops over the
+/// lanes, the compiler split this pass into scalar pieces).
+#[inline(always)]
+pub(super) fn nearest_codes<V: Vector>(
+    rows: &Rows,
+    offset: &Lanes,
+    inv: &Lanes,
+    nmax: f32,
+) -> (LaneCodes, CodeSums) {
+    let shift = V::load(&zip(*offset, *inv, |o, i| -(o * i)));
+    let inv = V::load(inv);
+    let (zero, ceiling, magic) = (V::splat(0.0), V::splat(nmax), V::splat(ROUND_MAGIC));
+    let mut codes = [[0u32; 8]; 32];
+    let (mut sl, mut sl2, mut sxl) = (zero, zero, zero);
+    for (row, out) in rows.iter().zip(codes.iter_mut()) {
+        let x = V::load(row);
+        let biased = x.mul_add(inv, shift).max(zero).min(ceiling).add(magic);
+        *out = biased.low_byte();
+        let q = biased.sub(magic);
+        sl = sl.add(q);
+        sl2 = q.mul_add(q, sl2);
+        sxl = q.mul_add(x, sxl);
+    }
+    (codes, [sl.store(), sl2.store(), sxl.store()])
+}
+
 /// The final step: nearest codes for `(ls0, lm0)`, then the pair among its
 /// 3 x 3 neighbours with the smallest error for those same codes (the
 /// middle one first, so ties keep it). The codes are kept as they are, so
@@ -208,21 +235,7 @@ pub(super) fn settle<V: Vector>(
 ) -> (Levels, Levels, LaneCodes, Lanes) {
     let scale: [Lanes; 3] = std::array::from_fn(|j| scaled(df, &neighbour(&ls0, j)));
     let offset: [Lanes; 3] = std::array::from_fn(|c| scaled(-dminf, &neighbour(&lm0, c)));
-    let inv = inverse(&scale[1]);
-    let shift = zip(offset[1], inv, |o, i| -(o * i));
-    let mut codes = [[0u32; 8]; 32];
-    let mut sums = [[0f32; 8]; 3];
-    for (row, out) in rows.iter().zip(codes.iter_mut()) {
-        let [sl, sl2, sxl] = &mut sums;
-        for g in 0..8 {
-            let biased = biased_code(row[g].mul_add(inv[g], shift[g]), nmax);
-            out[g] = biased.to_bits() & 0xff;
-            let q = biased - ROUND_MAGIC;
-            sl[g] += q;
-            sl2[g] = q.mul_add(q, sl2[g]);
-            sxl[g] = q.mul_add(row[g], sxl[g]);
-        }
-    }
+    let (codes, sums) = nearest_codes::<V>(rows, &offset[1], &inverse(&scale[1]), nmax);
     let (mut ls, mut lm) = (ls0, lm0);
     let mut best = V::splat(f32::MAX);
     let form = ErrorForm::new(stats.moments(), &sums);

@@ -29,6 +29,11 @@ pub(super) trait Vector: Copy {
     fn sub(self, o: Self) -> Self;
     fn mul(self, o: Self) -> Self;
     fn div(self, o: Self) -> Self;
+    /// `self * a + b` with one rounding (what `f32::mul_add` computes).
+    fn mul_add(self, a: Self, b: Self) -> Self;
+    /// The low byte of each lane's bits (a code biased by
+    /// [`super::lanes::ROUND_MAGIC`] sits there).
+    fn low_byte(self) -> [u32; 8];
     /// `if self < o { self } else { o }` per lane.
     fn min(self, o: Self) -> Self;
     /// `if self > o { self } else { o }` per lane.
@@ -74,6 +79,22 @@ impl Vector for Lanes {
     #[inline(always)]
     fn div(self, o: Self) -> Self {
         lanewise(self, o, |a, b| a / b)
+    }
+    #[inline(always)]
+    fn mul_add(self, a: Self, b: Self) -> Self {
+        let mut out = [0f32; 8];
+        for g in 0..8 {
+            out[g] = self[g].mul_add(a[g], b[g]);
+        }
+        out
+    }
+    #[inline(always)]
+    fn low_byte(self) -> [u32; 8] {
+        let mut out = [0u32; 8];
+        for g in 0..8 {
+            out[g] = self[g].to_bits() & 0xff;
+        }
+        out
     }
     #[inline(always)]
     fn min(self, o: Self) -> Self {
@@ -123,8 +144,8 @@ fn lanewise(a: Lanes, b: Lanes, f: impl Fn(f32, f32) -> f32) -> Lanes {
     out
 }
 
-/// AVX lanes. Only made inside functions compiled with AVX2 enabled (the
-/// intrinsics are inlined there).
+/// AVX lanes. Only made inside functions compiled with AVX2 and FMA
+/// enabled (the intrinsics are inlined there).
 #[cfg(target_arch = "x86_64")]
 #[derive(Clone, Copy)]
 pub(super) struct Avx(std::arch::x86_64::__m256);
@@ -138,7 +159,7 @@ mod avx {
     use std::arch::x86_64::*;
 
     // SAFETY (every block below): an `Avx` value exists only in code that
-    // runs on a CPU with AVX2 (the fit's AVX2 entry points).
+    // runs on a CPU with AVX2 and FMA (the fits' AVX2 entry points).
     impl Vector for Avx {
         #[inline(always)]
         fn load(a: &Lanes) -> Self {
@@ -169,6 +190,19 @@ mod avx {
         #[inline(always)]
         fn div(self, o: Self) -> Self {
             Self(unsafe { _mm256_div_ps(self.0, o.0) })
+        }
+        #[inline(always)]
+        fn mul_add(self, a: Self, b: Self) -> Self {
+            Self(unsafe { _mm256_fmadd_ps(self.0, a.0, b.0) })
+        }
+        #[inline(always)]
+        fn low_byte(self) -> [u32; 8] {
+            let mut out = [0u32; 8];
+            unsafe {
+                let bits = _mm256_and_si256(_mm256_castps_si256(self.0), _mm256_set1_epi32(0xff));
+                _mm256_storeu_si256(out.as_mut_ptr().cast::<__m256i>(), bits);
+            }
+            out
         }
         #[inline(always)]
         fn min(self, o: Self) -> Self {
