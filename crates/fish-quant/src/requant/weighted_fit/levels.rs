@@ -118,7 +118,7 @@ fn nearest_pair<V: Vector>(
     let scale = [scaled(df, &ls0), scaled(df, &toward)];
     let offset: [Lanes; 3] = std::array::from_fn(|c| scaled(-dminf, &neighbour(&lm0, c)));
     let inv = [inverse(&scale[0]), inverse(&scale[1])];
-    let sums = weighted_code_sums(x, w, &[offset[1]; 2], &inv, nmax);
+    let sums = weighted_code_sums::<V, 2>(x, w, &[offset[1]; 2], &inv, nmax);
     let (mut ls, mut lm) = (ls0, lm0);
     let mut best = V::splat(f32::MAX);
     for j in 0..2 {
@@ -148,7 +148,7 @@ fn settle<V: Vector>(
 ) -> (Levels, Levels, LaneCodes) {
     let scale: [Lanes; 3] = std::array::from_fn(|j| scaled(df, &neighbour(&ls0, j)));
     let offset: [Lanes; 3] = std::array::from_fn(|c| scaled(-dminf, &neighbour(&lm0, c)));
-    let (codes, sums) = weighted_codes(x, w, &offset[1], &inverse(&scale[1]), nmax);
+    let (codes, sums) = weighted_codes::<V>(x, w, &offset[1], &inverse(&scale[1]), nmax);
     let form = ErrorForm::new(stats.moments(), &sums);
     let (mut ls, mut lm) = (ls0, lm0);
     let mut best = V::splat(f32::MAX);

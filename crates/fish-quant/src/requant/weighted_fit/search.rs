@@ -38,7 +38,7 @@ pub(super) fn fit_groups<V: Vector>(
     let mut best_sums = [V::splat(0.0); 3];
     for _ in 0..REFITS {
         let inv: [Lanes; NS] = std::array::from_fn(|k| each(&scale[k], |v| 1.0 / v));
-        let sums = weighted_code_sums(x, w, &offset, &inv, nmax);
+        let sums = weighted_code_sums::<V, NS>(x, w, &offset, &inv, nmax);
         for k in 0..NS {
             let (s, m, usable) = least_squares::<V>(stats.moments(), &sums[k]);
             let err = ErrorForm::new(stats.moments(), &sums[k]).error_of(s, m);

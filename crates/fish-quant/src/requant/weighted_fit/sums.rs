@@ -4,7 +4,7 @@
 //! for fixed codes and its weighted error `Σ w (scale·q + offset − x)²` are
 //! closed form, so ranking fits costs no pass over the values.
 
-use crate::requant::lanes::{biased_code, round_code, zip, CodeSums, Lanes, Moments, Rows};
+use crate::requant::lanes::{zip, CodeSums, Lanes, Moments, Rows, ROUND_MAGIC};
 use crate::requant::lattice::LaneCodes;
 use crate::requant::vector::Vector;
 
@@ -22,77 +22,95 @@ pub(super) struct WeightedStats {
 }
 
 #[inline(always)]
-pub(super) fn weighted_stats(x: &Rows, w: &Rows) -> WeightedStats {
-    let (mut lo, mut hi) = ([f32::MAX; 8], [-f32::MAX; 8]);
-    let (mut sw, mut swx, mut swx2) = ([0f32; 8], [0f32; 8], [0f32; 8]);
+pub(super) fn weighted_stats<V: Vector>(x: &Rows, w: &Rows) -> WeightedStats {
+    let zero = V::splat(0.0);
+    let (mut lo, mut hi) = (V::splat(f32::MAX), V::splat(-f32::MAX));
+    let (mut sw, mut swx, mut swx2) = (zero, zero, zero);
     for (row, wr) in x.iter().zip(w) {
-        for g in 0..8 {
-            lo[g] = lo[g].min(row[g]);
-            hi[g] = hi[g].max(row[g]);
-            let wx = wr[g] * row[g];
-            sw[g] += wr[g];
-            swx[g] += wx;
-            swx2[g] = wx.mul_add(row[g], swx2[g]);
-        }
+        let (x, w) = (V::load(row), V::load(wr));
+        // NaN values leave the min and max as they are.
+        lo = x.min(lo);
+        hi = x.max(hi);
+        let wx = w.mul(x);
+        sw = sw.add(w);
+        swx = swx.add(wx);
+        swx2 = wx.mul_add(x, swx2);
     }
     WeightedStats {
-        lo,
-        hi,
-        sw,
-        swx,
-        swx2,
+        lo: lo.store(),
+        hi: hi.store(),
+        sw: sw.store(),
+        swx: swx.store(),
+        swx2: swx2.store(),
     }
 }
 
 /// Weighted code sums `[Σwq, Σwq², Σwqx]` of the nearest codes
 /// `q = round(clamp((x - offset) * inv, 0, nmax))`, for `K` fits in one
-/// pass (independent accumulators).
+/// pass (independent accumulators), in explicit vector operations.
 #[inline(always)]
-pub(super) fn weighted_code_sums<const K: usize>(
+pub(super) fn weighted_code_sums<V: Vector, const K: usize>(
     x: &Rows,
     w: &Rows,
     offset: &[Lanes; K],
     inv: &[Lanes; K],
     nmax: f32,
 ) -> [CodeSums; K] {
-    let shift: [Lanes; K] = std::array::from_fn(|k| zip(offset[k], inv[k], |o, i| -(o * i)));
-    let mut sums = [[[0f32; 8]; 3]; K];
+    let shift: [V; K] = std::array::from_fn(|k| V::load(&zip(offset[k], inv[k], |o, i| -(o * i))));
+    let inv: [V; K] = std::array::from_fn(|k| V::load(&inv[k]));
+    let (zero, ceiling, magic) = (V::splat(0.0), V::splat(nmax), V::splat(ROUND_MAGIC));
+    let mut acc = [[zero; 3]; K];
     for (row, wr) in x.iter().zip(w) {
+        let (x, w) = (V::load(row), V::load(wr));
         for k in 0..K {
-            let [sl, sl2, sxl] = &mut sums[k];
-            for g in 0..8 {
-                let q = round_code(row[g].mul_add(inv[k][g], shift[k][g]), nmax);
-                let wq = wr[g] * q;
-                sl[g] += wq;
-                sl2[g] = wq.mul_add(q, sl2[g]);
-                sxl[g] = wq.mul_add(row[g], sxl[g]);
-            }
+            let q = x
+                .mul_add(inv[k], shift[k])
+                .max(zero)
+                .min(ceiling)
+                .add(magic)
+                .sub(magic);
+            let wq = w.mul(q);
+            let [sl, sl2, sxl] = &mut acc[k];
+            *sl = sl.add(wq);
+            *sl2 = wq.mul_add(q, *sl2);
+            *sxl = wq.mul_add(x, *sxl);
+        }
+    }
+    let mut sums = [[[0f32; 8]; 3]; K];
+    for k in 0..K {
+        for i in 0..3 {
+            sums[k][i] = acc[k][i].store();
         }
     }
     sums
 }
 
-/// [`weighted_code_sums`] of one fit, also returning the codes.
+/// [`weighted_code_sums`] of one fit, also returning the codes (the code
+/// sits in the low mantissa bits of the biased value).
 #[inline(always)]
-pub(super) fn weighted_codes(
+pub(super) fn weighted_codes<V: Vector>(
     x: &Rows,
     w: &Rows,
     offset: &Lanes,
     inv: &Lanes,
     nmax: f32,
 ) -> (LaneCodes, CodeSums) {
-    let [sums] = weighted_code_sums(x, w, &[*offset], &[*inv], nmax);
-    // The codes again in a loop of their own: fused with the sums above the
-    // compiler splits the lanes into scalar pieces. The code sits in the low
-    // mantissa bits of the biased value.
-    let shift = zip(*offset, *inv, |o, i| -(o * i));
+    let shift = V::load(&zip(*offset, *inv, |o, i| -(o * i)));
+    let inv = V::load(inv);
+    let (zero, ceiling, magic) = (V::splat(0.0), V::splat(nmax), V::splat(ROUND_MAGIC));
     let mut codes = [[0u32; 8]; 32];
-    for (out, row) in codes.iter_mut().zip(x) {
-        for g in 0..8 {
-            out[g] = biased_code(row[g].mul_add(inv[g], shift[g]), nmax).to_bits() & 0xff;
-        }
+    let (mut sl, mut sl2, mut sxl) = (zero, zero, zero);
+    for ((row, wr), out) in x.iter().zip(w).zip(codes.iter_mut()) {
+        let (x, w) = (V::load(row), V::load(wr));
+        let biased = x.mul_add(inv, shift).max(zero).min(ceiling).add(magic);
+        *out = biased.low_byte();
+        let q = biased.sub(magic);
+        let wq = w.mul(q);
+        sl = sl.add(wq);
+        sl2 = wq.mul_add(q, sl2);
+        sxl = wq.mul_add(x, sxl);
     }
-    (codes, sums)
+    (codes, [sl.store(), sl2.store(), sxl.store()])
 }
 
 impl WeightedStats {
