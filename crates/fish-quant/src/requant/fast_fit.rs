@@ -201,15 +201,23 @@ impl Starts {
     /// The code sums of the nearest codes of the starts this round refines
     /// (one pass), and how many that is (see [`refined_starts`]).
     #[inline(always)]
-    fn code_sums(&self, rows: &Rows, round: usize, nmax: f32) -> ([CodeSums; NS], usize) {
+    fn code_sums<V: Vector>(
+        &self,
+        rows: &Rows,
+        round: usize,
+        nmax: f32,
+    ) -> ([CodeSums; NS], usize) {
         let inv: [Lanes; NS] = std::array::from_fn(|k| each(&self.scale[k], |v| 1.0 / v));
         if round == 0 {
-            (code_sums_from_min(rows, &self.min, &inv, &STARTS, nmax), NS)
+            (
+                code_sums_from_min::<V, NS>(rows, &self.min, &inv, &STARTS, nmax),
+                NS,
+            )
         } else if refined_starts(nmax) == 1 {
-            let [first] = code_sums(rows, &[self.offset[0]], &[inv[0]], nmax);
+            let [first] = code_sums::<V, 1>(rows, &[self.offset[0]], &[inv[0]], nmax);
             ([first, [[0.0; 8]; 3], [[0.0; 8]; 3]], 1)
         } else {
-            (code_sums(rows, &self.offset, &inv, nmax), NS)
+            (code_sums::<V, NS>(rows, &self.offset, &inv, nmax), NS)
         }
     }
 
@@ -265,7 +273,7 @@ fn fit_blocks<V: Vector, const P: usize>(rows: [&Rows; P], nmax: u8) -> [LaneFit
     let nmax = nmax as f32;
     let mut stats = [GroupStats::default(); P];
     for p in 0..P {
-        stats[p] = group_stats(rows[p]);
+        stats[p] = group_stats::<V>(rows[p]);
     }
     let mut starts = [Starts::default(); P];
     for p in 0..P {
@@ -273,7 +281,7 @@ fn fit_blocks<V: Vector, const P: usize>(rows: [&Rows; P], nmax: u8) -> [LaneFit
     }
     for round in 0..REFITS {
         for p in 0..P {
-            let sums = starts[p].code_sums(rows[p], round, nmax);
+            let sums = starts[p].code_sums::<V>(rows[p], round, nmax);
             starts[p].refit::<V>(&stats[p], &sums);
         }
     }

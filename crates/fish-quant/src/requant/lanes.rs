@@ -150,28 +150,42 @@ pub(super) fn least_squares<V: Vector>(moments: Moments<V>, sums: &CodeSums) -> 
 }
 
 #[inline(always)]
-pub(super) fn group_stats(rows: &Rows) -> GroupStats {
-    let (mut lo, mut hi) = ([f32::MAX; 8], [-f32::MAX; 8]);
-    let (mut sx, mut sx2) = ([0f32; 8], [0f32; 8]);
+pub(super) fn group_stats<V: Vector>(rows: &Rows) -> GroupStats {
+    let zero = V::splat(0.0);
+    let (mut lo, mut hi) = (V::splat(f32::MAX), V::splat(-f32::MAX));
+    let (mut sx, mut sx2) = (zero, zero);
     for row in rows {
-        for g in 0..8 {
-            lo[g] = lo[g].min(row[g]);
-            hi[g] = hi[g].max(row[g]);
-            sx[g] += row[g];
-            sx2[g] = row[g].mul_add(row[g], sx2[g]);
-        }
+        let x = V::load(row);
+        // NaN values leave the min and max as they are.
+        lo = x.min(lo);
+        hi = x.max(hi);
+        sx = sx.add(x);
+        sx2 = x.mul_add(x, sx2);
     }
     GroupStats {
         n: rows.len() as f32,
-        lo,
-        hi,
-        sx,
-        sx2,
+        lo: lo.store(),
+        hi: hi.store(),
+        sx: sx.store(),
+        sx2: sx2.store(),
     }
 }
 
 /// Per-group `[sum q, sum q², sum q·x]`.
 pub(super) type CodeSums = [Lanes; 3];
+
+/// How a pass of nearest codes bounds `t = (x - offset) * inv` before
+/// rounding it.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(super) enum Clamp {
+    /// To `[0, nmax]`.
+    Both,
+    /// To `<= nmax` only: `t` is known to be at least 0 (up to rounding far
+    /// below one half).
+    Ceiling,
+    /// Not at all: `t` is known to lie in `[0, nmax]` (as above).
+    Neither,
+}
 
 /// [`code_sums`] for fits whose offset is the group's min (clamped to
 /// `<= 0`) and whose scale is `range / (nmax + stretch[k])`: every `t` is
@@ -179,53 +193,74 @@ pub(super) type CodeSums = [Lanes; 3];
 /// (plus as little) where the stretch is not positive, so those clamps are
 /// skipped; the codes are the same.
 #[inline(always)]
-pub(super) fn code_sums_from_min<const K: usize>(
+pub(super) fn code_sums_from_min<V: Vector, const K: usize>(
     rows: &Rows,
     min: &Lanes,
     inv: &[Lanes; K],
     stretch: &[f32; K],
     nmax: f32,
 ) -> [CodeSums; K] {
-    let shift: [Lanes; K] = std::array::from_fn(|k| zip(*min, inv[k], |o, i| -(o * i)));
-    let mut sums = [[[0f32; 8]; 3]; K];
-    for row in rows {
-        for k in 0..K {
-            let [sl, sl2, sxl] = &mut sums[k];
-            for g in 0..8 {
-                let t = row[g].mul_add(inv[k][g], shift[k][g]);
-                let ceiling = if t < nmax { t } else { nmax };
-                let t = if stretch[k] > 0.0 { ceiling } else { t };
-                let q = (t + ROUND_MAGIC) - ROUND_MAGIC;
-                sl[g] += q;
-                sl2[g] = q.mul_add(q, sl2[g]);
-                sxl[g] = q.mul_add(row[g], sxl[g]);
-            }
+    let clamps = std::array::from_fn(|k| {
+        if stretch[k] > 0.0 {
+            Clamp::Ceiling
+        } else {
+            Clamp::Neither
         }
-    }
-    sums
+    });
+    sums_of_nearest_codes::<V, K>(rows, &[*min; K], inv, &clamps, nmax)
 }
 
 /// Code sums of the nearest codes
 /// `q = round(clamp((x - offset) * inv, 0, nmax))`, for `K` fits at once
 /// (independent accumulators, so the adds do not wait on each other).
 #[inline(always)]
-pub(super) fn code_sums<const K: usize>(
+pub(super) fn code_sums<V: Vector, const K: usize>(
     rows: &Rows,
     offset: &[Lanes; K],
     inv: &[Lanes; K],
     nmax: f32,
 ) -> [CodeSums; K] {
-    let shift: [Lanes; K] = std::array::from_fn(|k| zip(offset[k], inv[k], |o, i| -(o * i)));
-    let mut sums = [[[0f32; 8]; 3]; K];
+    sums_of_nearest_codes::<V, K>(rows, offset, inv, &[Clamp::Both; K], nmax)
+}
+
+/// The pass behind [`code_sums`] in explicit vector operations.
+#[inline(always)]
+fn sums_of_nearest_codes<V: Vector, const K: usize>(
+    rows: &Rows,
+    offset: &[Lanes; K],
+    inv: &[Lanes; K],
+    clamps: &[Clamp; K],
+    nmax: f32,
+) -> [CodeSums; K] {
+    let shift: [V; K] = std::array::from_fn(|k| V::load(&zip(offset[k], inv[k], |o, i| -(o * i))));
+    let inv: [V; K] = std::array::from_fn(|k| V::load(&inv[k]));
+    let (zero, ceiling, magic) = (V::splat(0.0), V::splat(nmax), V::splat(ROUND_MAGIC));
+    let mut acc = [[zero; 3]; K];
     for row in rows {
+        let x = V::load(row);
         for k in 0..K {
-            let [sl, sl2, sxl] = &mut sums[k];
-            for g in 0..8 {
-                let q = round_code(row[g].mul_add(inv[k][g], shift[k][g]), nmax);
-                sl[g] += q;
-                sl2[g] = q.mul_add(q, sl2[g]);
-                sxl[g] = q.mul_add(row[g], sxl[g]);
-            }
+            let t = x.mul_add(inv[k], shift[k]);
+            let t = if clamps[k] == Clamp::Both {
+                t.max(zero)
+            } else {
+                t
+            };
+            let t = if clamps[k] != Clamp::Neither {
+                t.min(ceiling)
+            } else {
+                t
+            };
+            let q = t.add(magic).sub(magic);
+            let [sl, sl2, sxl] = &mut acc[k];
+            *sl = sl.add(q);
+            *sl2 = q.mul_add(q, *sl2);
+            *sxl = q.mul_add(x, *sxl);
+        }
+    }
+    let mut sums = [[[0f32; 8]; 3]; K];
+    for k in 0..K {
+        for i in 0..3 {
+            sums[k][i] = acc[k][i].store();
         }
     }
     sums

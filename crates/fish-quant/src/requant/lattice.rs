@@ -171,7 +171,7 @@ pub(super) fn nearest_pair<V: Vector>(
     let scale = [scaled(df, &ls0), scaled(df, &toward)];
     let offset: [Lanes; 3] = std::array::from_fn(|c| scaled(-dminf, &neighbour(&lm0, c)));
     let inv = [inverse(&scale[0]), inverse(&scale[1])];
-    let sums = code_sums(rows, &[offset[1]; 2], &inv, nmax);
+    let sums = code_sums::<V, 2>(rows, &[offset[1]; 2], &inv, nmax);
     let (mut ls, mut lm) = (ls0, lm0);
     let mut best = V::splat(f32::MAX);
     let offset = [
