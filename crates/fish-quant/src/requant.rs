@@ -8,8 +8,11 @@ mod lattice;
 mod vector;
 mod weighted_fit;
 
+#[cfg(test)]
 use crate::blocks::kfit::AffineSuperBlock;
-use crate::blocks::{kscales, BlockFormat, BlockQ4K};
+#[cfg(test)]
+use crate::blocks::kscales;
+use crate::blocks::BlockQ4K;
 use crate::error::QuantError;
 use crate::fq3::{BlockFq3, FQ3_BLOCK_BYTES};
 use crate::rows::{dequant_row, row_bytes};
@@ -51,7 +54,7 @@ pub fn requantize(
     target: RequantTarget,
 ) -> Result<Requantized, QuantError> {
     let dst_row = n_in / 256 * target.block_bytes();
-    requantize_rows(src_ty, src, n_in, n_rows, dst_row, |x, dst, _| {
+    requantize_rows(src_ty, src, n_in, n_rows, dst_row, |x, dst| {
         encode_row(target, x, dst)
     })
 }
@@ -76,10 +79,10 @@ pub fn requantize_weighted(
             got: column_weights.len(),
         });
     }
-    let weights = sanitized(column_weights);
     let dst_row = n_in / 256 * target.block_bytes();
-    requantize_rows(src_ty, src, n_in, n_rows, dst_row, |x, dst, y| {
-        encode_row_weighted(target, x, &weights, dst, y)
+    let weights = weighted_fit::weight_rows(&sanitized(column_weights));
+    requantize_rows(src_ty, src, n_in, n_rows, dst_row, |x, dst| {
+        encode_row_weighted(target, x, &weights, dst)
     })
 }
 
@@ -104,7 +107,7 @@ fn requantize_rows(
     n_in: usize,
     n_rows: usize,
     dst_row: usize,
-    encode: impl Fn(&[f32], &mut [u8], &mut [f32]) -> (f64, f64) + Sync,
+    encode: impl Fn(&[f32], &mut [u8]) -> (f64, f64) + Sync,
 ) -> Result<Requantized, QuantError> {
     let src_row = row_bytes(src_ty, n_in)?;
     if !n_in.is_multiple_of(256) {
@@ -135,10 +138,10 @@ fn requantize_rows(
         .par_chunks_mut(dst_row)
         .zip(src.par_chunks(src_row))
         .map_init(
-            || (vec![0f32; n_in], vec![0f32; n_in]),
-            |(x, y), (dst, src)| -> Result<(f64, f64), QuantError> {
+            || vec![0f32; n_in],
+            |x, (dst, src)| -> Result<(f64, f64), QuantError> {
                 dequant_row(src_ty, src, x)?;
-                Ok(encode(x, dst, y))
+                Ok(encode(x, dst))
             },
         )
         .try_reduce(|| (0.0, 0.0), |a, b| Ok((a.0 + b.0, a.1 + b.1)))?;
@@ -187,50 +190,44 @@ fn encode_blocks<B: fast_fit::LanePacked>(x: &[f32], dst: &mut [u8]) -> (f64, f6
     sums
 }
 
-/// [`encode_row`] with the weighted fit, `w` one weight per value of the row.
+/// [`encode_row`] with the weighted fit, `w` the row's weights from
+/// [`weighted_fit::weight_rows`].
 fn encode_row_weighted(
     target: RequantTarget,
     x: &[f32],
-    w: &[f32],
+    w: &[lanes::Rows],
     dst: &mut [u8],
-    decoded: &mut [f32],
 ) -> (f64, f64) {
-    let chunks = x.chunks_exact(256).zip(w.chunks_exact(256));
     match target {
-        RequantTarget::Q4K => {
-            let blocks: &mut [BlockQ4K] = bytemuck::cast_slice_mut(dst);
-            for ((b, (x, w)), y) in blocks
-                .iter_mut()
-                .zip(chunks)
-                .zip(decoded.chunks_exact_mut(256))
-            {
-                let sb = weighted_fit::quantize_superblock_weighted(as_block(x), as_block(w), 15);
-                *b = q4k_from_superblock(&sb);
-                b.to_float(y);
-            }
-        }
-        RequantTarget::Fq3 => {
-            let blocks: &mut [BlockFq3] = bytemuck::cast_slice_mut(dst);
-            for ((b, (x, w)), y) in blocks
-                .iter_mut()
-                .zip(chunks)
-                .zip(decoded.chunks_exact_mut(256))
-            {
-                let sb = weighted_fit::quantize_superblock_weighted(as_block(x), as_block(w), 7);
-                *b = BlockFq3::from_superblock(&sb);
-                b.to_float(y);
-            }
-        }
+        RequantTarget::Q4K => encode_blocks_weighted::<BlockQ4K>(x, w, dst),
+        RequantTarget::Fq3 => encode_blocks_weighted::<BlockFq3>(x, w, dst),
     }
-    row_error(x, decoded)
+}
+
+fn encode_blocks_weighted<B: fast_fit::LanePacked>(
+    x: &[f32],
+    w: &[lanes::Rows],
+    dst: &mut [u8],
+) -> (f64, f64) {
+    let blocks: &mut [B] = bytemuck::cast_slice_mut(dst);
+    let mut sums = (0.0, 0.0);
+    for ((slot, x), w) in blocks.iter_mut().zip(x.chunks_exact(256)).zip(w) {
+        let (block, err, energy) = weighted_fit::encode_superblock_weighted::<B>(as_block(x), w);
+        *slot = block;
+        sums.0 += err as f64;
+        sums.1 += energy as f64;
+    }
+    sums
 }
 
 fn as_block(x: &[f32]) -> &[f32; 256] {
     x.try_into().expect("chunks_exact(256) yields 256 values")
 }
 
-/// Packs a fitted super-block (codes in `0..16`) as Q4_K: byte `32 * j + l`
+/// Packs a fitted super-block (codes in `0..16`) as Q4_K (the reference
+/// the lane packing is tested against): byte `32 * j + l`
 /// holds value `64 * j + l` (low nibble) and `64 * j + 32 + l` (high nibble).
+#[cfg(test)]
 pub(crate) fn q4k_from_superblock(sb: &AffineSuperBlock) -> BlockQ4K {
     let mut qs = [0u8; 128];
     for j in 0..4 {
@@ -244,29 +241,4 @@ pub(crate) fn q4k_from_superblock(sb: &AffineSuperBlock) -> BlockQ4K {
         scales: kscales::pack(&sb.scales, &sb.mins),
         qs,
     }
-}
-
-fn row_error(x: &[f32], y: &[f32]) -> (f64, f64) {
-    // Sixteen independent partial sums per quantity: one vector register
-    // each, no chain of dependent adds through the whole row.
-    const LANES: usize = 16;
-    let (mut err, mut energy) = ([0f32; LANES], [0f32; LANES]);
-    let (xc, yc) = (x.chunks_exact(LANES), y.chunks_exact(LANES));
-    let (x_tail, y_tail) = (xc.remainder(), yc.remainder());
-    for (xs, ys) in xc.zip(yc) {
-        for l in 0..LANES {
-            let d = xs[l] - ys[l];
-            err[l] += d * d;
-            energy[l] += xs[l] * xs[l];
-        }
-    }
-    let mut sums = (
-        err.iter().map(|&v| v as f64).sum::<f64>(),
-        energy.iter().map(|&v| v as f64).sum::<f64>(),
-    );
-    for (&a, &b) in x_tail.iter().zip(y_tail) {
-        sums.0 += ((a - b) * (a - b)) as f64;
-        sums.1 += (a * a) as f64;
-    }
-    sums
 }

@@ -17,46 +17,58 @@ mod levels;
 mod search;
 mod sums;
 
-use super::lanes::{transpose_portable, Lanes, Rows};
-use super::lattice::LaneCodes;
+use super::fast_fit::{LaneFit, LanePacked};
+use super::lanes::{each, transpose_portable, ErrorForm, Lanes, Moments, Rows};
+use super::lattice::scaled;
 #[cfg(target_arch = "x86_64")]
 use super::vector::Avx;
 use super::vector::Vector;
+#[cfg(test)]
 use crate::blocks::kfit::AffineSuperBlock;
 
-/// Quantises 256 values to codes in `0..=nmax` minimising the `w`-weighted
-/// squared error (weights must be finite and non-negative; all-zero weights
-/// in a group fall back to the plain error for that group).
-pub fn quantize_superblock_weighted(x: &[f32; 256], w: &[f32; 256], nmax: u8) -> AffineSuperBlock {
+/// A row's per-value weights (a multiple of 256, finite and non-negative)
+/// in the fit's layout, one [`Rows`] per super-block. The weights belong to
+/// columns, so one conversion serves every row of a matrix. A group whose
+/// weights are all zero gets weight 1 throughout (without weight every fit
+/// of it would be degenerate): it falls back to the plain error.
+pub(super) fn weight_rows(w: &[f32]) -> Vec<Rows> {
+    w.chunks_exact(256)
+        .map(|block| {
+            let mut rows = transpose_portable(block.try_into().expect("256 weights"));
+            for g in 0..8 {
+                if rows.iter().all(|row| row[g] <= 0.0) {
+                    rows.iter_mut().for_each(|row| row[g] = 1.0);
+                }
+            }
+            rows
+        })
+        .collect()
+}
+
+/// Fits and packs 256 values minimising the `w`-weighted squared error
+/// (`w` from [`weight_rows`]); returns the block, its plain squared error
+/// and the values' energy.
+pub(super) fn encode_superblock_weighted<B: LanePacked>(x: &[f32; 256], w: &Rows) -> (B, f32, f32) {
     #[cfg(target_arch = "x86_64")]
     {
-        if std::arch::is_x86_feature_detected!("avx512f")
-            && std::arch::is_x86_feature_detected!("avx512vl")
-            && std::arch::is_x86_feature_detected!("fma")
-        {
-            // SAFETY: checked just above.
-            return unsafe { quantize_avx512(x, w, nmax) };
+        use std::arch::is_x86_feature_detected as has;
+        if has!("avx512f") && has!("avx512vl") && has!("fma") {
+            // SAFETY: the CPU supports AVX-512 F/VL and FMA (checked just above).
+            return unsafe { encode_avx512(x, w) };
         }
-        if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma")
-        {
+        if has!("avx2") && has!("fma") {
             // SAFETY: the CPU supports AVX2 and FMA (checked just above).
-            return unsafe { quantize_avx2(x, w, nmax) };
+            return unsafe { encode_avx2(x, w) };
         }
     }
-    quantize_portable(x, w, nmax)
+    encode::<B, Lanes>(&transpose_portable(x), w)
 }
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
-unsafe fn quantize_avx2(x: &[f32; 256], w: &[f32; 256], nmax: u8) -> AffineSuperBlock {
+unsafe fn encode_avx2<B: LanePacked>(x: &[f32; 256], w: &Rows) -> (B, f32, f32) {
     // SAFETY: AVX2 is enabled in this function's context.
-    let (xr, wr) = unsafe {
-        (
-            super::lanes::transpose_avx2(x),
-            super::lanes::transpose_avx2(w),
-        )
-    };
-    fit::<Avx>(&xr, wr, nmax)
+    encode::<B, Avx>(&unsafe { super::lanes::transpose_avx2(x) }, w)
 }
 
 /// The AVX2 build with AVX-512's 32 vector registers: the same 8-lane
@@ -64,70 +76,68 @@ unsafe fn quantize_avx2(x: &[f32; 256], w: &[f32; 256], nmax: u8) -> AffineSuper
 /// spill to the stack.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma,avx512f,avx512vl")]
-unsafe fn quantize_avx512(x: &[f32; 256], w: &[f32; 256], nmax: u8) -> AffineSuperBlock {
+unsafe fn encode_avx512<B: LanePacked>(x: &[f32; 256], w: &Rows) -> (B, f32, f32) {
     // SAFETY: AVX2 is enabled in this function's context.
-    let (xr, wr) = unsafe {
-        (
-            super::lanes::transpose_avx2(x),
-            super::lanes::transpose_avx2(w),
-        )
-    };
-    fit::<Avx>(&xr, wr, nmax)
-}
-
-/// The portable build (what a CPU without AVX2 and FMA runs).
-fn quantize_portable(x: &[f32; 256], w: &[f32; 256], nmax: u8) -> AffineSuperBlock {
-    fit::<Lanes>(&transpose_portable(x), transpose_portable(w), nmax)
+    encode::<B, Avx>(&unsafe { super::lanes::transpose_avx2(x) }, w)
 }
 
 #[inline(always)]
-fn fit<V: Vector>(x: &Rows, mut w: Rows, nmax: u8) -> AffineSuperBlock {
+fn encode<B: LanePacked, V: Vector>(x: &Rows, w: &Rows) -> (B, f32, f32) {
+    let fit = fit::<V>(x, w, B::NMAX);
+    (B::pack::<V>(&fit), fit.err, fit.energy)
+}
+
+#[inline(always)]
+fn fit<V: Vector>(x: &Rows, w: &Rows, nmax: u8) -> LaneFit {
     let nmax = nmax as f32;
-    let mut stats = sums::weighted_stats::<V>(x, &w);
-    // A group without weight would make every fit degenerate.
-    if stats.sw.iter().any(|&s| s <= 0.0) {
-        for g in (0..8).filter(|&g| stats.sw[g] <= 0.0) {
-            w.iter_mut().for_each(|row| row[g] = 1.0);
-        }
-        stats = sums::weighted_stats::<V>(x, &w);
-    }
-    let groups = search::fit_groups::<V>(x, &w, &stats, nmax);
+    let stats = sums::weighted_stats::<V>(x, w);
+    let groups = search::fit_groups::<V>(x, w, &stats, nmax);
     let q = levels::quantize_levels::<V>(
         x,
-        &w,
+        w,
         &stats,
         (&groups.scale, &groups.min, &groups.sums),
         nmax,
     );
-    AffineSuperBlock {
+    // The plain error of the stored codes under the stored pair, from
+    // their plain sums (as the plain fit reports it).
+    let (df, dminf) = (q.d.to_f32(), q.dmin.to_f32());
+    let plain = Moments {
+        count: V::splat(x.len() as f32),
+        sx: V::load(&stats.sx),
+        sx2: V::load(&stats.sx2),
+    };
+    let err = ErrorForm::new(plain, &q.plain_sums)
+        .error_of(V::load(&scaled(df, &q.ls)), V::load(&scaled(-dminf, &q.lm)));
+    LaneFit {
         d: q.d,
         dmin: q.dmin,
-        scales: std::array::from_fn(|g| q.ls[g] as u8),
-        mins: std::array::from_fn(|g| q.lm[g] as u8),
-        codes: value_order::<V>(&q.codes),
+        scales: each(&q.ls, |v| v as u8),
+        mins: each(&q.lm, |v| v as u8),
+        codes: q.codes,
+        // Rounding can leave a perfect fit a hair below zero.
+        err: each(&err.store(), |e| e.max(0.0)).iter().sum(),
+        energy: stats.sx2.iter().sum(),
     }
 }
 
-/// Codes from the lane layout (`codes[i][g]` is value `32g + i`) to value
-/// order, as four 8 x 8 transposes.
-#[inline(always)]
-fn value_order<V: Vector>(codes: &LaneCodes) -> [u8; 256] {
-    let mut out = [0u8; 256];
-    for b in 0..4 {
-        let block: [[u32; 8]; 8] = std::array::from_fn(|i| codes[8 * b + i]);
-        let t = V::transpose(&block);
-        for (g, row) in t.iter().enumerate() {
-            for (i, &q) in row.iter().enumerate() {
-                out[32 * g + 8 * b + i] = q as u8;
-            }
-        }
-    }
-    out
-}
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::requant::fast_fit::quantize_superblock;
+
+    fn rows_of(w: &[f32; 256]) -> Rows {
+        weight_rows(w)[0]
+    }
+
+    /// The fit through the dispatch, in value order.
+    fn quantize_superblock_weighted(x: &[f32; 256], w: &[f32; 256], nmax: u8) -> AffineSuperBlock {
+        simd_builds(x, w, nmax).swap_remove(0)
+    }
+
+    fn quantize_portable(x: &[f32; 256], w: &[f32; 256], nmax: u8) -> AffineSuperBlock {
+        fit::<Lanes>(&transpose_portable(x), &rows_of(w), nmax).in_value_order()
+    }
 
     fn data(seed: u32) -> [f32; 256] {
         let mut s = seed;
@@ -197,23 +207,40 @@ mod tests {
         assert!((err / energy).sqrt() < 0.2, "{}", (err / energy).sqrt());
     }
 
-    /// The fit through every SIMD build this CPU can run (the dispatch
-    /// picks only the widest).
+    /// The fit through every SIMD build this CPU can run, the widest first
+    /// (the one the dispatch picks).
     fn simd_builds(x: &[f32; 256], w: &[f32; 256], nmax: u8) -> Vec<AffineSuperBlock> {
         #[allow(unused_mut)]
-        let mut out = vec![quantize_superblock_weighted(x, w, nmax)];
+        let mut out = Vec::new();
         #[cfg(target_arch = "x86_64")]
         {
             use std::arch::is_x86_feature_detected as has;
-            if has!("avx2") && has!("fma") {
-                // SAFETY: the CPU supports AVX2 and FMA.
-                out.push(unsafe { quantize_avx2(x, w, nmax) });
+            #[target_feature(enable = "avx2,fma")]
+            unsafe fn avx2(x: &[f32; 256], w: &Rows, nmax: u8) -> LaneFit {
+                fit::<Avx>(
+                    &unsafe { crate::requant::lanes::transpose_avx2(x) },
+                    w,
+                    nmax,
+                )
+            }
+            #[target_feature(enable = "avx2,fma,avx512f,avx512vl")]
+            unsafe fn avx512(x: &[f32; 256], w: &Rows, nmax: u8) -> LaneFit {
+                fit::<Avx>(
+                    &unsafe { crate::requant::lanes::transpose_avx2(x) },
+                    w,
+                    nmax,
+                )
             }
             if has!("avx512f") && has!("avx512vl") && has!("fma") {
                 // SAFETY: the CPU supports AVX-512 F/VL and FMA.
-                out.push(unsafe { quantize_avx512(x, w, nmax) });
+                out.push(unsafe { avx512(x, &rows_of(w), nmax) }.in_value_order());
+            }
+            if has!("avx2") && has!("fma") {
+                // SAFETY: the CPU supports AVX2 and FMA.
+                out.push(unsafe { avx2(x, &rows_of(w), nmax) }.in_value_order());
             }
         }
+        out.push(quantize_portable(x, w, nmax));
         out
     }
 

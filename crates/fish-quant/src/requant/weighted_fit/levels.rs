@@ -19,6 +19,8 @@ pub(super) struct Quantized {
     pub ls: Levels,
     pub lm: Levels,
     pub codes: LaneCodes,
+    /// The plain `[Σq, Σq², Σqx]` of the codes.
+    pub plain_sums: CodeSums,
 }
 
 #[inline(always)]
@@ -34,13 +36,14 @@ pub(super) fn quantize_levels<V: Vector>(
     let (d, unrounded, ls0, lm0) = super_scale::<V>(stats, sums, scales, dminf);
     let df = d.to_f32();
     let (ls, lm) = nearest_pair::<V>(x, w, stats, (df, dminf), (ls0, lm0), &unrounded, nmax);
-    let (ls, lm, codes) = settle::<V>(x, w, stats, (df, dminf), (ls, lm), nmax);
+    let (ls, lm, codes, plain_sums) = settle::<V>(x, w, stats, (df, dminf), (ls, lm), nmax);
     Quantized {
         d,
         dmin,
         ls,
         lm,
         codes,
+        plain_sums,
     }
 }
 
@@ -145,10 +148,11 @@ fn settle<V: Vector>(
     (df, dminf): (f32, f32),
     (ls0, lm0): (Levels, Levels),
     nmax: f32,
-) -> (Levels, Levels, LaneCodes) {
+) -> (Levels, Levels, LaneCodes, CodeSums) {
     let scale: [Lanes; 3] = std::array::from_fn(|j| scaled(df, &neighbour(&ls0, j)));
     let offset: [Lanes; 3] = std::array::from_fn(|c| scaled(-dminf, &neighbour(&lm0, c)));
-    let (codes, sums) = weighted_codes::<V>(x, w, &offset[1], &inverse(&scale[1]), nmax);
+    let (codes, sums, plain_sums) =
+        weighted_codes::<V>(x, w, &offset[1], &inverse(&scale[1]), nmax);
     let form = ErrorForm::new(stats.moments(), &sums);
     let (mut ls, mut lm) = (ls0, lm0);
     let mut best = V::splat(f32::MAX);
@@ -158,5 +162,5 @@ fn settle<V: Vector>(
         let cand = (&neighbour(&ls0, j), &neighbour(&lm0, c));
         take_better(&mut best, (&mut ls, &mut lm), err, cand);
     }
-    (ls, lm, codes)
+    (ls, lm, codes, plain_sums)
 }

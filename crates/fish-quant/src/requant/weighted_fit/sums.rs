@@ -19,6 +19,9 @@ pub(super) struct WeightedStats {
     pub swx: Lanes,
     /// `Σ w x²`.
     pub swx2: Lanes,
+    /// `Σ x` and `Σ x²` (unweighted: the plain error of the result).
+    pub sx: Lanes,
+    pub sx2: Lanes,
 }
 
 #[inline(always)]
@@ -26,6 +29,7 @@ pub(super) fn weighted_stats<V: Vector>(x: &Rows, w: &Rows) -> WeightedStats {
     let zero = V::splat(0.0);
     let (mut lo, mut hi) = (V::splat(f32::MAX), V::splat(-f32::MAX));
     let (mut sw, mut swx, mut swx2) = (zero, zero, zero);
+    let (mut sx, mut sx2) = (zero, zero);
     for (row, wr) in x.iter().zip(w) {
         let (x, w) = (V::load(row), V::load(wr));
         // NaN values leave the min and max as they are.
@@ -35,6 +39,8 @@ pub(super) fn weighted_stats<V: Vector>(x: &Rows, w: &Rows) -> WeightedStats {
         sw = sw.add(w);
         swx = swx.add(wx);
         swx2 = wx.mul_add(x, swx2);
+        sx = sx.add(x);
+        sx2 = x.mul_add(x, sx2);
     }
     WeightedStats {
         lo: lo.store(),
@@ -42,6 +48,8 @@ pub(super) fn weighted_stats<V: Vector>(x: &Rows, w: &Rows) -> WeightedStats {
         sw: sw.store(),
         swx: swx.store(),
         swx2: swx2.store(),
+        sx: sx.store(),
+        sx2: sx2.store(),
     }
 }
 
@@ -86,7 +94,8 @@ pub(super) fn weighted_code_sums<V: Vector, const K: usize>(
 }
 
 /// [`weighted_code_sums`] of one fit, also returning the codes (the code
-/// sits in the low mantissa bits of the biased value).
+/// sits in the low mantissa bits of the biased value) and their plain
+/// (unweighted) sums.
 #[inline(always)]
 pub(super) fn weighted_codes<V: Vector>(
     x: &Rows,
@@ -94,12 +103,13 @@ pub(super) fn weighted_codes<V: Vector>(
     offset: &Lanes,
     inv: &Lanes,
     nmax: f32,
-) -> (LaneCodes, CodeSums) {
+) -> (LaneCodes, CodeSums, CodeSums) {
     let shift = V::load(&zip(*offset, *inv, |o, i| -(o * i)));
     let inv = V::load(inv);
     let (zero, ceiling, magic) = (V::splat(0.0), V::splat(nmax), V::splat(ROUND_MAGIC));
     let mut codes = [[0u32; 8]; 32];
     let (mut sl, mut sl2, mut sxl) = (zero, zero, zero);
+    let (mut pl, mut pl2, mut pxl) = (zero, zero, zero);
     for ((row, wr), out) in x.iter().zip(w).zip(codes.iter_mut()) {
         let (x, w) = (V::load(row), V::load(wr));
         let biased = x.mul_add(inv, shift).max(zero).min(ceiling).add(magic);
@@ -109,8 +119,15 @@ pub(super) fn weighted_codes<V: Vector>(
         sl = sl.add(wq);
         sl2 = wq.mul_add(q, sl2);
         sxl = wq.mul_add(x, sxl);
+        pl = pl.add(q);
+        pl2 = q.mul_add(q, pl2);
+        pxl = q.mul_add(x, pxl);
     }
-    (codes, [sl.store(), sl2.store(), sxl.store()])
+    (
+        codes,
+        [sl.store(), sl2.store(), sxl.store()],
+        [pl.store(), pl2.store(), pxl.store()],
+    )
 }
 
 impl WeightedStats {
