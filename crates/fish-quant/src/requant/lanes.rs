@@ -187,6 +187,22 @@ pub(super) enum Clamp {
     Neither,
 }
 
+/// The clamps a pass of nearest codes needs for fits whose offset is the
+/// group's min (clamped to `<= 0`) and whose scale is
+/// `range / (nmax + stretch[k])`: `t` is then at least 0 (up to rounding
+/// far below one half), and at most `nmax` (plus as little) where the
+/// stretch is not positive.
+#[inline(always)]
+pub(super) fn clamps_from_min<const K: usize>(stretch: &[f32; K]) -> [Clamp; K] {
+    std::array::from_fn(|k| {
+        if stretch[k] > 0.0 {
+            Clamp::Ceiling
+        } else {
+            Clamp::Neither
+        }
+    })
+}
+
 /// [`code_sums`] for fits whose offset is the group's min (clamped to
 /// `<= 0`) and whose scale is `range / (nmax + stretch[k])`: every `t` is
 /// then at least 0 (up to rounding far below one half), and at most `nmax`
@@ -200,14 +216,7 @@ pub(super) fn code_sums_from_min<V: Vector, const K: usize>(
     stretch: &[f32; K],
     nmax: f32,
 ) -> [CodeSums; K] {
-    let clamps = std::array::from_fn(|k| {
-        if stretch[k] > 0.0 {
-            Clamp::Ceiling
-        } else {
-            Clamp::Neither
-        }
-    });
-    sums_of_nearest_codes::<V, K>(rows, &[*min; K], inv, &clamps, nmax)
+    sums_of_nearest_codes::<V, K>(rows, &[*min; K], inv, &clamps_from_min(stretch), nmax)
 }
 
 /// Code sums of the nearest codes

@@ -36,7 +36,7 @@ pub(super) fn group_scales_6bit(values: &Lanes) -> (F16Bits, [u8; 8]) {
 /// The value of non-negative f16 bits (inlined, unlike the `half` crate's
 /// run-time dispatched conversion).
 #[inline(always)]
-fn f16_magnitude(bits: u16) -> f32 {
+pub(super) fn f16_magnitude(bits: u16) -> f32 {
     let (exp, man) = ((bits >> 10) & 0x1f, (bits & 0x3ff) as u32);
     match exp {
         0 => man as f32 * (1.0 / 16_777_216.0),

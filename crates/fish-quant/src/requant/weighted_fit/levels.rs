@@ -5,8 +5,10 @@
 
 use super::sums::{weighted_code_sums, weighted_codes, WeightedStats};
 use crate::bits::F16Bits;
-use crate::requant::lanes::{inverse, zip, CodeSums, ErrorForm, Lanes, Rows};
-use crate::requant::lattice::{group_scales_6bit, neighbour, scaled, LaneCodes, Levels};
+use crate::requant::lanes::{inverse, zip, Clamp, CodeSums, ErrorForm, Lanes, Rows};
+use crate::requant::lattice::{
+    f16_magnitude, group_scales_6bit, neighbour, scaled, LaneCodes, Levels,
+};
 use crate::requant::vector::{round_levels, Vector};
 
 /// Super-scales tried, as f16 steps above `max / 63` (as the plain fit).
@@ -66,7 +68,7 @@ fn super_scale<V: Vector>(
     let mut best = (f32::MAX, first, [0.0; 8], [0.0; 8], [0.0; 8]);
     for step in SUPER_SCALE_STEPS {
         let bits = first.saturating_add(step).min(0x7bff);
-        let df = F16Bits(bits.to_le_bytes()).to_f32();
+        let df = f16_magnitude(bits);
         let inv = if df > 0.0 { 1.0 / df } else { 0.0 };
         let unrounded = V::load(scales).mul(V::splat(inv));
         let ls = round_levels(unrounded, 63.0);
@@ -121,7 +123,7 @@ fn nearest_pair<V: Vector>(
     let scale = [scaled(df, &ls0), scaled(df, &toward)];
     let offset: [Lanes; 3] = std::array::from_fn(|c| scaled(-dminf, &neighbour(&lm0, c)));
     let inv = [inverse(&scale[0]), inverse(&scale[1])];
-    let sums = weighted_code_sums::<V, 2>(x, w, &[offset[1]; 2], &inv, nmax);
+    let sums = weighted_code_sums::<V, 2>(x, w, &[offset[1]; 2], &inv, &[Clamp::Both; 2], nmax);
     let (mut ls, mut lm) = (ls0, lm0);
     let mut best = V::splat(f32::MAX);
     for j in 0..2 {

@@ -3,7 +3,9 @@
 //! weighted least squares ([`super::sums`]); the best fit seen is kept.
 
 use super::sums::{weighted_code_sums, WeightedStats};
-use crate::requant::lanes::{each, least_squares, zip, CodeSums, ErrorForm, Lanes, Rows};
+use crate::requant::lanes::{
+    clamps_from_min, each, least_squares, zip, Clamp, CodeSums, ErrorForm, Lanes, Rows,
+};
 use crate::requant::vector::Vector;
 
 /// Initial scales `(max - min) / (nmax + stretch)`.
@@ -36,9 +38,15 @@ pub(super) fn fit_groups<V: Vector>(
     let mut best_scale = V::load(&each(&range, |r| r / nmax));
     let mut best_offset = V::load(&min);
     let mut best_sums = [V::splat(0.0); 3];
-    for _ in 0..REFITS {
+    for round in 0..REFITS {
         let inv: [Lanes; NS] = std::array::from_fn(|k| each(&scale[k], |v| 1.0 / v));
-        let sums = weighted_code_sums::<V, NS>(x, w, &offset, &inv, nmax);
+        // The first round starts from the min, where some clamps cannot bite.
+        let clamps = if round == 0 {
+            clamps_from_min(&STARTS)
+        } else {
+            [Clamp::Both; NS]
+        };
+        let sums = weighted_code_sums::<V, NS>(x, w, &offset, &inv, &clamps, nmax);
         for k in 0..NS {
             let (s, m, usable) = least_squares::<V>(stats.moments(), &sums[k]);
             let err = ErrorForm::new(stats.moments(), &sums[k]).error_of(s, m);

@@ -4,7 +4,7 @@
 //! for fixed codes and its weighted error `Σ w (scale·q + offset − x)²` are
 //! closed form, so ranking fits costs no pass over the values.
 
-use crate::requant::lanes::{zip, CodeSums, Lanes, Moments, Rows, ROUND_MAGIC};
+use crate::requant::lanes::{zip, Clamp, CodeSums, Lanes, Moments, Rows, ROUND_MAGIC};
 use crate::requant::lattice::LaneCodes;
 use crate::requant::vector::Vector;
 
@@ -55,13 +55,15 @@ pub(super) fn weighted_stats<V: Vector>(x: &Rows, w: &Rows) -> WeightedStats {
 
 /// Weighted code sums `[Σwq, Σwq², Σwqx]` of the nearest codes
 /// `q = round(clamp((x - offset) * inv, 0, nmax))`, for `K` fits in one
-/// pass (independent accumulators), in explicit vector operations.
+/// pass (independent accumulators), in explicit vector operations; a clamp
+/// the caller knows cannot bite is skipped (`clamps`, see [`Clamp`]).
 #[inline(always)]
 pub(super) fn weighted_code_sums<V: Vector, const K: usize>(
     x: &Rows,
     w: &Rows,
     offset: &[Lanes; K],
     inv: &[Lanes; K],
+    clamps: &[Clamp; K],
     nmax: f32,
 ) -> [CodeSums; K] {
     let shift: [V; K] = std::array::from_fn(|k| V::load(&zip(offset[k], inv[k], |o, i| -(o * i))));
@@ -71,12 +73,18 @@ pub(super) fn weighted_code_sums<V: Vector, const K: usize>(
     for (row, wr) in x.iter().zip(w) {
         let (x, w) = (V::load(row), V::load(wr));
         for k in 0..K {
-            let q = x
-                .mul_add(inv[k], shift[k])
-                .max(zero)
-                .min(ceiling)
-                .add(magic)
-                .sub(magic);
+            let t = x.mul_add(inv[k], shift[k]);
+            let t = if clamps[k] == Clamp::Both {
+                t.max(zero)
+            } else {
+                t
+            };
+            let t = if clamps[k] != Clamp::Neither {
+                t.min(ceiling)
+            } else {
+                t
+            };
+            let q = t.add(magic).sub(magic);
             let wq = w.mul(q);
             let [sl, sl2, sxl] = &mut acc[k];
             *sl = sl.add(wq);
