@@ -18,13 +18,15 @@ mod search;
 mod sums;
 
 use super::fast_fit::{LaneFit, LanePacked};
-use super::lanes::{each, transpose_portable, ErrorForm, Lanes, Moments, Rows};
-use super::lattice::scaled;
+use super::lanes::{each, transpose_portable, CodeSums, ErrorForm, Lanes, Moments, Rows};
+use super::lattice::{scaled, LaneCodes, Lattice, Levels};
 #[cfg(target_arch = "x86_64")]
 use super::vector::Avx;
 use super::vector::Vector;
 #[cfg(test)]
 use crate::blocks::kfit::AffineSuperBlock;
+use search::Search;
+use sums::WeightedStats;
 
 /// A row's per-value weights (a multiple of 256, finite and non-negative)
 /// in the fit's layout, one [`Rows`] per super-block. The weights belong to
@@ -45,10 +47,14 @@ pub(super) fn weight_rows(w: &[f32]) -> Vec<Rows> {
         .collect()
 }
 
-/// Fits and packs 256 values minimising the `w`-weighted squared error
-/// (`w` from [`weight_rows`]); returns the block, its plain squared error
-/// and the values' energy.
-pub(super) fn encode_superblock_weighted<B: LanePacked>(x: &[f32; 256], w: &Rows) -> (B, f32, f32) {
+/// Fits and packs `P` super-blocks (two at a time interleave their steps,
+/// as the plain fit does) minimising the `w`-weighted squared error (`w`
+/// from [`weight_rows`]); returns per block the packed block, its plain
+/// squared error and the values' energy.
+pub(super) fn encode_superblocks_weighted<B: LanePacked, const P: usize>(
+    x: [&[f32; 256]; P],
+    w: [&Rows; P],
+) -> [(B, f32, f32); P] {
     #[cfg(target_arch = "x86_64")]
     {
         use std::arch::is_x86_feature_detected as has;
@@ -61,14 +67,22 @@ pub(super) fn encode_superblock_weighted<B: LanePacked>(x: &[f32; 256], w: &Rows
             return unsafe { encode_avx2(x, w) };
         }
     }
-    encode::<B, Lanes>(&transpose_portable(x), w)
+    let rows: [Rows; P] = std::array::from_fn(|p| transpose_portable(x[p]));
+    encode::<B, Lanes, P>(std::array::from_fn(|p| &rows[p]), w)
 }
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
-unsafe fn encode_avx2<B: LanePacked>(x: &[f32; 256], w: &Rows) -> (B, f32, f32) {
-    // SAFETY: AVX2 is enabled in this function's context.
-    encode::<B, Avx>(&unsafe { super::lanes::transpose_avx2(x) }, w)
+unsafe fn encode_avx2<B: LanePacked, const P: usize>(
+    x: [&[f32; 256]; P],
+    w: [&Rows; P],
+) -> [(B, f32, f32); P] {
+    let mut rows = [[[0f32; 8]; 32]; P];
+    for p in 0..P {
+        // SAFETY: AVX2 is enabled in this function's context.
+        rows[p] = unsafe { super::lanes::transpose_avx2(x[p]) };
+    }
+    encode::<B, Avx, P>(std::array::from_fn(|p| &rows[p]), w)
 }
 
 /// The AVX2 build with AVX-512's 32 vector registers: the same 8-lane
@@ -76,45 +90,103 @@ unsafe fn encode_avx2<B: LanePacked>(x: &[f32; 256], w: &Rows) -> (B, f32, f32) 
 /// spill to the stack.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma,avx512f,avx512vl")]
-unsafe fn encode_avx512<B: LanePacked>(x: &[f32; 256], w: &Rows) -> (B, f32, f32) {
-    // SAFETY: AVX2 is enabled in this function's context.
-    encode::<B, Avx>(&unsafe { super::lanes::transpose_avx2(x) }, w)
+unsafe fn encode_avx512<B: LanePacked, const P: usize>(
+    x: [&[f32; 256]; P],
+    w: [&Rows; P],
+) -> [(B, f32, f32); P] {
+    let mut rows = [[[0f32; 8]; 32]; P];
+    for p in 0..P {
+        // SAFETY: AVX2 is enabled in this function's context.
+        rows[p] = unsafe { super::lanes::transpose_avx2(x[p]) };
+    }
+    encode::<B, Avx, P>(std::array::from_fn(|p| &rows[p]), w)
 }
 
 #[inline(always)]
-fn encode<B: LanePacked, V: Vector>(x: &Rows, w: &Rows) -> (B, f32, f32) {
-    let fit = fit::<V>(x, w, B::NMAX);
-    (B::pack::<V>(&fit), fit.err, fit.energy)
+fn encode<B: LanePacked, V: Vector, const P: usize>(
+    x: [&Rows; P],
+    w: [&Rows; P],
+) -> [(B, f32, f32); P] {
+    let fits = fit_blocks::<V, P>(x, w, B::NMAX);
+    let mut out = [(B::zeroed(), 0.0, 0.0); P];
+    for p in 0..P {
+        out[p] = (B::pack::<V>(&fits[p]), fits[p].err, fits[p].energy);
+    }
+    out
 }
 
+/// The weighted fits of `P` super-blocks; every step is a pass over a
+/// block's values followed by lane-only work on its result, and with two
+/// blocks the steps alternate between them, so one block's lane-only chain
+/// overlaps the other's pass. Plain loops over the blocks, not closures (a
+/// closure that is not inlined loses the caller's target features).
 #[inline(always)]
-fn fit<V: Vector>(x: &Rows, w: &Rows, nmax: u8) -> LaneFit {
+fn fit_blocks<V: Vector, const P: usize>(x: [&Rows; P], w: [&Rows; P], nmax: u8) -> [LaneFit; P] {
     let nmax = nmax as f32;
-    let stats = sums::weighted_stats::<V>(x, w);
-    let groups = search::fit_groups::<V>(x, w, &stats, nmax);
-    let q = levels::quantize_levels::<V>(
-        x,
-        w,
-        &stats,
-        (&groups.scale, &groups.min, &groups.sums),
-        nmax,
-    );
-    // The plain error of the stored codes under the stored pair, from
-    // their plain sums (as the plain fit reports it).
-    let (df, dminf) = (q.d.to_f32(), q.dmin.to_f32());
+    let mut stats = [WeightedStats::default(); P];
+    for p in 0..P {
+        stats[p] = sums::weighted_stats::<V>(x[p], w[p]);
+    }
+    let mut search = [Search::default(); P];
+    for p in 0..P {
+        search[p] = Search::new(&stats[p], nmax);
+    }
+    for round in 0..search::REFITS {
+        for p in 0..P {
+            search[p].round::<V>((x[p], w[p]), &stats[p], round, nmax);
+        }
+    }
+    let mut lattice = [Lattice::default(); P];
+    for p in 0..P {
+        lattice[p] = levels::lattice::<V>(&stats[p], &search[p].result(&stats[p]));
+    }
+    let mut pairs = [([0.0; 8], [0.0; 8]); P];
+    for p in 0..P {
+        let l = &lattice[p];
+        pairs[p] = levels::nearest_pair::<V>(
+            x[p],
+            w[p],
+            &stats[p],
+            l.supers(),
+            (l.ls, l.lm),
+            &l.unrounded,
+            nmax,
+        );
+    }
+    let mut fits = [LaneFit::default(); P];
+    for p in 0..P {
+        let l = &lattice[p];
+        let (ls, lm, codes, plain_sums) =
+            levels::settle::<V>(x[p], w[p], &stats[p], l.supers(), pairs[p], nmax);
+        fits[p] = lane_fit::<V>(l, (ls, lm), codes, &stats[p], &plain_sums);
+    }
+    fits
+}
+
+/// The fit as stored, with the plain error of its codes under the chosen
+/// pair, from their plain sums (as the plain fit reports it).
+#[inline(always)]
+fn lane_fit<V: Vector>(
+    l: &Lattice,
+    (ls, lm): (Levels, Levels),
+    codes: LaneCodes,
+    stats: &WeightedStats,
+    plain_sums: &CodeSums,
+) -> LaneFit {
+    let (df, dminf) = l.supers();
     let plain = Moments {
-        count: V::splat(x.len() as f32),
+        count: V::splat(32.0),
         sx: V::load(&stats.sx),
         sx2: V::load(&stats.sx2),
     };
-    let err = ErrorForm::new(plain, &q.plain_sums)
-        .error_of(V::load(&scaled(df, &q.ls)), V::load(&scaled(-dminf, &q.lm)));
+    let err = ErrorForm::new(plain, plain_sums)
+        .error_of(V::load(&scaled(df, &ls)), V::load(&scaled(-dminf, &lm)));
     LaneFit {
-        d: q.d,
-        dmin: q.dmin,
-        scales: each(&q.ls, |v| v as u8),
-        mins: each(&q.lm, |v| v as u8),
-        codes: q.codes,
+        d: l.d,
+        dmin: l.dmin,
+        scales: each(&ls, |v| v as u8),
+        mins: each(&lm, |v| v as u8),
+        codes,
         // Rounding can leave a perfect fit a hair below zero.
         err: each(&err.store(), |e| e.max(0.0)).iter().sum(),
         energy: stats.sx2.iter().sum(),
@@ -136,7 +208,8 @@ mod tests {
     }
 
     fn quantize_portable(x: &[f32; 256], w: &[f32; 256], nmax: u8) -> AffineSuperBlock {
-        fit::<Lanes>(&transpose_portable(x), &rows_of(w), nmax).in_value_order()
+        let [fit] = fit_blocks::<Lanes, 1>([&transpose_portable(x)], [&rows_of(w)], nmax);
+        fit.in_value_order()
     }
 
     fn data(seed: u32) -> [f32; 256] {
@@ -217,19 +290,15 @@ mod tests {
             use std::arch::is_x86_feature_detected as has;
             #[target_feature(enable = "avx2,fma")]
             unsafe fn avx2(x: &[f32; 256], w: &Rows, nmax: u8) -> LaneFit {
-                fit::<Avx>(
-                    &unsafe { crate::requant::lanes::transpose_avx2(x) },
-                    w,
-                    nmax,
-                )
+                let rows = unsafe { crate::requant::lanes::transpose_avx2(x) };
+                let [fit] = fit_blocks::<Avx, 1>([&rows], [w], nmax);
+                fit
             }
             #[target_feature(enable = "avx2,fma,avx512f,avx512vl")]
             unsafe fn avx512(x: &[f32; 256], w: &Rows, nmax: u8) -> LaneFit {
-                fit::<Avx>(
-                    &unsafe { crate::requant::lanes::transpose_avx2(x) },
-                    w,
-                    nmax,
-                )
+                let rows = unsafe { crate::requant::lanes::transpose_avx2(x) };
+                let [fit] = fit_blocks::<Avx, 1>([&rows], [w], nmax);
+                fit
             }
             if has!("avx512f") && has!("avx512vl") && has!("fma") {
                 // SAFETY: the CPU supports AVX-512 F/VL and FMA.

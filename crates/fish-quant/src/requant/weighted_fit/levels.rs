@@ -3,49 +3,32 @@
 //! super-scales, then two scale levels by three min levels per group, then
 //! the 3 x 3 neighbours of the pair for the final codes.
 
+use super::search::GroupFits;
 use super::sums::{weighted_code_sums, weighted_codes, WeightedStats};
 use crate::bits::F16Bits;
 use crate::requant::lanes::{inverse, zip, Clamp, CodeSums, ErrorForm, Lanes, Rows};
 use crate::requant::lattice::{
-    f16_magnitude, group_scales_6bit, neighbour, scaled, LaneCodes, Levels,
+    f16_magnitude, group_scales_6bit, neighbour, scaled, LaneCodes, Lattice, Levels,
 };
 use crate::requant::vector::{round_levels, Vector};
 
 /// Super-scales tried, as f16 steps above `max / 63` (as the plain fit).
 const SUPER_SCALE_STEPS: [u16; 4] = [0, 8, 16, 32];
 
-/// The chosen super-block: super-scales, 6-bit levels and codes.
-pub(super) struct Quantized {
-    pub d: F16Bits,
-    pub dmin: F16Bits,
-    pub ls: Levels,
-    pub lm: Levels,
-    pub codes: LaneCodes,
-    /// The plain `[Σq, Σq², Σqx]` of the codes.
-    pub plain_sums: CodeSums,
-}
-
+/// `dmin` from the fitted mins and the super-scale `d` (see
+/// [`super_scale`]) with the 6-bit levels to start the neighbour search
+/// from (lane-only work).
 #[inline(always)]
-pub(super) fn quantize_levels<V: Vector>(
-    x: &Rows,
-    w: &Rows,
-    stats: &WeightedStats,
-    (scales, mins, sums): (&Lanes, &Lanes, &CodeSums),
-    nmax: f32,
-) -> Quantized {
-    let (dmin, _) = group_scales_6bit(mins);
+pub(super) fn lattice<V: Vector>(stats: &WeightedStats, fits: &GroupFits) -> Lattice {
+    let (dmin, _) = group_scales_6bit(&fits.min);
     let dminf = dmin.to_f32();
-    let (d, unrounded, ls0, lm0) = super_scale::<V>(stats, sums, scales, dminf);
-    let df = d.to_f32();
-    let (ls, lm) = nearest_pair::<V>(x, w, stats, (df, dminf), (ls0, lm0), &unrounded, nmax);
-    let (ls, lm, codes, plain_sums) = settle::<V>(x, w, stats, (df, dminf), (ls, lm), nmax);
-    Quantized {
+    let (d, unrounded, ls, lm) = super_scale::<V>(stats, &fits.sums, &fits.scale, dminf);
+    Lattice {
         d,
         dmin,
         ls,
         lm,
-        codes,
-        plain_sums,
+        unrounded,
     }
 }
 
@@ -104,7 +87,7 @@ fn take_better<V: Vector>(
 /// unrounded value), each with one pass of nearest codes under the rounded
 /// min; three min levels each, ranked by the closed-form weighted error.
 #[inline(always)]
-fn nearest_pair<V: Vector>(
+pub(super) fn nearest_pair<V: Vector>(
     x: &Rows,
     w: &Rows,
     stats: &WeightedStats,
@@ -141,9 +124,10 @@ fn nearest_pair<V: Vector>(
 
 /// Nearest codes for `(ls0, lm0)`, then the pair among its 3 x 3
 /// neighbours with the smallest weighted error for those codes (the middle
-/// one first, so ties keep it).
+/// one first, so ties keep it); returns the pair, the codes and their
+/// plain (unweighted) sums.
 #[inline(always)]
-fn settle<V: Vector>(
+pub(super) fn settle<V: Vector>(
     x: &Rows,
     w: &Rows,
     stats: &WeightedStats,

@@ -13,7 +13,7 @@ const NS: usize = 5;
 const STARTS: [f32; NS] = [-1.0, -0.5, 0.0, 0.5, 1.0];
 
 /// Rounds of nearest codes and refit per start.
-const REFITS: usize = 2;
+pub(super) const REFITS: usize = 2;
 
 /// The best weighted fit per group: `(scale, m)` of `x ≈ scale * q - m` and
 /// the weighted code sums of its codes.
@@ -23,36 +23,68 @@ pub(super) struct GroupFits {
     pub sums: CodeSums,
 }
 
-#[inline(always)]
-pub(super) fn fit_groups<V: Vector>(
-    x: &Rows,
-    w: &Rows,
-    stats: &WeightedStats,
-    nmax: f32,
-) -> GroupFits {
-    let min = each(&stats.lo, |v| v.min(0.0));
-    let range = zip(stats.hi, min, |h, m| h - m);
-    let mut scale: [Lanes; NS] = std::array::from_fn(|k| each(&range, |r| r / (nmax + STARTS[k])));
-    let mut offset = [min; NS];
-    let mut best_err = V::splat(f32::MAX);
-    let mut best_scale = V::load(&each(&range, |r| r / nmax));
-    let mut best_offset = V::load(&min);
-    let mut best_sums = [V::splat(0.0); 3];
-    for round in 0..REFITS {
-        let inv: [Lanes; NS] = std::array::from_fn(|k| each(&scale[k], |v| 1.0 / v));
+/// The starts of every group while they are refined (lane-only state
+/// between passes, so two super-blocks' steps can alternate).
+#[derive(Clone, Copy, Default)]
+pub(super) struct Search {
+    /// The groups' mins, clamped to `<= 0`.
+    min: Lanes,
+    scale: [Lanes; NS],
+    offset: [Lanes; NS],
+    best_err: Lanes,
+    best_scale: Lanes,
+    best_offset: Lanes,
+    best_sums: CodeSums,
+}
+
+impl Search {
+    #[inline(always)]
+    pub fn new(stats: &WeightedStats, nmax: f32) -> Self {
+        let min = each(&stats.lo, |v| v.min(0.0));
+        let range = zip(stats.hi, min, |h, m| h - m);
+        Self {
+            min,
+            scale: std::array::from_fn(|k| each(&range, |r| r / (nmax + STARTS[k]))),
+            offset: [min; NS],
+            best_err: [f32::MAX; 8],
+            best_scale: each(&range, |r| r / nmax),
+            best_offset: min,
+            best_sums: [[0.0; 8]; 3],
+        }
+    }
+
+    /// One round for every start: nearest codes (one pass), then the
+    /// weighted least squares for those codes; the best fit is kept.
+    #[inline(always)]
+    pub fn round<V: Vector>(
+        &mut self,
+        (x, w): (&Rows, &Rows),
+        stats: &WeightedStats,
+        round: usize,
+        nmax: f32,
+    ) {
+        let inv: [Lanes; NS] = std::array::from_fn(|k| each(&self.scale[k], |v| 1.0 / v));
         // The first round starts from the min, where some clamps cannot bite.
         let clamps = if round == 0 {
             clamps_from_min(&STARTS)
         } else {
             [Clamp::Both; NS]
         };
-        let sums = weighted_code_sums::<V, NS>(x, w, &offset, &inv, &clamps, nmax);
+        let sums = weighted_code_sums::<V, NS>(x, w, &self.offset, &inv, &clamps, nmax);
+        let mut best_err = V::load(&self.best_err);
+        let mut best_scale = V::load(&self.best_scale);
+        let mut best_offset = V::load(&self.best_offset);
+        let mut best_sums = [
+            V::load(&self.best_sums[0]),
+            V::load(&self.best_sums[1]),
+            V::load(&self.best_sums[2]),
+        ];
         for k in 0..NS {
             let (s, m, usable) = least_squares::<V>(stats.moments(), &sums[k]);
             let err = ErrorForm::new(stats.moments(), &sums[k]).error_of(s, m);
             // A start that fails for a group keeps its last fit there.
-            scale[k] = usable.select(s, V::load(&scale[k])).store();
-            offset[k] = usable.select(m, V::load(&offset[k])).store();
+            self.scale[k] = usable.select(s, V::load(&self.scale[k])).store();
+            self.offset[k] = usable.select(m, V::load(&self.offset[k])).store();
             let better = usable.and(err.lt(best_err));
             best_err = better.select(err, best_err);
             best_scale = better.select(s, best_scale);
@@ -61,17 +93,24 @@ pub(super) fn fit_groups<V: Vector>(
                 best_sums[i] = better.select(V::load(&sums[k][i]), best_sums[i]);
             }
         }
+        self.best_err = best_err.store();
+        self.best_scale = best_scale.store();
+        self.best_offset = best_offset.store();
+        for i in 0..3 {
+            self.best_sums[i] = best_sums[i].store();
+        }
     }
-    // Groups whose values are all equal: scale 0, the value as the min.
-    let (best_scale, best_offset) = (best_scale.store(), best_offset.store());
-    let flat: [bool; 8] = std::array::from_fn(|g| stats.hi[g] <= min[g]);
-    GroupFits {
-        scale: std::array::from_fn(|g| if flat[g] { 0.0 } else { best_scale[g] }),
-        min: std::array::from_fn(|g| if flat[g] { -min[g] } else { -best_offset[g] }),
-        sums: [
-            best_sums[0].store(),
-            best_sums[1].store(),
-            best_sums[2].store(),
-        ],
+
+    /// The best fit per group after the rounds.
+    #[inline(always)]
+    pub fn result(&self, stats: &WeightedStats) -> GroupFits {
+        // Groups whose values are all equal: scale 0, the value as the min.
+        let (min, best_scale, best_offset) = (self.min, self.best_scale, self.best_offset);
+        let flat: [bool; 8] = std::array::from_fn(|g| stats.hi[g] <= min[g]);
+        GroupFits {
+            scale: std::array::from_fn(|g| if flat[g] { 0.0 } else { best_scale[g] }),
+            min: std::array::from_fn(|g| if flat[g] { -min[g] } else { -best_offset[g] }),
+            sums: self.best_sums,
+        }
     }
 }
