@@ -16,6 +16,13 @@
 // norm weight as it is read, and since every value of x passes through
 // exactly one thread of the workgroup, the sum of squares comes from the
 // same loads: y = rsqrt(mean(x^2) + eps) * sum_i W_i (x_i * g_i).
+//
+// With GATED it also applies the gated activation before it (the span's
+// act*mul, fused to save its dispatch and barrier in decode): x is the
+// gate/up matmul output, the gate values first and the up values
+// p.norm_off floats later, and each x value is act(gate) * up as it is read.
+// Specialisation constant 4 picks the activation: 0 SiLU, 1 tanh GELU
+// (span_act.comp computes the same expressions).
 #extension GL_GOOGLE_include_directive : require
 #if defined(USE_SUBGROUP)
 #extension GL_KHR_shader_subgroup_arithmetic : require
@@ -26,6 +33,9 @@ layout(constant_id = 0) const uint WG = 128;
 layout(constant_id = 1) const uint ROWS = 4;
 layout(constant_id = 2) const uint NT = 1;
 layout(constant_id = 3) const uint UNROLL = 1;
+#if defined(GATED)
+layout(constant_id = 4) const uint GELU = 0;
+#endif
 layout(local_size_x_id = 0) in;
 
 #include "common.glsl"
@@ -41,6 +51,17 @@ layout(std430, binding = 0) readonly buffer Weights4 { uvec4 w4[]; };
 layout(std430, binding = 3) readonly buffer NormWeights { vec4 norm_w4[]; };
 // Per token: this thread's share of sum(x^2).
 float sumsq[NT];
+#endif
+
+#if defined(GATED)
+#include "gated_act.glsl"
+
+// act(gate) * up for four values of x; `up` is p.norm_off / 4 vec4s later.
+vec4 gated(uint xi) {
+    vec4 g = x[xi];
+    vec4 u = x[xi + p.norm_off / 4u];
+    return vec4(gated_act(g.x, GELU), gated_act(g.y, GELU), gated_act(g.z, GELU), gated_act(g.w, GELU)) * u;
+}
 #endif
 
 #if defined(NORM)
@@ -118,10 +139,17 @@ void main() {
                     for (uint t = 0u; t < NT; t++) {
                         // Tokens past the end repeat the last one (never written).
                         uint xi = min(t0 + t, p.n_tok - 1u) * x_stride4 + xr;
+#if defined(GATED)
+                        vec4 x0 = gated(xi);
+                        vec4 x1 = gated(xi + 1u);
+                        vec4 x2 = gated(xi + 2u);
+                        vec4 x3 = gated(xi + 3u);
+#else
                         vec4 x0 = x[xi];
                         vec4 x1 = x[xi + 1u];
                         vec4 x2 = x[xi + 2u];
                         vec4 x3 = x[xi + 3u];
+#endif
 #if defined(NORM)
                         sumsq[t] += (dot(x0, x0) + dot(x1, x1)) + (dot(x2, x2) + dot(x3, x3));
                         uint g = p.norm_off / 4u + xr;

@@ -2,6 +2,7 @@
 // Gated activation in place: gate[i] = act(gate[i]) * up[i], with gate and
 // up the two halves of the gate/up matmul output. The down projection then
 // reads the first half as its input.
+#extension GL_GOOGLE_include_directive : require
 layout(local_size_x = 256) in;
 
 layout(std430, binding = 0) buffer GateUp { float gu[]; };
@@ -14,21 +15,12 @@ layout(push_constant) uniform Push {
     uint groups_x;
 } p;
 
+#include "gated_act.glsl"
+
 void main() {
     uint i = (gl_WorkGroupID.y * p.groups_x + gl_WorkGroupID.x) * 256u + gl_LocalInvocationID.x;
     if (i >= p.count) {
         return;
     }
-    float g = gu[i];
-    float a;
-    if (p.gelu != 0u) {
-        const float SQRT_2_OVER_PI = 0.7978846;
-        const float COEF_A = 0.044715;
-        // tanh saturates long before 10; clamping keeps exp inside it finite.
-        float u = clamp(SQRT_2_OVER_PI * g * (1.0 + COEF_A * g * g), -10.0, 10.0);
-        a = 0.5 * g * (1.0 + tanh(u));
-    } else {
-        a = g / (1.0 + exp(-g));
-    }
-    gu[i] = a * gu[p.count + i];
+    gu[i] = gated_act(gu[i], p.gelu) * gu[p.count + i];
 }

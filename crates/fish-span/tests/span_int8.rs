@@ -9,24 +9,13 @@
 
 mod common;
 
-use std::sync::Arc;
-
-use common::{backend, compare, default_model, greedy_after_prompt, teacher_forced, PARIS};
-use fish_core::model::{Model, PlacementLimits};
+use common::{
+    backend, compare, default_model, greedy_after_prompt, span_teacher_forced, teacher_forced,
+    PARIS,
+};
+use fish_core::model::Model;
 use fish_core::sampling::argmax;
 use fish_gguf::GgmlType;
-use fish_span::VulkanBackend;
-
-/// Teacher-forced logits with every layer and the output on `gpu`.
-fn gpu_logits(gpu: &Arc<VulkanBackend>, forced: &[u32]) -> Vec<Vec<f32>> {
-    let mut model = Model::load(default_model()).expect("load");
-    model.place_on(gpu.clone(), PlacementLimits { max_layers: None });
-    let describe = model.gpu_describe().unwrap();
-    assert!(describe.contains("span"), "{describe}");
-    let logits = teacher_forced(&model, forced);
-    assert!(!model.gpu.as_ref().unwrap().has_failed());
-    logits
-}
 
 #[test]
 fn int8_span_decode_matches_the_cpu_and_answers_paris() {
@@ -48,8 +37,8 @@ fn int8_span_decode_matches_the_cpu_and_answers_paris() {
     let forced = greedy_after_prompt(&cpu, 32);
     let cpu_logits = teacher_forced(&cpu, &forced);
 
-    let float_logits = gpu_logits(&float_gpu, &forced);
-    let logits = gpu_logits(&gpu, &forced);
+    let float_logits = span_teacher_forced(&float_gpu, &forced);
+    let logits = span_teacher_forced(&gpu, &forced);
     assert_eq!(argmax(&logits[0]), PARIS);
     let (float_same, float_worst) = compare(&float_logits, &cpu_logits);
     let (same, worst) = compare(&logits, &cpu_logits);

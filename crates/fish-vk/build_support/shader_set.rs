@@ -100,6 +100,13 @@ const TYPE_VARIANTS: &[TypeVariant] = &[
         quantised_only: false,
     },
     TypeVariant {
+        prefix: "matvec_gated",
+        source: "matvec.comp",
+        defines: &["USE_SUBGROUP", "GATED"],
+        compiler: ShaderCompiler::Glslc,
+        quantised_only: false,
+    },
+    TypeVariant {
         prefix: "matvec_i8",
         source: "matvec_i8.comp",
         defines: &[],

@@ -53,6 +53,11 @@ pub enum Kernel {
     /// NORM): x is the raw residual stream, the norm weights are at
     /// binding 3 (`Params::norm_off`). Needs subgroup arithmetic.
     MatvecNorm,
+    /// The matvec with the gated activation before it fused in
+    /// (shaders/matvec.comp GATED): x is the gate/up output, gate values
+    /// first and up values `Params::norm_off` floats later, and each x value
+    /// is act(gate) * up. Needs subgroup arithmetic.
+    MatvecGated(GatedActivation),
     /// The tiled matmul kernel.
     Tiled,
     /// The tiled kernel on cooperative matrices (coopmat.rs); an error on
@@ -61,6 +66,26 @@ pub enum Kernel {
     /// The cooperative-matrix kernel's tiling with the matrix operations
     /// done by plain code, on any device: tests its staging paths; slow.
     CoopMatEmulated,
+}
+
+/// The activation of a gated feed-forward block (shaders/gated_act.glsl).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum GatedActivation {
+    /// SiLU (SwiGLU).
+    Silu,
+    /// Tanh-approximated GELU (GeGLU).
+    Gelu,
+}
+
+impl GatedActivation {
+    /// The shaders' selector (span_act.comp push constant, the GATED
+    /// matvec's specialisation constant 4).
+    pub(crate) fn selector(self) -> u32 {
+        match self {
+            GatedActivation::Silu => 0,
+            GatedActivation::Gelu => 1,
+        }
+    }
 }
 
 impl Kernel {
@@ -207,6 +232,7 @@ impl Gpu {
             Kernel::MatvecInt8 => format!("matvec_i8_{suffix}"),
             Kernel::MatvecInt8Prequantised => format!("matvec_i8x_{suffix}"),
             Kernel::MatvecNorm => format!("matvec_norm_{suffix}"),
+            Kernel::MatvecGated(_) => format!("matvec_gated_{suffix}"),
             Kernel::Tiled | Kernel::Auto => format!("tiled_{suffix}"),
             Kernel::CoopMat => format!("coopmat_{suffix}"),
             Kernel::CoopMatEmulated => format!("coopmat_emu_{suffix}"),
@@ -238,9 +264,14 @@ impl Gpu {
         kernel: Kernel,
     ) -> Result<Vec<Vec<f32>>> {
         let n_in = check_group(handles, n_tok)?;
-        if x.len() != n_tok * n_in {
+        // The gated matvec reads gate and up values: two per input.
+        let x_per_input = match kernel {
+            Kernel::MatvecGated(_) => 2,
+            _ => 1,
+        };
+        if x.len() != x_per_input * n_tok * n_in {
             return Err(VkError::Input(format!(
-                "x has {} values, expected {n_tok} tokens x {n_in}",
+                "x has {} values, expected {x_per_input} x {n_tok} tokens x {n_in}",
                 x.len()
             )));
         }
@@ -438,6 +469,11 @@ impl Gpu {
                 (Kernel::Matvec | Kernel::MatvecSharedReduce | Kernel::MatvecNorm, _) => {
                     matvec.spec().to_vec()
                 }
+                (Kernel::MatvecGated(act), _) => {
+                    let mut spec = matvec.spec().to_vec();
+                    spec.push(act.selector());
+                    spec
+                }
                 (Kernel::MatvecInt8 | Kernel::MatvecInt8Prequantised, _) => {
                     let mut spec = matvec.spec().to_vec();
                     spec.push((h.n_in() / 16) as u32);
@@ -477,7 +513,12 @@ impl Gpu {
                         y_offset: y_base + c.row0 as u32,
                         groups_x,
                         accumulate: 0,
-                        norm_off: 0,
+                        // The gated matvec's x holds every token's gate
+                        // values, then their up values.
+                        norm_off: match kernel {
+                            Kernel::MatvecGated(_) => (n_tok * h.n_in()) as u32,
+                            _ => 0,
+                        },
                         norm_eps: 0.0,
                     },
                     groups,
@@ -525,9 +566,9 @@ impl Gpu {
                     ))
                 })
             }
-            Kernel::MatvecNorm if !self.info.subgroup_arithmetic => Err(VkError::Input(
-                "the fused-norm matvec needs subgroup arithmetic".into(),
-            )),
+            Kernel::MatvecNorm | Kernel::MatvecGated(_) if !self.info.subgroup_arithmetic => Err(
+                VkError::Input("the fused-norm and gated matvecs need subgroup arithmetic".into()),
+            ),
             Kernel::Matvec if requested == Kernel::Auto && self.int8_matvec(ty) => {
                 Ok(int8().map_or((kernel, shape), |s| (Kernel::MatvecInt8, s)))
             }

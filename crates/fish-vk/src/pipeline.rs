@@ -33,7 +33,8 @@ pub(crate) struct Params {
     /// 1: the kernel adds its products to y instead of storing them.
     pub accumulate: u32,
     /// `Kernel::MatvecNorm`: float offset of the RMS-norm weights in the
-    /// buffer at binding 3, and the norm's epsilon.
+    /// buffer at binding 3, and the norm's epsilon. `Kernel::MatvecGated`:
+    /// float offset of the up values after the gate values in x.
     pub norm_off: u32,
     pub norm_eps: f32,
 }

@@ -5,7 +5,7 @@ mod common;
 
 use common::*;
 use fish_gguf::GgmlType;
-use fish_vk::{supports, Kernel};
+use fish_vk::{supports, GatedActivation, Kernel};
 
 /// 512 values: two K-quant super-blocks; 131 rows: odd (a partial matvec
 /// workgroup) and not a multiple of the 128-row tile.
@@ -71,6 +71,64 @@ fn every_kernel_variant_matches_at_every_batch_size() {
                     n_tok,
                     &y,
                     &format!("{ty:?} {kernel:?} n_tok={n_tok}"),
+                );
+            }
+        }
+        gpu.free(h).expect("free");
+    }
+    assert_no_validation_messages(gpu);
+}
+
+/// act(gate) * up as the span's act*mul computes it (shaders/gated_act.glsl).
+fn gated_reference(gate_up: &[f32], act: GatedActivation) -> Vec<f32> {
+    let (gate, up) = gate_up.split_at(gate_up.len() / 2);
+    gate.iter()
+        .zip(up)
+        .map(|(&g, &u)| {
+            let a = match act {
+                GatedActivation::Silu => g / (1.0 + (-g).exp()),
+                GatedActivation::Gelu => {
+                    let t = (0.797_884_6 * g * (1.0 + 0.044_715 * g * g)).clamp(-10.0, 10.0);
+                    0.5 * g * (1.0 + t.tanh())
+                }
+            };
+            a * u
+        })
+        .collect()
+}
+
+#[test]
+fn gated_matvec_applies_the_activation_as_it_reads_x() {
+    let Some(gpu) = gpu_or_skip() else { return };
+    if !gpu.info().subgroup_arithmetic {
+        assert!(!require_gpu(), "the gated matvec needs subgroup arithmetic");
+        return;
+    }
+    for (i, ty) in KERNEL_TYPES.into_iter().enumerate() {
+        let w = synthetic_weights(ty, N_IN, N_OUT, 300 + i as u64);
+        let h = gpu.upload(ty, &w, N_IN, N_OUT).expect("upload");
+        for act in [GatedActivation::Silu, GatedActivation::Gelu] {
+            for n_tok in [1usize, 3] {
+                // Gate values over the activation's curved range, then up values.
+                let gate_up: Vec<f32> = random_values(2 * N_IN * n_tok, 13 + n_tok as u64)
+                    .iter()
+                    .map(|v| 4.0 * v)
+                    .collect();
+                let y = gpu
+                    .matmul_group_with(&[h], &gate_up, n_tok, Kernel::MatvecGated(act))
+                    .expect("gated matvec")
+                    .remove(0);
+                check_against_cpu(
+                    &Weights {
+                        ty,
+                        bytes: &w,
+                        n_in: N_IN,
+                        n_out: N_OUT,
+                    },
+                    &gated_reference(&gate_up, act),
+                    n_tok,
+                    &y,
+                    &format!("{ty:?} gated {act:?} n_tok={n_tok}"),
                 );
             }
         }

@@ -4,7 +4,7 @@
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use fish_core::model::{LogitsFor, Model};
+use fish_core::model::{LogitsFor, Model, PlacementLimits};
 use fish_core::sampling::argmax;
 use fish_core::session::Session;
 use fish_span::VulkanBackend;
@@ -77,4 +77,16 @@ pub fn compare(a: &[Vec<f32>], b: &[Vec<f32>]) -> (usize, f32) {
         worst = worst.max(d / max_abs);
     }
     (same, worst)
+}
+
+/// Teacher-forced logits (as [`teacher_forced`]) of the default model with
+/// every layer and the output in a span on `gpu`.
+pub fn span_teacher_forced(gpu: &Arc<VulkanBackend>, forced: &[u32]) -> Vec<Vec<f32>> {
+    let mut model = Model::load(default_model()).expect("load");
+    model.place_on(gpu.clone(), PlacementLimits { max_layers: None });
+    let describe = model.gpu_describe().unwrap();
+    assert!(describe.contains("span"), "{describe}");
+    let logits = teacher_forced(&model, forced);
+    assert!(!model.gpu.as_ref().unwrap().has_failed());
+    logits
 }

@@ -256,10 +256,13 @@ impl Bindings {
 }
 
 /// Whether spans fuse the attention and feed-forward norms into the q/k/v
-/// and gate/up matvecs of decode steps (`FISH_GPU_FUSE_NORM=0` turns it
-/// off; it needs subgroup arithmetic).
+/// and gate/up matvecs of decode steps: only with `FISH_GPU_FUSE_NORM=1`
+/// (it needs subgroup arithmetic). Off by default: on the H200 the fused
+/// matvec, which scales every x value by its norm weight in every
+/// workgroup, cost more than the norm dispatch it saves
+/// (docs/BENCHMARKS.md).
 fn fused_norm_wanted(gpu: &Gpu) -> bool {
-    gpu.info.subgroup_arithmetic && std::env::var("FISH_GPU_FUSE_NORM").as_deref() != Ok("0")
+    gpu.info.subgroup_arithmetic && std::env::var("FISH_GPU_FUSE_NORM").as_deref() == Ok("1")
 }
 
 fn create_pool(gpu: &Gpu, n_sets: usize) -> Result<vk::DescriptorPool> {

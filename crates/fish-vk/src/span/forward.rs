@@ -137,7 +137,7 @@ impl Gpu {
                     )?),
                     None => None,
                 };
-                let chunks = plan_chunks(self, &span.layers, bindings, n_tok, SPAN_CHUNK_TOKENS)?;
+                let chunks = plan_chunks(self, &span.shape, bindings, n_tok, SPAN_CHUNK_TOKENS)?;
                 if let Some(p) = span.profiler.as_mut() {
                     p.ensure(
                         &self.device,

@@ -9,7 +9,7 @@ use super::pipelines::{SpanKernel, SpanPipelines, PUSH_WORDS};
 use super::profile::{Profiler, SpanStage};
 use crate::error::{Result, VkError};
 use crate::gpu::Gpu;
-use crate::kernels::{Dispatch, Kernel, MATVEC_MAX_TOKENS};
+use crate::kernels::{Dispatch, GatedActivation, Kernel, MATVEC_MAX_TOKENS};
 use ash::vk;
 
 /// Workgroup width of the elementwise kernels (span_add, span_act).
@@ -23,6 +23,9 @@ pub(crate) struct Chunk {
     pub matmuls: Vec<[Vec<Dispatch>; 4]>,
     /// Per layer: what q/k/v and gate/up read.
     pub inputs: Vec<[NormedInput; 2]>,
+    /// The down projections apply the gated activation as they read the
+    /// gate/up output (`Kernel::MatvecGated`), so no act*mul dispatch runs.
+    pub gated: bool,
 }
 
 /// The input of a matmul group that follows a layer norm.
@@ -42,11 +45,12 @@ pub(crate) enum NormedInput {
 /// written at binding time (same tensors, same chunks).
 pub(crate) fn plan_chunks(
     gpu: &Gpu,
-    layers: &[LayerTensors],
+    shape: &SpanShape,
     bindings: &Bindings,
     n_tok: usize,
     chunk_tokens: usize,
 ) -> Result<Vec<Chunk>> {
+    let gated_act = gated_activation(gpu, shape);
     let mut chunks: Vec<Chunk> = Vec::new();
     for tok0 in (0..n_tok).step_by(chunk_tokens) {
         let n = chunk_tokens.min(n_tok - tok0);
@@ -59,12 +63,17 @@ pub(crate) fn plan_chunks(
                 n,
                 matmuls,
                 inputs,
+                gated: same.gated,
             });
             continue;
         }
         let decode = n <= MATVEC_MAX_TOKENS;
-        let mut matmuls = Vec::with_capacity(layers.len());
-        let mut inputs = Vec::with_capacity(layers.len());
+        let down_kernel = match gated_act {
+            Some(act) if decode => Kernel::MatvecGated(act),
+            _ => Kernel::Auto,
+        };
+        let mut matmuls = Vec::with_capacity(bindings.layers.len());
+        let mut inputs = Vec::with_capacity(bindings.layers.len());
         for ls in &bindings.layers {
             let (qkv_plan, qkv_input) = ls.qkv_group().plan(gpu, n, decode, tok0 == 0)?;
             let (gate_up_plan, gate_up_input) =
@@ -73,7 +82,7 @@ pub(crate) fn plan_chunks(
                 qkv_plan,
                 plan_group(gpu, &ls.wo, n, Kernel::Auto)?,
                 gate_up_plan,
-                plan_group(gpu, &ls.down, n, Kernel::Auto)?,
+                plan_group(gpu, &ls.down, n, down_kernel)?,
             ]);
             inputs.push([qkv_input, gate_up_input]);
         }
@@ -82,9 +91,24 @@ pub(crate) fn plan_chunks(
             n,
             matmuls,
             inputs,
+            gated: down_kernel != Kernel::Auto,
         });
     }
     Ok(chunks)
+}
+
+/// The activation decode steps fuse into the down projection: only with
+/// `FISH_GPU_FUSE_ACT=1` on devices with subgroup arithmetic. Off by
+/// default: on the H200 computing act(gate) * up for every x value in every
+/// workgroup of the down matvec cost more than the act*mul dispatch and
+/// barrier it saves (docs/BENCHMARKS.md).
+fn gated_activation(gpu: &Gpu, shape: &SpanShape) -> Option<GatedActivation> {
+    let wanted = std::env::var("FISH_GPU_FUSE_ACT").as_deref() == Ok("1");
+    let act = match shape.activation {
+        SpanActivation::SwiGlu => GatedActivation::Silu,
+        SpanActivation::GeGlu => GatedActivation::Gelu,
+    };
+    (wanted && gpu.info.subgroup_arithmetic).then_some(act)
 }
 
 /// The set variants of a matmul group that follows a layer norm.
@@ -446,11 +470,13 @@ impl Recording<'_> {
         let gate_up_plan = &chunk.matmuls[il][2];
         let gate_up = sets.gate_up_group();
         self.normed_matmul(r, chunk, &gate_up, gate_up_input, gate_up_plan, lp.ffn_norm);
-        let count = n * layer.n_ff;
-        let (gx, gy) = elementwise_groups(count);
-        let gelu = u32::from(s.activation == SpanActivation::GeGlu);
-        r.dispatch(SpanKernel::Act, b.act, &[count as u32, gelu, gx], (gx, gy));
-        r.end(SpanStage::ActMul);
+        if !chunk.gated {
+            let count = n * layer.n_ff;
+            let (gx, gy) = elementwise_groups(count);
+            let gelu = u32::from(s.activation == SpanActivation::GeGlu);
+            r.dispatch(SpanKernel::Act, b.act, &[count as u32, gelu, gx], (gx, gy));
+            r.end(SpanStage::ActMul);
+        }
         self.residual_matmul(
             r,
             n,

@@ -1,0 +1,90 @@
+//! Spans with the decode fusions forced on (FISH_GPU_FUSE_NORM=1: the layer
+//! and output norms inside the q/k/v, gate/up and output matvecs;
+//! FISH_GPU_FUSE_ACT=1: the gated activation inside the down matvec), both
+//! off by default. Teacher-forced against the CPU and against the same span
+//! without fusions; the profile of the last (single-token) forward shows
+//! that no norm and no act*mul dispatch ran. One test only: the knobs are
+//! read from the environment when a span is created.
+
+mod common;
+
+use std::sync::Arc;
+
+use common::{
+    backend, compare, default_model, greedy_after_prompt, span_teacher_forced, teacher_forced,
+    PARIS,
+};
+use fish_core::backend::SpanBackend;
+use fish_core::model::Model;
+use fish_core::sampling::argmax;
+use fish_span::VulkanBackend;
+
+/// Teacher-forced logits of a span on `gpu` and its profile of the last forward.
+fn span_logits(gpu: &Arc<VulkanBackend>, forced: &[u32]) -> (Vec<Vec<f32>>, String) {
+    let logits = span_teacher_forced(gpu, forced);
+    (logits, gpu.span_profile().expect("profiled span"))
+}
+
+#[test]
+fn fused_decode_matches_the_unfused_span_and_the_cpu() {
+    std::env::set_var("FISH_GPU_PROFILE", "2");
+    let Some(gpu) = backend() else { return };
+    if !gpu.gpu().info().subgroup_arithmetic {
+        assert!(
+            std::env::var("FISH_REQUIRE_GPU").as_deref() != Ok("1"),
+            "FISH_REQUIRE_GPU=1 but the device has no subgroup arithmetic"
+        );
+        return;
+    }
+    let cpu = Model::load(default_model()).expect("load");
+    let forced = greedy_after_prompt(&cpu, 24);
+    let cpu_logits = teacher_forced(&cpu, &forced);
+
+    std::env::set_var("FISH_GPU_FUSE_NORM", "0");
+    std::env::set_var("FISH_GPU_FUSE_ACT", "0");
+    let (plain, plain_profile) = span_logits(&gpu, &forced);
+    std::env::set_var("FISH_GPU_FUSE_NORM", "1");
+    std::env::set_var("FISH_GPU_FUSE_ACT", "1");
+    let (fused, fused_profile) = span_logits(&gpu, &forced);
+
+    // The unfused decode step runs norms and act*mul; the fused one none.
+    assert!(!plain_profile.contains("rmsnorm 0.0%"), "{plain_profile}");
+    assert!(!plain_profile.contains("act*mul 0.0%"), "{plain_profile}");
+    assert!(fused_profile.contains("rmsnorm 0.0%"), "{fused_profile}");
+    assert!(fused_profile.contains("act*mul 0.0%"), "{fused_profile}");
+
+    assert_eq!(argmax(&fused[0]), PARIS);
+    let steps = forced.len() + 1;
+    let (same_plain, worst_plain) = compare(&fused, &plain);
+    let (same_cpu, worst_cpu) = compare(&fused, &cpu_logits);
+    let (plain_same_cpu, plain_worst_cpu) = compare(&plain, &cpu_logits);
+    eprintln!(
+        "over {steps} steps: fused vs unfused span argmax {same_plain}/{steps}, max |dlogit| {:.3}%; vs CPU fused {same_cpu}/{steps} {:.3}%, unfused {plain_same_cpu}/{steps} {:.3}% of max |logit|",
+        worst_plain * 100.0,
+        worst_cpu * 100.0,
+        plain_worst_cpu * 100.0
+    );
+    // The seeds' bound between the fused and the unfused span.
+    assert_eq!(
+        same_plain, steps,
+        "fused and unfused spans pick other tokens"
+    );
+    assert!(
+        worst_plain <= 0.02,
+        "fused vs unfused {:.3}%",
+        worst_plain * 100.0
+    );
+    // The CPU rounds its activations to int8, so both spans sit at some
+    // distance from it: the fusions may not add to that distance.
+    assert!(
+        same_cpu >= plain_same_cpu,
+        "fused {same_cpu} vs unfused {plain_same_cpu} CPU argmax"
+    );
+    assert!(
+        worst_cpu <= plain_worst_cpu + 0.005,
+        "fused span vs CPU {:.3}% (unfused {:.3}%)",
+        worst_cpu * 100.0,
+        plain_worst_cpu * 100.0
+    );
+    assert_eq!(gpu.gpu().validation_messages(), 0);
+}
