@@ -5,6 +5,7 @@ mod fast_fit;
 mod lane_pack;
 mod lanes;
 mod lattice;
+mod source;
 mod vector;
 mod weighted_fit;
 
@@ -15,7 +16,7 @@ use crate::blocks::kscales;
 use crate::blocks::BlockQ4K;
 use crate::error::QuantError;
 use crate::fq3::{BlockFq3, FQ3_BLOCK_BYTES};
-use crate::rows::{dequant_row, row_bytes};
+use crate::rows::row_bytes;
 use fish_gguf::GgmlType;
 use rayon::prelude::*;
 
@@ -140,7 +141,7 @@ fn requantize_rows(
         .map_init(
             || vec![0f32; n_in],
             |x, (dst, src)| -> Result<(f64, f64), QuantError> {
-                dequant_row(src_ty, src, x)?;
+                source::decode_row(src_ty, src, x)?;
                 Ok(encode(x, dst))
             },
         )
