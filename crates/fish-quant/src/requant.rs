@@ -212,14 +212,30 @@ fn encode_blocks_weighted<B: fast_fit::LanePacked>(
 ) -> (f64, f64) {
     let blocks: &mut [B] = bytemuck::cast_slice_mut(dst);
     let mut sums = (0.0, 0.0);
-    // One block at a time: two interleaved (as the plain fit runs) measured
-    // no faster here, the AVX-512 build already keeping its pass busy.
-    for ((slot, x), w) in blocks.iter_mut().zip(x.chunks_exact(256)).zip(w) {
-        let [(block, err, energy)] =
-            weighted_fit::encode_superblocks_weighted::<B, 1>([as_block(x)], [w]);
+    let mut take = |slot: &mut B, (block, err, energy): (B, f32, f32)| {
         *slot = block;
         sums.0 += err as f64;
         sums.1 += energy as f64;
+    };
+    const G: usize = INTERLEAVED;
+    let mut groups = blocks.chunks_exact_mut(G);
+    let mut values = x.chunks_exact(256 * G);
+    let mut weights = w.chunks_exact(G);
+    for ((b, x), w) in (&mut groups).zip(&mut values).zip(&mut weights) {
+        let x: [&[f32; 256]; G] = std::array::from_fn(|p| as_block(&x[256 * p..256 * (p + 1)]));
+        let w: [&lanes::Rows; G] = std::array::from_fn(|p| &w[p]);
+        let out = weighted_fit::encode_superblocks_weighted::<B, G>(x, w);
+        for (slot, out) in b.iter_mut().zip(out) {
+            take(slot, out);
+        }
+    }
+    let rest = groups.into_remainder().iter_mut();
+    let rest = rest
+        .zip(values.remainder().chunks_exact(256))
+        .zip(weights.remainder());
+    for ((slot, x), w) in rest {
+        let [out] = weighted_fit::encode_superblocks_weighted::<B, 1>([as_block(x)], [w]);
+        take(slot, out);
     }
     sums
 }

@@ -241,8 +241,14 @@ fn sums_of_nearest_codes<V: Vector, const K: usize>(
     clamps: &[Clamp; K],
     nmax: f32,
 ) -> [CodeSums; K] {
-    let shift: [V; K] = std::array::from_fn(|k| V::load(&zip(offset[k], inv[k], |o, i| -(o * i))));
-    let inv: [V; K] = std::array::from_fn(|k| V::load(&inv[k]));
+    // Plain loops, not `array::from_fn` closures: a closure that is not
+    // inlined is compiled without the caller's target features.
+    let (mut shift, mut inv_v) = ([V::splat(0.0); K], [V::splat(0.0); K]);
+    for k in 0..K {
+        shift[k] = V::load(&zip(offset[k], inv[k], |o, i| -(o * i)));
+        inv_v[k] = V::load(&inv[k]);
+    }
+    let inv = inv_v;
     let (zero, ceiling, magic) = (V::splat(0.0), V::splat(nmax), V::splat(ROUND_MAGIC));
     let mut acc = [[zero; 3]; K];
     for row in rows {

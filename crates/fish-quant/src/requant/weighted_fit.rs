@@ -16,17 +16,20 @@ mod grid;
 mod levels;
 mod search;
 mod sums;
+#[cfg(target_arch = "x86_64")]
+mod wide;
 
 use super::fast_fit::{LaneFit, LanePacked};
-use super::lanes::{each, transpose_portable, CodeSums, ErrorForm, Lanes, Moments, Rows};
+use super::lanes::{each, transpose_portable, Clamp, CodeSums, ErrorForm, Lanes, Moments, Rows};
 use super::lattice::{scaled, LaneCodes, Lattice, Levels};
 #[cfg(target_arch = "x86_64")]
 use super::vector::Avx;
 use super::vector::Vector;
 #[cfg(test)]
 use crate::blocks::kfit::AffineSuperBlock;
+use levels::{PairSearch, Settle};
 use search::Search;
-use sums::WeightedStats;
+use sums::{Lanewise, PassOf, Passes, WeightedStats};
 
 /// A row's per-value weights (a multiple of 256, finite and non-negative)
 /// in the fit's layout, one [`Rows`] per super-block. The weights belong to
@@ -68,7 +71,7 @@ pub(super) fn encode_superblocks_weighted<B: LanePacked, const P: usize>(
         }
     }
     let rows: [Rows; P] = std::array::from_fn(|p| transpose_portable(x[p]));
-    encode::<B, Lanes, P>(std::array::from_fn(|p| &rows[p]), w)
+    encode::<B, Lanes, Lanewise<Lanes>, P>(std::array::from_fn(|p| &rows[p]), w)
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -82,7 +85,7 @@ unsafe fn encode_avx2<B: LanePacked, const P: usize>(
         // SAFETY: AVX2 is enabled in this function's context.
         rows[p] = unsafe { super::lanes::transpose_avx2(x[p]) };
     }
-    encode::<B, Avx, P>(std::array::from_fn(|p| &rows[p]), w)
+    encode::<B, Avx, Lanewise<Avx>, P>(std::array::from_fn(|p| &rows[p]), w)
 }
 
 /// The AVX2 build with AVX-512's 32 vector registers: the same 8-lane
@@ -99,15 +102,15 @@ unsafe fn encode_avx512<B: LanePacked, const P: usize>(
         // SAFETY: AVX2 is enabled in this function's context.
         rows[p] = unsafe { super::lanes::transpose_avx2(x[p]) };
     }
-    encode::<B, Avx, P>(std::array::from_fn(|p| &rows[p]), w)
+    encode::<B, Avx, wide::Zmm, P>(std::array::from_fn(|p| &rows[p]), w)
 }
 
 #[inline(always)]
-fn encode<B: LanePacked, V: Vector, const P: usize>(
+fn encode<B: LanePacked, V: Vector, S: Passes, const P: usize>(
     x: [&Rows; P],
     w: [&Rows; P],
 ) -> [(B, f32, f32); P] {
-    let fits = fit_blocks::<V, P>(x, w, B::NMAX);
+    let fits = fit_blocks::<V, S, P>(x, w, B::NMAX);
     let mut out = [(B::zeroed(), 0.0, 0.0); P];
     for p in 0..P {
         out[p] = (B::pack::<V>(&fits[p]), fits[p].err, fits[p].energy);
@@ -115,13 +118,17 @@ fn encode<B: LanePacked, V: Vector, const P: usize>(
     out
 }
 
-/// The weighted fits of `P` super-blocks; every step is a pass over a
-/// block's values followed by lane-only work on its result, and with two
-/// blocks the steps alternate between them, so one block's lane-only chain
-/// overlaps the other's pass. Plain loops over the blocks, not closures (a
-/// closure that is not inlined loses the caller's target features).
+/// The weighted fits of `P` super-blocks: every step is a pass over the
+/// blocks' values (run by `S`, which may take two blocks at once) followed
+/// by lane-only work per block on its result. Plain loops over the blocks,
+/// not closures (a closure that is not inlined loses the caller's target
+/// features).
 #[inline(always)]
-fn fit_blocks<V: Vector, const P: usize>(x: [&Rows; P], w: [&Rows; P], nmax: u8) -> [LaneFit; P] {
+fn fit_blocks<V: Vector, S: Passes, const P: usize>(
+    x: [&Rows; P],
+    w: [&Rows; P],
+    nmax: u8,
+) -> [LaneFit; P] {
     let nmax = nmax as f32;
     let mut stats = [WeightedStats::default(); P];
     for p in 0..P {
@@ -132,33 +139,50 @@ fn fit_blocks<V: Vector, const P: usize>(x: [&Rows; P], w: [&Rows; P], nmax: u8)
         search[p] = Search::new(&stats[p], nmax);
     }
     for round in 0..search::REFITS {
+        let mut pass = [search[0].pass(); P];
         for p in 0..P {
-            search[p].round::<V>((x[p], w[p]), &stats[p], round, nmax);
+            pass[p] = search[p].pass();
+        }
+        let sums = S::code_sums(x, w, &pass, &Search::clamps(round), nmax);
+        for p in 0..P {
+            search[p].refit::<V>(&stats[p], &sums[p]);
         }
     }
     let mut lattice = [Lattice::default(); P];
     for p in 0..P {
         lattice[p] = levels::lattice::<V>(&stats[p], &search[p].result(&stats[p]));
     }
-    let mut pairs = [([0.0; 8], [0.0; 8]); P];
+    let mut pairs = [PairSearch::default(); P];
     for p in 0..P {
-        let l = &lattice[p];
-        pairs[p] = levels::nearest_pair::<V>(
-            x[p],
-            w[p],
-            &stats[p],
-            l.supers(),
-            (l.ls, l.lm),
-            &l.unrounded,
-            nmax,
-        );
+        pairs[p] = PairSearch::new(&lattice[p]);
     }
+    let mut pass = [pairs[0].pass(); P];
+    for p in 0..P {
+        pass[p] = pairs[p].pass();
+    }
+    let sums = S::code_sums(x, w, &pass, &[Clamp::Both; 2], nmax);
+    let mut settle = [Settle::default(); P];
+    for p in 0..P {
+        let levels = pairs[p].best::<V>(&stats[p], &sums[p]);
+        settle[p] = Settle::new(lattice[p].supers(), levels);
+    }
+    let mut pass = [PassOf {
+        offset: [[0.0; 8]],
+        inv: [[0.0; 8]],
+    }; P];
+    for p in 0..P {
+        let (offset, inv) = settle[p].pass();
+        pass[p] = PassOf {
+            offset: [offset],
+            inv: [inv],
+        };
+    }
+    let coded = S::codes(x, w, &pass, nmax);
     let mut fits = [LaneFit::default(); P];
     for p in 0..P {
-        let l = &lattice[p];
-        let (ls, lm, codes, plain_sums) =
-            levels::settle::<V>(x[p], w[p], &stats[p], l.supers(), pairs[p], nmax);
-        fits[p] = lane_fit::<V>(l, (ls, lm), codes, &stats[p], &plain_sums);
+        let (codes, sums, plain_sums) = &coded[p];
+        let levels = settle[p].best::<V>(&stats[p], sums);
+        fits[p] = lane_fit::<V>(&lattice[p], levels, *codes, &stats[p], plain_sums);
     }
     fits
 }
@@ -208,7 +232,8 @@ mod tests {
     }
 
     fn quantize_portable(x: &[f32; 256], w: &[f32; 256], nmax: u8) -> AffineSuperBlock {
-        let [fit] = fit_blocks::<Lanes, 1>([&transpose_portable(x)], [&rows_of(w)], nmax);
+        let [fit] =
+            fit_blocks::<Lanes, Lanewise<Lanes>, 1>([&transpose_portable(x)], [&rows_of(w)], nmax);
         fit.in_value_order()
     }
 
@@ -291,13 +316,13 @@ mod tests {
             #[target_feature(enable = "avx2,fma")]
             unsafe fn avx2(x: &[f32; 256], w: &Rows, nmax: u8) -> LaneFit {
                 let rows = unsafe { crate::requant::lanes::transpose_avx2(x) };
-                let [fit] = fit_blocks::<Avx, 1>([&rows], [w], nmax);
+                let [fit] = fit_blocks::<Avx, Lanewise<Avx>, 1>([&rows], [w], nmax);
                 fit
             }
             #[target_feature(enable = "avx2,fma,avx512f,avx512vl")]
             unsafe fn avx512(x: &[f32; 256], w: &Rows, nmax: u8) -> LaneFit {
                 let rows = unsafe { crate::requant::lanes::transpose_avx2(x) };
-                let [fit] = fit_blocks::<Avx, 1>([&rows], [w], nmax);
+                let [fit] = fit_blocks::<Avx, Lanewise<Avx>, 1>([&rows], [w], nmax);
                 fit
             }
             if has!("avx512f") && has!("avx512vl") && has!("fma") {
@@ -311,6 +336,37 @@ mod tests {
         }
         out.push(quantize_portable(x, w, nmax));
         out
+    }
+
+    /// Two blocks through the dispatch (on AVX-512 their passes share 16
+    /// lanes) against each block alone through the portable build.
+    #[test]
+    fn pairs_of_blocks_give_the_portable_bytes_of_each() {
+        use crate::blocks::BlockQ4K;
+        use crate::fq3::BlockFq3;
+        fn check<B: LanePacked>(x: [&[f32; 256]; 2], w: [&Rows; 2]) {
+            let pair = encode_superblocks_weighted::<B, 2>(x, w);
+            for (p, (block, err, energy)) in pair.iter().enumerate() {
+                let rows = transpose_portable(x[p]);
+                let [fit] = fit_blocks::<Lanes, Lanewise<Lanes>, 1>([&rows], [w[p]], B::NMAX);
+                let expected = B::pack::<Lanes>(&fit);
+                assert_eq!(bytemuck::bytes_of(block), bytemuck::bytes_of(&expected));
+                assert_eq!(
+                    (err.to_bits(), energy.to_bits()),
+                    (fit.err.to_bits(), fit.energy.to_bits())
+                );
+            }
+        }
+        for seed in 0..16 {
+            let (a, b) = (data(seed), data(seed + 100));
+            let mut wb = skewed_weights(seed + 7);
+            if seed % 4 == 1 {
+                wb[32..64].fill(0.0);
+            }
+            let w = [rows_of(&skewed_weights(seed)), rows_of(&wb)];
+            check::<BlockFq3>([&a, &b], [&w[0], &w[1]]);
+            check::<BlockQ4K>([&a, &b], [&w[0], &w[1]]);
+        }
     }
 
     #[test]

@@ -4,11 +4,11 @@
 //! the 3 x 3 neighbours of the pair for the final codes.
 
 use super::search::GroupFits;
-use super::sums::{weighted_code_sums, weighted_codes, WeightedStats};
+use super::sums::{PassOf, WeightedStats};
 use crate::bits::F16Bits;
-use crate::requant::lanes::{inverse, zip, Clamp, CodeSums, ErrorForm, Lanes, Rows};
+use crate::requant::lanes::{inverse, zip, CodeSums, ErrorForm, Lanes};
 use crate::requant::lattice::{
-    f16_magnitude, group_scales_6bit, neighbour, scaled, LaneCodes, Lattice, Levels,
+    f16_magnitude, group_scales_6bit, neighbour, scaled, Lattice, Levels,
 };
 use crate::requant::vector::{round_levels, Vector};
 
@@ -85,68 +85,103 @@ fn take_better<V: Vector>(
 
 /// Two scale levels (the rounded one and its neighbour toward the
 /// unrounded value), each with one pass of nearest codes under the rounded
-/// min; three min levels each, ranked by the closed-form weighted error.
-#[inline(always)]
-pub(super) fn nearest_pair<V: Vector>(
-    x: &Rows,
-    w: &Rows,
-    stats: &WeightedStats,
-    (df, dminf): (f32, f32),
-    (ls0, lm0): (Levels, Levels),
-    unrounded: &Lanes,
-    nmax: f32,
-) -> (Levels, Levels) {
-    let toward = zip(
-        *unrounded,
-        ls0,
-        |u, l| if u > l { l + 1.0 } else { l - 1.0 },
-    );
-    let toward = neighbour(&toward, 1);
-    let candidates = [ls0, toward];
-    let scale = [scaled(df, &ls0), scaled(df, &toward)];
-    let offset: [Lanes; 3] = std::array::from_fn(|c| scaled(-dminf, &neighbour(&lm0, c)));
-    let inv = [inverse(&scale[0]), inverse(&scale[1])];
-    let sums = weighted_code_sums::<V, 2>(x, w, &[offset[1]; 2], &inv, &[Clamp::Both; 2], nmax);
-    let (mut ls, mut lm) = (ls0, lm0);
-    let mut best = V::splat(f32::MAX);
-    for j in 0..2 {
-        let form = ErrorForm::new(stats.moments(), &sums[j]);
-        let part = form.scale_part(V::load(&scale[j]));
-        for (c, offset) in offset.iter().enumerate() {
-            let m = V::load(offset);
-            let err = form.error(&part, form.offset_part(m), m);
-            let cand = (&candidates[j], &neighbour(&lm0, c));
-            take_better(&mut best, (&mut ls, &mut lm), err, cand);
-        }
-    }
-    (ls, lm)
+/// min ([`PairSearch::pass`]); three min levels each, ranked by the
+/// closed-form weighted error ([`PairSearch::best`]).
+#[derive(Clone, Copy, Default)]
+pub(super) struct PairSearch {
+    start: (Levels, Levels),
+    candidates: [Levels; 2],
+    scale: [Lanes; 2],
+    offset: [Lanes; 3],
 }
 
-/// Nearest codes for `(ls0, lm0)`, then the pair among its 3 x 3
-/// neighbours with the smallest weighted error for those codes (the middle
-/// one first, so ties keep it); returns the pair, the codes and their
-/// plain (unweighted) sums.
-#[inline(always)]
-pub(super) fn settle<V: Vector>(
-    x: &Rows,
-    w: &Rows,
-    stats: &WeightedStats,
-    (df, dminf): (f32, f32),
-    (ls0, lm0): (Levels, Levels),
-    nmax: f32,
-) -> (Levels, Levels, LaneCodes, CodeSums) {
-    let scale: [Lanes; 3] = std::array::from_fn(|j| scaled(df, &neighbour(&ls0, j)));
-    let offset: [Lanes; 3] = std::array::from_fn(|c| scaled(-dminf, &neighbour(&lm0, c)));
-    let (codes, sums, plain_sums) =
-        weighted_codes::<V>(x, w, &offset[1], &inverse(&scale[1]), nmax);
-    let form = ErrorForm::new(stats.moments(), &sums);
-    let (mut ls, mut lm) = (ls0, lm0);
-    let mut best = V::splat(f32::MAX);
-    for c in [4, 0, 1, 2, 3, 5, 6, 7, 8] {
-        let (j, c) = (c / 3, c % 3);
-        let err = form.error_of(V::load(&scale[j]), V::load(&offset[c]));
-        let cand = (&neighbour(&ls0, j), &neighbour(&lm0, c));
-        take_better(&mut best, (&mut ls, &mut lm), err, cand);
+impl PairSearch {
+    #[inline(always)]
+    pub fn new(l: &Lattice) -> Self {
+        let (df, dminf) = l.supers();
+        let (ls0, lm0) = (l.ls, l.lm);
+        let toward = zip(
+            l.unrounded,
+            ls0,
+            |u, l| if u > l { l + 1.0 } else { l - 1.0 },
+        );
+        let toward = neighbour(&toward, 1);
+        Self {
+            start: (ls0, lm0),
+            candidates: [ls0, toward],
+            scale: [scaled(df, &ls0), scaled(df, &toward)],
+            offset: std::array::from_fn(|c| scaled(-dminf, &neighbour(&lm0, c))),
+        }
     }
-    (ls, lm, codes, plain_sums)
+
+    /// The offsets and inverse scales of the two passes (every clamp
+    /// applies).
+    #[inline(always)]
+    pub fn pass(&self) -> PassOf<2> {
+        PassOf {
+            offset: [self.offset[1]; 2],
+            inv: [inverse(&self.scale[0]), inverse(&self.scale[1])],
+        }
+    }
+
+    /// The best pair for the codes of [`Self::pass`].
+    #[inline(always)]
+    pub fn best<V: Vector>(&self, stats: &WeightedStats, sums: &[CodeSums; 2]) -> (Levels, Levels) {
+        let (ls0, lm0) = self.start;
+        let (mut ls, mut lm) = (ls0, lm0);
+        let mut best = V::splat(f32::MAX);
+        for j in 0..2 {
+            let form = ErrorForm::new(stats.moments(), &sums[j]);
+            let part = form.scale_part(V::load(&self.scale[j]));
+            for (c, offset) in self.offset.iter().enumerate() {
+                let m = V::load(offset);
+                let err = form.error(&part, form.offset_part(m), m);
+                let cand = (&self.candidates[j], &neighbour(&lm0, c));
+                take_better(&mut best, (&mut ls, &mut lm), err, cand);
+            }
+        }
+        (ls, lm)
+    }
+}
+
+/// The final step: nearest codes for a pair ([`Settle::pass`]), then the
+/// pair among its 3 x 3 neighbours with the smallest weighted error for
+/// those codes (the middle one first, so ties keep it; [`Settle::best`]).
+#[derive(Clone, Copy, Default)]
+pub(super) struct Settle {
+    start: (Levels, Levels),
+    scale: [Lanes; 3],
+    offset: [Lanes; 3],
+}
+
+impl Settle {
+    #[inline(always)]
+    pub fn new((df, dminf): (f32, f32), (ls0, lm0): (Levels, Levels)) -> Self {
+        Self {
+            start: (ls0, lm0),
+            scale: std::array::from_fn(|j| scaled(df, &neighbour(&ls0, j))),
+            offset: std::array::from_fn(|c| scaled(-dminf, &neighbour(&lm0, c))),
+        }
+    }
+
+    /// The offset and inverse scale of the nearest codes.
+    #[inline(always)]
+    pub fn pass(&self) -> (Lanes, Lanes) {
+        (self.offset[1], inverse(&self.scale[1]))
+    }
+
+    #[inline(always)]
+    pub fn best<V: Vector>(&self, stats: &WeightedStats, sums: &CodeSums) -> (Levels, Levels) {
+        let (ls0, lm0) = self.start;
+        let form = ErrorForm::new(stats.moments(), sums);
+        let (mut ls, mut lm) = (ls0, lm0);
+        let mut best = V::splat(f32::MAX);
+        for c in [4, 0, 1, 2, 3, 5, 6, 7, 8] {
+            let (j, c) = (c / 3, c % 3);
+            let err = form.error_of(V::load(&self.scale[j]), V::load(&self.offset[c]));
+            let cand = (&neighbour(&ls0, j), &neighbour(&lm0, c));
+            take_better(&mut best, (&mut ls, &mut lm), err, cand);
+        }
+        (ls, lm)
+    }
 }

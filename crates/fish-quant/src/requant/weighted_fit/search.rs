@@ -2,14 +2,14 @@
 //! min and max, each alternating nearest codes with the closed-form
 //! weighted least squares ([`super::sums`]); the best fit seen is kept.
 
-use super::sums::{weighted_code_sums, WeightedStats};
+use super::sums::{PassOf, WeightedStats};
 use crate::requant::lanes::{
-    clamps_from_min, each, least_squares, zip, Clamp, CodeSums, ErrorForm, Lanes, Rows,
+    clamps_from_min, each, least_squares, zip, Clamp, CodeSums, ErrorForm, Lanes,
 };
 use crate::requant::vector::Vector;
 
 /// Initial scales `(max - min) / (nmax + stretch)`.
-const NS: usize = 5;
+pub(super) const NS: usize = 5;
 const STARTS: [f32; NS] = [-1.0, -0.5, 0.0, 0.5, 1.0];
 
 /// Rounds of nearest codes and refit per start.
@@ -53,24 +53,30 @@ impl Search {
         }
     }
 
-    /// One round for every start: nearest codes (one pass), then the
-    /// weighted least squares for those codes; the best fit is kept.
+    /// What a round's pass needs: every start's offset and inverse scale.
     #[inline(always)]
-    pub fn round<V: Vector>(
-        &mut self,
-        (x, w): (&Rows, &Rows),
-        stats: &WeightedStats,
-        round: usize,
-        nmax: f32,
-    ) {
-        let inv: [Lanes; NS] = std::array::from_fn(|k| each(&self.scale[k], |v| 1.0 / v));
-        // The first round starts from the min, where some clamps cannot bite.
-        let clamps = if round == 0 {
+    pub fn pass(&self) -> PassOf<NS> {
+        PassOf {
+            offset: self.offset,
+            inv: std::array::from_fn(|k| each(&self.scale[k], |v| 1.0 / v)),
+        }
+    }
+
+    /// The clamps of a round's pass: the first round starts from the min,
+    /// where some clamps cannot bite.
+    #[inline(always)]
+    pub fn clamps(round: usize) -> [Clamp; NS] {
+        if round == 0 {
             clamps_from_min(&STARTS)
         } else {
             [Clamp::Both; NS]
-        };
-        let sums = weighted_code_sums::<V, NS>(x, w, &self.offset, &inv, &clamps, nmax);
+        }
+    }
+
+    /// The weighted least squares of every start for the codes of its pass
+    /// (lane-only work); the best fit is kept.
+    #[inline(always)]
+    pub fn refit<V: Vector>(&mut self, stats: &WeightedStats, sums: &[CodeSums; NS]) {
         let mut best_err = V::load(&self.best_err);
         let mut best_scale = V::load(&self.best_scale);
         let mut best_offset = V::load(&self.best_offset);

@@ -53,6 +53,75 @@ pub(super) fn weighted_stats<V: Vector>(x: &Rows, w: &Rows) -> WeightedStats {
     }
 }
 
+/// What a pass of nearest codes needs of each of `K` fits: its offset and
+/// inverse scale per group.
+#[derive(Clone, Copy)]
+pub(super) struct PassOf<const K: usize> {
+    pub offset: [Lanes; K],
+    pub inv: [Lanes; K],
+}
+
+/// How the passes over the values of `P` super-blocks run (the fit's
+/// lane-only steps stay per block).
+pub(super) trait Passes {
+    /// Per block, the weighted code sums of its `K` fits
+    /// ([`weighted_code_sums`]).
+    fn code_sums<const K: usize, const P: usize>(
+        x: [&Rows; P],
+        w: [&Rows; P],
+        pass: &[PassOf<K>; P],
+        clamps: &[Clamp; K],
+        nmax: f32,
+    ) -> [[CodeSums; K]; P];
+
+    /// Per block, the codes of one fit with their weighted and plain sums
+    /// ([`weighted_codes`]).
+    fn codes<const P: usize>(
+        x: [&Rows; P],
+        w: [&Rows; P],
+        pass: &[PassOf<1>; P],
+        nmax: f32,
+    ) -> [Coded; P];
+}
+
+/// Codes with their weighted and plain `[Σq, Σq², Σqx]`.
+pub(super) type Coded = (LaneCodes, CodeSums, CodeSums);
+
+/// Each block on its own in `V`'s eight lanes.
+pub(super) struct Lanewise<V>(std::marker::PhantomData<V>);
+
+impl<V: Vector> Passes for Lanewise<V> {
+    #[inline(always)]
+    fn code_sums<const K: usize, const P: usize>(
+        x: [&Rows; P],
+        w: [&Rows; P],
+        pass: &[PassOf<K>; P],
+        clamps: &[Clamp; K],
+        nmax: f32,
+    ) -> [[CodeSums; K]; P] {
+        let mut out = [[[[0.0; 8]; 3]; K]; P];
+        for p in 0..P {
+            out[p] =
+                weighted_code_sums::<V, K>(x[p], w[p], &pass[p].offset, &pass[p].inv, clamps, nmax);
+        }
+        out
+    }
+
+    #[inline(always)]
+    fn codes<const P: usize>(
+        x: [&Rows; P],
+        w: [&Rows; P],
+        pass: &[PassOf<1>; P],
+        nmax: f32,
+    ) -> [Coded; P] {
+        let mut out = [([[0; 8]; 32], [[0.0; 8]; 3], [[0.0; 8]; 3]); P];
+        for p in 0..P {
+            out[p] = weighted_codes::<V>(x[p], w[p], &pass[p].offset[0], &pass[p].inv[0], nmax);
+        }
+        out
+    }
+}
+
 /// Weighted code sums `[Σwq, Σwq², Σwqx]` of the nearest codes
 /// `q = round(clamp((x - offset) * inv, 0, nmax))`, for `K` fits in one
 /// pass (independent accumulators), in explicit vector operations; a clamp
@@ -66,8 +135,14 @@ pub(super) fn weighted_code_sums<V: Vector, const K: usize>(
     clamps: &[Clamp; K],
     nmax: f32,
 ) -> [CodeSums; K] {
-    let shift: [V; K] = std::array::from_fn(|k| V::load(&zip(offset[k], inv[k], |o, i| -(o * i))));
-    let inv: [V; K] = std::array::from_fn(|k| V::load(&inv[k]));
+    // Plain loops, not `array::from_fn` closures: a closure that is not
+    // inlined is compiled without the caller's target features.
+    let (mut shift, mut inv_v) = ([V::splat(0.0); K], [V::splat(0.0); K]);
+    for k in 0..K {
+        shift[k] = V::load(&zip(offset[k], inv[k], |o, i| -(o * i)));
+        inv_v[k] = V::load(&inv[k]);
+    }
+    let inv = inv_v;
     let (zero, ceiling, magic) = (V::splat(0.0), V::splat(nmax), V::splat(ROUND_MAGIC));
     let mut acc = [[zero; 3]; K];
     for (row, wr) in x.iter().zip(w) {
