@@ -21,7 +21,7 @@ mod wide;
 
 use super::fast_fit::{LaneFit, LanePacked};
 use super::lanes::{each, transpose_portable, Clamp, CodeSums, ErrorForm, Lanes, Moments, Rows};
-use super::lattice::{scaled, LaneCodes, Lattice, Levels};
+use super::lattice::{scaled, Lattice, Levels};
 #[cfg(target_arch = "x86_64")]
 use super::vector::Avx;
 use super::vector::Vector;
@@ -177,26 +177,28 @@ fn fit_blocks<V: Vector, S: Passes, const P: usize>(
             inv: [inv],
         };
     }
-    let coded = S::codes(x, w, &pass, nmax);
     let mut fits = [LaneFit::default(); P];
+    let codes = fits.each_mut().map(|fit| &mut fit.codes);
+    let sums = S::codes(x, w, &pass, nmax, codes);
     for p in 0..P {
-        let (codes, sums, plain_sums) = &coded[p];
-        let levels = settle[p].best::<V>(&stats[p], sums);
-        fits[p] = lane_fit::<V>(&lattice[p], levels, *codes, &stats[p], plain_sums);
+        let (weighted, plain) = &sums[p];
+        let levels = settle[p].best::<V>(&stats[p], weighted);
+        set_levels::<V>(&mut fits[p], &lattice[p], levels, &stats[p], plain);
     }
     fits
 }
 
-/// The fit as stored, with the plain error of its codes under the chosen
-/// pair, from their plain sums (as the plain fit reports it).
+/// The fit's super-scales and levels as stored, with the plain error of its
+/// codes (already in `fit`) under them, from their plain sums (as the plain
+/// fit reports it).
 #[inline(always)]
-fn lane_fit<V: Vector>(
+fn set_levels<V: Vector>(
+    fit: &mut LaneFit,
     l: &Lattice,
     (ls, lm): (Levels, Levels),
-    codes: LaneCodes,
     stats: &WeightedStats,
     plain_sums: &CodeSums,
-) -> LaneFit {
+) {
     let (df, dminf) = l.supers();
     let plain = Moments {
         count: V::splat(32.0),
@@ -205,16 +207,12 @@ fn lane_fit<V: Vector>(
     };
     let err = ErrorForm::new(plain, plain_sums)
         .error_of(V::load(&scaled(df, &ls)), V::load(&scaled(-dminf, &lm)));
-    LaneFit {
-        d: l.d,
-        dmin: l.dmin,
-        scales: each(&ls, |v| v as u8),
-        mins: each(&lm, |v| v as u8),
-        codes,
-        // Rounding can leave a perfect fit a hair below zero.
-        err: each(&err.store(), |e| e.max(0.0)).iter().sum(),
-        energy: stats.sx2.iter().sum(),
-    }
+    (fit.d, fit.dmin) = (l.d, l.dmin);
+    fit.scales = each(&ls, |v| v as u8);
+    fit.mins = each(&lm, |v| v as u8);
+    // Rounding can leave a perfect fit a hair below zero.
+    fit.err = each(&err.store(), |e| e.max(0.0)).iter().sum();
+    fit.energy = stats.sx2.iter().sum();
 }
 
 #[cfg(test)]

@@ -74,18 +74,19 @@ pub(super) trait Passes {
         nmax: f32,
     ) -> [[CodeSums; K]; P];
 
-    /// Per block, the codes of one fit with their weighted and plain sums
-    /// ([`weighted_codes`]).
+    /// Per block, the codes of one fit (written into `codes`) and their
+    /// weighted and plain sums ([`weighted_codes`]).
     fn codes<const P: usize>(
         x: [&Rows; P],
         w: [&Rows; P],
         pass: &[PassOf<1>; P],
         nmax: f32,
-    ) -> [Coded; P];
+        codes: [&mut LaneCodes; P],
+    ) -> [SumsOfCodes; P];
 }
 
-/// Codes with their weighted and plain `[Σq, Σq², Σqx]`.
-pub(super) type Coded = (LaneCodes, CodeSums, CodeSums);
+/// The weighted and the plain `[Σq, Σq², Σqx]` of a set of codes.
+pub(super) type SumsOfCodes = (CodeSums, CodeSums);
 
 /// Each block on its own in `V`'s eight lanes.
 pub(super) struct Lanewise<V>(std::marker::PhantomData<V>);
@@ -113,10 +114,12 @@ impl<V: Vector> Passes for Lanewise<V> {
         w: [&Rows; P],
         pass: &[PassOf<1>; P],
         nmax: f32,
-    ) -> [Coded; P] {
-        let mut out = [([[0; 8]; 32], [[0.0; 8]; 3], [[0.0; 8]; 3]); P];
-        for p in 0..P {
-            out[p] = weighted_codes::<V>(x[p], w[p], &pass[p].offset[0], &pass[p].inv[0], nmax);
+        codes: [&mut LaneCodes; P],
+    ) -> [SumsOfCodes; P] {
+        let mut out = [([[0.0; 8]; 3], [[0.0; 8]; 3]); P];
+        for (p, codes) in codes.into_iter().enumerate() {
+            let (offset, inv) = (&pass[p].offset[0], &pass[p].inv[0]);
+            out[p] = weighted_codes::<V>(x[p], w[p], offset, inv, nmax, codes);
         }
         out
     }
@@ -176,9 +179,9 @@ pub(super) fn weighted_code_sums<V: Vector, const K: usize>(
     sums
 }
 
-/// [`weighted_code_sums`] of one fit, also returning the codes (the code
-/// sits in the low mantissa bits of the biased value) and their plain
-/// (unweighted) sums.
+/// [`weighted_code_sums`] of one fit, also writing the codes into `codes`
+/// (the code sits in the low mantissa bits of the biased value) and
+/// returning their plain (unweighted) sums.
 #[inline(always)]
 pub(super) fn weighted_codes<V: Vector>(
     x: &Rows,
@@ -186,11 +189,11 @@ pub(super) fn weighted_codes<V: Vector>(
     offset: &Lanes,
     inv: &Lanes,
     nmax: f32,
-) -> (LaneCodes, CodeSums, CodeSums) {
+    codes: &mut LaneCodes,
+) -> SumsOfCodes {
     let shift = V::load(&zip(*offset, *inv, |o, i| -(o * i)));
     let inv = V::load(inv);
     let (zero, ceiling, magic) = (V::splat(0.0), V::splat(nmax), V::splat(ROUND_MAGIC));
-    let mut codes = [[0u32; 8]; 32];
     let (mut sl, mut sl2, mut sxl) = (zero, zero, zero);
     let (mut pl, mut pl2, mut pxl) = (zero, zero, zero);
     for ((row, wr), out) in x.iter().zip(w).zip(codes.iter_mut()) {
@@ -207,7 +210,6 @@ pub(super) fn weighted_codes<V: Vector>(
         pxl = q.mul_add(x, pxl);
     }
     (
-        codes,
         [sl.store(), sl2.store(), sxl.store()],
         [pl.store(), pl2.store(), pxl.store()],
     )

@@ -3,8 +3,9 @@
 //! IEEE operations lane by lane as [`super::sums`], so the same sums and
 //! codes, at half the instructions per value.
 
-use super::sums::{weighted_code_sums, weighted_codes, Coded, PassOf, Passes};
+use super::sums::{weighted_code_sums, weighted_codes, PassOf, Passes, SumsOfCodes};
 use crate::requant::lanes::{zip, Clamp, CodeSums, Lanes, Rows, ROUND_MAGIC};
+use crate::requant::lattice::LaneCodes;
 use crate::requant::vector::Avx;
 use std::arch::x86_64::*;
 
@@ -54,18 +55,32 @@ impl Passes for Zmm {
         w: [&Rows; P],
         pass: &[PassOf<1>; P],
         nmax: f32,
-    ) -> [Coded; P] {
+        codes: [&mut LaneCodes; P],
+    ) -> [SumsOfCodes; P] {
+        let mut out = [([[0.0; 8]; 3], [[0.0; 8]; 3]); P];
         if P != 2 {
-            let mut out = [([[0; 8]; 32], [[0.0; 8]; 3], [[0.0; 8]; 3]); P];
-            for p in 0..P {
-                out[p] =
-                    weighted_codes::<Avx>(x[p], w[p], &pass[p].offset[0], &pass[p].inv[0], nmax);
+            for (p, codes) in codes.into_iter().enumerate() {
+                let (offset, inv) = (&pass[p].offset[0], &pass[p].inv[0]);
+                out[p] = weighted_codes::<Avx>(x[p], w[p], offset, inv, nmax, codes);
             }
             return out;
         }
+        let mut codes = codes.into_iter();
+        let (Some(a), Some(b)) = (codes.next(), codes.next()) else {
+            return out;
+        };
         // SAFETY: `Zmm` runs only where AVX-512 F is enabled.
-        let pair = unsafe { codes_pair([x[0], x[1]], [w[0], w[1]], [&pass[0], &pass[1]], nmax) };
-        std::array::from_fn(|p| pair[p])
+        let pair = unsafe {
+            codes_pair(
+                [x[0], x[1]],
+                [w[0], w[1]],
+                [&pass[0], &pass[1]],
+                nmax,
+                [a, b],
+            )
+        };
+        (out[0], out[1]) = (pair[0], pair[1]);
+        out
     }
 }
 
@@ -156,7 +171,13 @@ unsafe fn code_sums_pair<const K: usize>(
 }
 
 #[inline(always)]
-unsafe fn codes_pair(x: [&Rows; 2], w: [&Rows; 2], pass: [&PassOf<1>; 2], nmax: f32) -> [Coded; 2] {
+unsafe fn codes_pair(
+    x: [&Rows; 2],
+    w: [&Rows; 2],
+    pass: [&PassOf<1>; 2],
+    nmax: f32,
+    codes: [&mut LaneCodes; 2],
+) -> [SumsOfCodes; 2] {
     unsafe {
         let shift = shift(
             [&pass[0].offset[0], &pass[1].offset[0]],
@@ -166,7 +187,7 @@ unsafe fn codes_pair(x: [&Rows; 2], w: [&Rows; 2], pass: [&PassOf<1>; 2], nmax: 
         let (zero, ceiling) = (_mm512_setzero_ps(), _mm512_set1_ps(nmax));
         let magic = _mm512_set1_ps(ROUND_MAGIC);
         let low_byte = _mm512_set1_epi32(0xff);
-        let mut out = [([[0u32; 8]; 32], [[0f32; 8]; 3], [[0f32; 8]; 3]); 2];
+        let mut out = [([[0f32; 8]; 3], [[0f32; 8]; 3]); 2];
         let (mut sl, mut sl2, mut sxl) = (zero, zero, zero);
         let (mut pl, mut pl2, mut pxl) = (zero, zero, zero);
         for i in 0..32 {
@@ -177,10 +198,13 @@ unsafe fn codes_pair(x: [&Rows; 2], w: [&Rows; 2], pass: [&PassOf<1>; 2], nmax: 
                 ceiling,
             );
             let biased = _mm512_add_ps(t, magic);
-            let mut codes = [[0u32; 8]; 2];
             let bits = _mm512_and_si512(_mm512_castps_si512(biased), low_byte);
-            _mm512_storeu_si512(codes.as_mut_ptr().cast(), bits);
-            (out[0].0[i], out[1].0[i]) = (codes[0], codes[1]);
+            let (low, high) = (
+                _mm512_castsi512_si256(bits),
+                _mm512_extracti64x4_epi64::<1>(bits),
+            );
+            _mm256_storeu_si256(codes[0][i].as_mut_ptr().cast(), low);
+            _mm256_storeu_si256(codes[1][i].as_mut_ptr().cast(), high);
             let q = _mm512_sub_ps(biased, magic);
             let wq = _mm512_mul_ps(wv, q);
             sl = _mm512_add_ps(sl, wq);
@@ -192,8 +216,8 @@ unsafe fn codes_pair(x: [&Rows; 2], w: [&Rows; 2], pass: [&PassOf<1>; 2], nmax: 
         }
         for (s, (weighted, plain)) in [(sl, pl), (sl2, pl2), (sxl, pxl)].into_iter().enumerate() {
             let ([a, b], [c, d]) = (split(weighted), split(plain));
-            (out[0].1[s], out[1].1[s]) = (a, b);
-            (out[0].2[s], out[1].2[s]) = (c, d);
+            (out[0].0[s], out[1].0[s]) = (a, b);
+            (out[0].1[s], out[1].1[s]) = (c, d);
         }
         out
     }
