@@ -11,7 +11,8 @@
 // block over GROUPS thread groups, merged once at the end. (The kernel this
 // replaced scored with one scalar load per dimension and summed values one
 // key at a time per thread: decode is latency-bound here, and that cost
-// ~50 us per layer on the H200.)
+// ~50 us per layer on the H200.) Each token reads the keys of its own
+// sequence slot (span_common.glsl): positions 0..pos from the slot's first row.
 #extension GL_GOOGLE_include_directive : require
 
 #define WG 128u
@@ -28,9 +29,6 @@ layout(std430, binding = 1) readonly buffer KCache { uint kc[]; };
 layout(std430, binding = 1) readonly buffer KCache4 { uvec4 kc4[]; };
 layout(std430, binding = 2) readonly buffer VCache { uint vc[]; };
 layout(std430, binding = 3) writeonly buffer Out { float attn[]; };
-// The forward's first position, written by the host before each submit, so
-// that a recorded command buffer serves every position.
-layout(std430, binding = 4) readonly buffer Step { uint step_pos0[]; };
 
 layout(push_constant) uniform Push {
     // Index of the chunk's first token within the forward.
@@ -108,7 +106,9 @@ void main() {
     uint h = gl_WorkGroupID.x;
     uint t = gl_WorkGroupID.y;
     uint tid = gl_LocalInvocationID.x;
-    uint pos = step_pos0[0] + p.tok_base + t;
+    uvec2 place = token_place(p.tok_base + t);
+    uint pos = place.x;
+    uint row0 = place.y;
     uint kv_head = h / (p.n_head / p.n_head_kv);
     uint first = (p.window > 0u && pos + 1u > p.window) ? pos + 1u - p.window : 0u;
     bool wide = (p.head_dim % 8u) == 0u && (p.k_dim % 8u) == 0u;
@@ -144,7 +144,7 @@ void main() {
         uint n_keys = min(WG, pos + 1u - key0);
         float s = -1.0 / 0.0;
         if (tid < n_keys) {
-            s = key_dot(key0 + tid, k_head_word, wide) * p.scale;
+            s = key_dot(row0 + key0 + tid, k_head_word, wide) * p.scale;
         }
         float m_new = max(m, block_reduce(s, true));
         float e = tid < n_keys ? exp(s - m_new) : 0.0;
@@ -157,7 +157,7 @@ void main() {
             uint i = g;
             // Four keys per step: their loads are in flight together.
             for (; i + 3u * groups < n_keys; i += 4u * groups) {
-                uint r0 = (key0 + i) * v_row_words + v_head_word + w;
+                uint r0 = (row0 + key0 + i) * v_row_words + v_head_word + w;
                 uint r1 = r0 + groups * v_row_words;
                 uint r2 = r1 + groups * v_row_words;
                 uint r3 = r2 + groups * v_row_words;
@@ -169,7 +169,7 @@ void main() {
                 acc += weight[i + 2u * groups] * v2 + weight[i + 3u * groups] * v3;
             }
             for (; i < n_keys; i += groups) {
-                acc += weight[i] * unpackHalf2x16(vc[(key0 + i) * v_row_words + v_head_word + w]);
+                acc += weight[i] * unpackHalf2x16(vc[(row0 + key0 + i) * v_row_words + v_head_word + w]);
             }
         }
         m = m_new;

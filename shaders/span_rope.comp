@@ -2,19 +2,21 @@
 // RoPE and the KV store, one workgroup per token: the query heads are
 // rotated in place; the key heads are rotated and stored as f16 at the
 // token's position of this layer's K cache, the values likewise into V.
-// Angles come from the cos/sin table uploaded once for the context.
+// Angles come from the cos/sin table uploaded once for the context. Each
+// token's position and sequence slot come from the step buffer
+// (span_common.glsl): a slot's KV rows start at its first row.
+#extension GL_GOOGLE_include_directive : require
 
 #define WG_SIZE 128u
 #define MAX_KV_DIM 4096u
 layout(local_size_x = 128) in;
 
+#include "span_common.glsl"
+
 layout(std430, binding = 0) buffer Qkv { float qkv[]; };
 layout(std430, binding = 1) writeonly buffer KCache { uint kc[]; };
 layout(std430, binding = 2) writeonly buffer VCache { uint vc[]; };
 layout(std430, binding = 3) readonly buffer Params { float params[]; };
-// The forward's first position, written by the host before each submit, so
-// that a recorded command buffer serves every position.
-layout(std430, binding = 4) readonly buffer Step { uint step_pos0[]; };
 
 layout(push_constant) uniform Push {
     // Index of the chunk's first token within the forward.
@@ -57,7 +59,9 @@ vec2 angle(uint pos, uint j) {
 void main() {
     uint t = gl_WorkGroupID.x;
     uint tid = gl_LocalInvocationID.x;
-    uint pos = step_pos0[0] + p.tok_base + t;
+    uvec2 place = token_place(p.tok_base + t);
+    uint pos = place.x;
+    uint kv_row = place.y + pos;
     uint half_rot = p.n_rot / 2u;
 
     // Queries, in place.
@@ -88,14 +92,14 @@ void main() {
         k_row[ab.y] = fma(x0, cs.y, x1 * cs.x);
     }
     barrier();
-    uint k_word0 = pos * p.k_dim / 2u;
+    uint k_word0 = kv_row * p.k_dim / 2u;
     for (uint w = tid; w < p.k_dim / 2u; w += WG_SIZE) {
         kc[k_word0 + w] = packHalf2x16(vec2(k_row[2u * w], k_row[2u * w + 1u]));
     }
 
     // Values, as they are.
     uint v0 = p.v_off + t * p.v_dim;
-    uint v_word0 = pos * p.v_dim / 2u;
+    uint v_word0 = kv_row * p.v_dim / 2u;
     for (uint w = tid; w < p.v_dim / 2u; w += WG_SIZE) {
         vc[v_word0 + w] = packHalf2x16(vec2(qkv[v0 + 2u * w], qkv[v0 + 2u * w + 1u]));
     }

@@ -151,13 +151,14 @@ fn measure(args: &BenchArgs, model: &fish_core::model::Model, suffix: &str) -> R
 }
 
 /// Aggregate decode speed of `n_seq` sequences stepped together: each step
-/// feeds one token to every sequence in one forward.
+/// feeds one token to every sequence in one forward (with a GPU span, one
+/// submit in which each sequence has its own device KV slot).
 fn batched_decode(args: &BenchArgs, model: &fish_core::model::Model, n_seq: usize) -> Result<Row> {
     anyhow::ensure!(n_seq > 0, "--batch must be at least 1");
     let mut batch = BatchSession::new(model, n_seq, args.n_gen, args.threads.resolve())?;
     let toks = bench_tokens(args.n_gen * n_seq, model.cfg.n_vocab);
     let test = format!("tg{} x{n_seq}", args.n_gen);
-    rate_row(test, args.reps, args.n_gen * n_seq, || {
+    let row = rate_row(test, args.reps, args.n_gen * n_seq, || {
         for s in 0..n_seq {
             batch.truncate(s, 0)?;
         }
@@ -166,7 +167,19 @@ fn batched_decode(args: &BenchArgs, model: &fish_core::model::Model, n_seq: usiz
             batch.step_all(step)?;
         }
         Ok(t0.elapsed())
-    })
+    })?;
+    // Which path the steps took: a number measured on the host path is not
+    // a span number.
+    let stats = batch.stats();
+    eprintln!(
+        "batch x{n_seq}: {} steps through the GPU span, {} on the host{}",
+        stats.span_steps,
+        stats.host_steps,
+        batch
+            .span_fallback_reason()
+            .map_or_else(String::new, |r| format!(" (left the span: {r})"))
+    );
+    Ok(row)
 }
 
 /// Tokens per second of `reps` timed runs after one discarded warm-up run;

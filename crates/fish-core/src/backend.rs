@@ -108,6 +108,14 @@ pub struct SpanOutput<'a> {
     pub id: TensorId,
 }
 
+/// One row of a batched span forward: a token of the sequence held in device
+/// KV slot `slot`, at position `pos` of that sequence.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SpanRow {
+    pub slot: usize,
+    pub pos: usize,
+}
+
 /// Stage 2: a contiguous range of layers resident on the device with an f16
 /// KV cache. Backends without spans keep the defaults (unsupported), and the
 /// engine uses stage 1.
@@ -167,6 +175,71 @@ pub trait SpanBackend: ComputeBackend {
         let _ = (x, n_tok, pos0, rows);
         Err(BackendError::Unsupported(
             "this backend's spans do not run the output".into(),
+        ))
+    }
+
+    /// The most rows one `span_forward_batch` takes; 0 when the backend's
+    /// device KV holds only one sequence (slot 0).
+    fn span_max_batch_rows(&self) -> usize {
+        0
+    }
+
+    /// Positions held by device KV slot `slot`. Slot 0 is the sequence of
+    /// `span_forward`; a slot not allocated yet holds none.
+    fn span_kv_slot_len(&self, slot: usize) -> usize {
+        if slot == 0 {
+            self.span_kv_len()
+        } else {
+            0
+        }
+    }
+
+    /// Makes room for `n_pos` positions in KV slot `slot` (allocating the
+    /// slots up to it). Refused with `OutOfMemory` when the budget cannot
+    /// take it; the KV is then unchanged.
+    fn span_kv_slot_reserve(&self, slot: usize, n_pos: usize) -> Result<(), BackendError> {
+        if slot == 0 {
+            self.span_kv_reserve(n_pos)
+        } else {
+            Err(BackendError::Unsupported(
+                "this backend's span holds one sequence".into(),
+            ))
+        }
+    }
+
+    /// Keeps positions `< n` of KV slot `slot`; the other slots are untouched.
+    fn span_kv_slot_truncate(&self, slot: usize, n: usize) {
+        if slot == 0 {
+            self.span_kv_truncate(n);
+        }
+    }
+
+    /// A batched forward in one submit: row `b` of `x` (rows.len() x n_embd)
+    /// is a token of slot `rows[b].slot` at position `rows[b].pos`; `x`
+    /// receives the span's output. One matmul per weight serves all rows;
+    /// RoPE, the KV store and attention use each row's slot and position.
+    /// A slot's rows are consecutive positions, the first leaving no gap in
+    /// the slot. On error `x` is untouched and every slot keeps at most the
+    /// positions before its first row.
+    fn span_forward_batch(&self, x: &mut [f32], rows: &[SpanRow]) -> Result<(), BackendError> {
+        let _ = (x, rows);
+        Err(BackendError::Unsupported(
+            "this backend's span holds one sequence".into(),
+        ))
+    }
+
+    /// `span_forward_batch`, then the output in the same submit: the logits
+    /// (`logit_rows` x n_vocab) of the last `logit_rows` rows (at most
+    /// `span_max_logit_rows`).
+    fn span_forward_batch_logits(
+        &self,
+        x: &[f32],
+        rows: &[SpanRow],
+        logit_rows: usize,
+    ) -> Result<Vec<f32>, BackendError> {
+        let _ = (x, rows, logit_rows);
+        Err(BackendError::Unsupported(
+            "this backend's span holds one sequence".into(),
         ))
     }
 

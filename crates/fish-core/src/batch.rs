@@ -1,11 +1,20 @@
 //! Batched decoding of independent sequences: each has its own KV cache, and
 //! one step advances every chosen sequence by one token with a single forward
 //! in which each weight is read once for all of them.
+//!
+//! With a GPU span, steps run the span's layers on the device, each sequence
+//! in a device KV slot of its own; the host cache then holds only the layers
+//! below the span for those positions. Any backend error moves the session to
+//! the host path for good: the positions the host lacks are first rebuilt
+//! from each sequence's tokens, so none is lost.
 
 use thiserror::Error;
 
 use crate::error::EngineError;
-use crate::model::forward_batch::forward_batch;
+use crate::model::forward_batch::{
+    forward_batch, forward_batch_span, release_span_slots, truncate_span_slot, SpanBatchError,
+    SpanSequence,
+};
 use crate::model::{KvCache, LogitsFor, Model};
 
 #[derive(Debug, Error)]
@@ -22,11 +31,34 @@ pub enum BatchError {
 
 pub type Result<T> = std::result::Result<T, BatchError>;
 
+/// What the session's steps ran on.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct BatchStats {
+    /// Steps whose span layers ran on the device in one batched submit.
+    pub span_steps: usize,
+    /// Steps on the host path (CPU, or per-matmul offload).
+    pub host_steps: usize,
+    /// Positions run again to fill a device slot or the host cache.
+    pub rebuilt_positions: usize,
+}
+
+/// One sequence: its host cache and the tokens of its positions.
+struct Sequence {
+    cache: KvCache,
+    tokens: Vec<u32>,
+    /// Positions `< host_len` have every layer's keys and values in `cache`
+    /// (span steps write only the layers below the span).
+    host_len: usize,
+}
+
 /// Several sequences over one model, and the thread pool that runs them.
 pub struct BatchSession<'m> {
     model: &'m Model,
-    caches: Vec<KvCache>,
+    seqs: Vec<Sequence>,
     pool: rayon::ThreadPool,
+    /// Why steps left the GPU span for the host path (None while they may use it).
+    span_off: Option<String>,
+    stats: BatchStats,
 }
 
 impl<'m> BatchSession<'m> {
@@ -48,34 +80,62 @@ impl<'m> BatchSession<'m> {
             .num_threads(n_threads)
             .build()
             .map_err(|e| EngineError::ThreadPool(e.to_string()))?;
+        let seqs = (0..n_seq)
+            .map(|_| Sequence {
+                cache: model.new_cache(n_ctx),
+                tokens: Vec::new(),
+                host_len: 0,
+            })
+            .collect();
         Ok(BatchSession {
             model,
-            caches: (0..n_seq).map(|_| model.new_cache(n_ctx)).collect(),
+            seqs,
             pool,
+            span_off: None,
+            stats: BatchStats::default(),
         })
     }
 
     pub fn n_seq(&self) -> usize {
-        self.caches.len()
+        self.seqs.len()
     }
 
     pub fn n_threads(&self) -> usize {
         self.pool.current_num_threads()
     }
 
-    /// Positions filled in sequence `seq`.
-    pub fn n_past(&self, seq: usize) -> Result<usize> {
-        Ok(self.cache(seq)?.len())
+    /// What the steps so far ran on.
+    pub fn stats(&self) -> BatchStats {
+        self.stats
     }
 
-    /// Drops positions from `n` on in sequence `seq`.
+    /// Why steps no longer use the GPU span, after a backend error.
+    pub fn span_fallback_reason(&self) -> Option<&str> {
+        self.span_off.as_deref()
+    }
+
+    /// Positions filled in sequence `seq`.
+    pub fn n_past(&self, seq: usize) -> Result<usize> {
+        self.check_seq(seq)?;
+        Ok(self.seqs[seq].cache.len())
+    }
+
+    /// Drops positions from `n` on in sequence `seq` (and in its device KV
+    /// slot; the other sequences are untouched).
     pub fn truncate(&mut self, seq: usize, n: usize) -> Result<()> {
         self.check_seq(seq)?;
-        self.caches[seq].truncate(n);
+        let s = &mut self.seqs[seq];
+        s.cache.truncate(n);
+        s.tokens.truncate(n);
+        s.host_len = s.host_len.min(n);
+        truncate_span_slot(self.model, s.cache.id(), n);
         Ok(())
     }
 
-    /// Appends `tokens` to sequence `seq` alone (a prompt) and returns their logits.
+    /// Appends `tokens` to sequence `seq` alone (a prompt) and returns their
+    /// logits. Prompts keep every layer in the host cache, so a sequence can
+    /// always continue on the host; its first span step copies them to its
+    /// device slot.
     pub fn eval_one(
         &mut self,
         seq: usize,
@@ -83,11 +143,15 @@ impl<'m> BatchSession<'m> {
         logits_for: LogitsFor,
     ) -> Result<Vec<f32>> {
         self.check_seq(seq)?;
-        let (model, cache) = (self.model, &mut self.caches[seq]);
-        let pos0 = cache.len();
-        Ok(self
+        self.complete_host(seq)?;
+        let (model, s) = (self.model, &mut self.seqs[seq]);
+        let pos0 = s.cache.len();
+        let logits = self
             .pool
-            .install(|| model.forward_host_kv(cache, tokens, pos0, logits_for))?)
+            .install(|| model.forward_host_kv(&mut s.cache, tokens, pos0, logits_for))?;
+        s.tokens.extend_from_slice(tokens);
+        s.host_len = s.cache.len();
+        Ok(logits)
     }
 
     /// Appends `tokens[i]` to sequence `seqs[i]` for every i in one forward
@@ -105,17 +169,21 @@ impl<'m> BatchSession<'m> {
         if seqs.windows(2).any(|w| w[0] >= w[1]) {
             return Err(BatchError::UnorderedSequences);
         }
-        let mut chosen: Vec<&mut KvCache> = self
-            .caches
-            .iter_mut()
-            .enumerate()
-            .filter(|(i, _)| seqs.binary_search(i).is_ok())
-            .map(|(_, c)| c)
-            .collect();
-        let model = self.model;
-        let logits = self
-            .pool
-            .install(|| forward_batch(model, &mut chosen, tokens))?;
+        let logits = match self.span_step(seqs, tokens) {
+            Ok(logits) => logits,
+            Err(e) => {
+                if let SpanBatchError::Backend(_) = e {
+                    if verbose() {
+                        eprintln!("fish: batched steps leave the GPU span ({e})");
+                    }
+                    self.span_off = Some(e.to_string());
+                }
+                self.host_step(seqs, tokens)?
+            }
+        };
+        for (&s, &t) in seqs.iter().zip(tokens) {
+            self.seqs[s].tokens.push(t);
+        }
         let n_vocab = logits.len() / tokens.len().max(1);
         Ok(logits.chunks_exact(n_vocab).map(<[f32]>::to_vec).collect())
     }
@@ -126,18 +194,93 @@ impl<'m> BatchSession<'m> {
         self.step(&seqs, tokens)
     }
 
-    fn cache(&self, seq: usize) -> Result<&KvCache> {
-        self.check_seq(seq)?;
-        Ok(&self.caches[seq])
+    /// One step through the GPU span (`seqs` checked and increasing).
+    fn span_step(
+        &mut self,
+        seqs: &[usize],
+        tokens: &[u32],
+    ) -> std::result::Result<Vec<f32>, SpanBatchError> {
+        if self.span_off.is_some() {
+            return Err(SpanBatchError::NoSpan);
+        }
+        let mut chosen: Vec<SpanSequence<'_>> = self
+            .seqs
+            .iter_mut()
+            .enumerate()
+            .filter(|(i, _)| seqs.binary_search(i).is_ok())
+            .map(|(_, s)| SpanSequence {
+                cache: &mut s.cache,
+                history: &s.tokens,
+            })
+            .collect();
+        let model = self.model;
+        let (logits, rebuilt) = self
+            .pool
+            .install(|| forward_batch_span(model, &mut chosen, tokens))?;
+        self.stats.span_steps += 1;
+        self.stats.rebuilt_positions += rebuilt;
+        Ok(logits)
+    }
+
+    /// One step with every layer's keys and values in the host caches.
+    fn host_step(&mut self, seqs: &[usize], tokens: &[u32]) -> Result<Vec<f32>> {
+        for &s in seqs {
+            self.complete_host(s)?;
+        }
+        let mut chosen: Vec<&mut KvCache> = self
+            .seqs
+            .iter_mut()
+            .enumerate()
+            .filter(|(i, _)| seqs.binary_search(i).is_ok())
+            .map(|(_, s)| &mut s.cache)
+            .collect();
+        let model = self.model;
+        let logits = self
+            .pool
+            .install(|| forward_batch(model, &mut chosen, tokens))?;
+        for &s in seqs {
+            let s = &mut self.seqs[s];
+            s.host_len = s.cache.len();
+        }
+        self.stats.host_steps += 1;
+        Ok(logits)
+    }
+
+    /// Rebuilds the host cache's positions that span steps left without the
+    /// span's layers, from the sequence's tokens.
+    fn complete_host(&mut self, seq: usize) -> Result<()> {
+        let (model, s) = (self.model, &mut self.seqs[seq]);
+        let from = s.host_len;
+        let to = s.cache.len();
+        if from < to {
+            self.pool.install(|| {
+                model.forward_host_kv(&mut s.cache, &s.tokens[from..to], from, LogitsFor::Last)
+            })?;
+            s.host_len = to;
+            self.stats.rebuilt_positions += to - from;
+        }
+        Ok(())
     }
 
     fn check_seq(&self, seq: usize) -> Result<()> {
-        if seq >= self.caches.len() {
+        if seq >= self.seqs.len() {
             return Err(BatchError::NoSuchSequence {
                 seq,
-                n_seq: self.caches.len(),
+                n_seq: self.seqs.len(),
             });
         }
         Ok(())
     }
+}
+
+impl Drop for BatchSession<'_> {
+    fn drop(&mut self) {
+        let ids: Vec<u64> = self.seqs.iter().map(|s| s.cache.id()).collect();
+        release_span_slots(self.model, &ids);
+    }
+}
+
+/// FISH_GPU_VERBOSE=1: the session says why it left the GPU span.
+fn verbose() -> bool {
+    std::env::var("FISH_GPU_VERBOSE").is_ok_and(|v| v == "1")
 }

@@ -4,7 +4,7 @@
 
 use std::sync::MutexGuard;
 
-use fish_core::backend::{BackendError, SpanBackend, SpanSpec};
+use fish_core::backend::{BackendError, SpanBackend, SpanRow, SpanSpec};
 use fish_core::model::ops::RopeAngles;
 use fish_core::model::{Activation, ModelConfig, RopeStyle};
 use fish_vk::{Span, SpanActivation, SpanDesc, SpanLayerDesc, SpanOutputDesc, SpanRope, SpanShape};
@@ -55,6 +55,16 @@ fn span_shape(cfg: &ModelConfig, n_ctx: usize) -> SpanShape {
     }
 }
 
+/// The engine's rows as the device's.
+fn device_rows(rows: &[SpanRow]) -> Vec<fish_vk::span::SpanRow> {
+    rows.iter()
+        .map(|r| fish_vk::span::SpanRow {
+            slot: r.slot,
+            pos: r.pos,
+        })
+        .collect()
+}
+
 impl VulkanBackend {
     fn span_slot(&self) -> MutexGuard<'_, Option<Span>> {
         self.span.lock().unwrap_or_else(|e| e.into_inner())
@@ -89,6 +99,18 @@ impl VulkanBackend {
             )));
         }
         forward(self.gpu(), span).map_err(map_err)
+    }
+
+    /// Runs `f` on the open span (Unsupported when none is open).
+    fn with_span<T>(
+        &self,
+        f: impl FnOnce(&fish_vk::Gpu, &mut Span) -> Result<T, fish_vk::VkError>,
+    ) -> Result<T, BackendError> {
+        let mut slot = self.span_slot();
+        let span = slot
+            .as_mut()
+            .ok_or_else(|| BackendError::Unsupported("no span".into()))?;
+        f(self.gpu(), span).map_err(map_err)
     }
 
     fn create_span(&self, spec: &SpanSpec<'_>) -> Result<Span, BackendError> {
@@ -237,6 +259,39 @@ impl SpanBackend for VulkanBackend {
         self.forward_at(pos0, |gpu, span| {
             gpu.span_forward_logits(span, x, n_tok, pos0, rows)
         })
+    }
+
+    fn span_max_batch_rows(&self) -> usize {
+        self.span_slot().as_ref().map_or(0, |s| s.max_batch_rows())
+    }
+
+    fn span_kv_slot_len(&self, slot: usize) -> usize {
+        self.span_slot().as_ref().map_or(0, |s| s.kv_slot_len(slot))
+    }
+
+    fn span_kv_slot_reserve(&self, slot: usize, n_pos: usize) -> Result<(), BackendError> {
+        self.with_span(|gpu, span| gpu.span_reserve_slot(span, slot, n_pos))
+    }
+
+    fn span_kv_slot_truncate(&self, slot: usize, n: usize) {
+        if let Some(s) = self.span_slot().as_mut() {
+            s.kv_slot_truncate(slot, n);
+        }
+    }
+
+    fn span_forward_batch(&self, x: &mut [f32], rows: &[SpanRow]) -> Result<(), BackendError> {
+        let rows = device_rows(rows);
+        self.with_span(|gpu, span| gpu.span_forward_rows(span, x, &rows))
+    }
+
+    fn span_forward_batch_logits(
+        &self,
+        x: &[f32],
+        rows: &[SpanRow],
+        logit_rows: usize,
+    ) -> Result<Vec<f32>, BackendError> {
+        let rows = device_rows(rows);
+        self.with_span(|gpu, span| gpu.span_forward_rows_logits(span, x, &rows, logit_rows))
     }
 
     fn span_end(&self) {

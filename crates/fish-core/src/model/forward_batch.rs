@@ -1,12 +1,17 @@
 //! The batched decode forward: one new token for each of several independent
 //! sequences. Every matmul serves all rows in one pass over its weight; only
 //! the KV store and the attention are per sequence, each row in its own cache
-//! at its own position.
+//! at its own position. With a GPU span, the span's layers run in one device
+//! submit in which each sequence has its own device KV slot.
+
+use thiserror::Error;
 
 use super::attention::{attend, AttentionShape, TILED_MIN_TOKENS};
 use super::forward::{embed, output_logits, run_layers, KvSite};
 use super::kv_cache::KvCache;
+use super::layer_range::forward_layers;
 use super::Model;
+use crate::backend::{BackendError, SpanBackend, SpanRow};
 use crate::error::{EngineError, Result};
 
 /// The largest number of tokens one forward can evaluate with the same
@@ -78,4 +83,183 @@ pub fn forward_batch(
         c.set_len(p + 1);
     }
     output_logits(model, &x)
+}
+
+/// Why a batched step did not run through the GPU span; the caller takes the
+/// host path instead.
+#[derive(Debug, Error)]
+pub enum SpanBatchError {
+    #[error("the model runs no batched GPU span")]
+    NoSpan,
+    #[error(transparent)]
+    Engine(#[from] EngineError),
+    #[error("GPU span: {0}")]
+    Backend(#[from] BackendError),
+}
+
+/// One sequence of a batched span step.
+pub struct SpanSequence<'a> {
+    /// Its host cache: the layers below the span, and its length.
+    pub cache: &'a mut KvCache,
+    /// The tokens at positions `0..cache.len()`, to rebuild positions its
+    /// device KV slot lacks.
+    pub history: &'a [u32],
+}
+
+/// [`forward_batch`] with the span's layers on the device: appends
+/// `tokens[b]` to sequence `b` and returns one row of logits per sequence.
+/// Each sequence gets a device KV slot of its own (kept across steps); a
+/// slot holding fewer positions than the sequence is first rebuilt from its
+/// history, so no row attends to a device KV that lacks positions. Returns
+/// the logits and how many positions were rebuilt. On error no cache has
+/// advanced; the host caches of the span's layers were never written here.
+pub fn forward_batch_span(
+    model: &Model,
+    seqs: &mut [SpanSequence<'_>],
+    tokens: &[u32],
+) -> std::result::Result<(Vec<f32>, usize), SpanBatchError> {
+    let placement = model.gpu.as_ref().ok_or(SpanBatchError::NoSpan)?;
+    let (run, span) = placement.span().ok_or(SpanBatchError::NoSpan)?;
+    if span.span_max_batch_rows() == 0 {
+        return Err(SpanBatchError::NoSpan);
+    }
+    if tokens.is_empty() {
+        return Err(EngineError::EmptyInput.into());
+    }
+    if seqs.len() != tokens.len() {
+        return Err(EngineError::BadHyperParameter(format!(
+            "batched decode of {} tokens over {} sequences",
+            tokens.len(),
+            seqs.len()
+        ))
+        .into());
+    }
+    let positions: Vec<usize> = seqs.iter().map(|s| s.cache.len()).collect();
+    for (s, &p) in seqs.iter().zip(&positions) {
+        s.cache.check_append(p, 1)?;
+        if s.history.len() != p {
+            return Err(EngineError::BadHyperParameter(format!(
+                "a history of {} tokens for {p} positions",
+                s.history.len()
+            ))
+            .into());
+        }
+    }
+    let ids: Vec<u64> = seqs.iter().map(|s| s.cache.id()).collect();
+    let slots = run.claim_slots(span, &ids);
+    let device_failed = |e: BackendError| {
+        if matches!(e, BackendError::Device(_)) {
+            placement.mark_failed(&e);
+        }
+        SpanBatchError::Backend(e)
+    };
+    let mut rebuilt = 0;
+    for ((seq, &slot), &p) in seqs.iter_mut().zip(&slots).zip(&positions) {
+        rebuilt += sync_slot(model, run.first_layer, span, seq, slot, p).map_err(|e| match e {
+            SpanBatchError::Backend(b) => device_failed(b),
+            other => other,
+        })?;
+    }
+    let rows: Vec<SpanRow> = slots
+        .iter()
+        .zip(&positions)
+        .map(|(&slot, &pos)| SpanRow { slot, pos })
+        .collect();
+    let mut x = embed(&model.gguf, &model.cfg, &model.weights, tokens)?;
+    {
+        let mut caches: Vec<&mut KvCache> = seqs.iter_mut().map(|s| &mut *s.cache).collect();
+        run_layers(
+            model,
+            &mut x,
+            &positions,
+            &mut PerSequence {
+                caches: &mut caches,
+                positions: &positions,
+            },
+            0..run.first_layer,
+        )?;
+    }
+    let logits = span_rows_logits(model, span, &mut x, &rows).map_err(|e| match e {
+        SpanBatchError::Backend(b) => device_failed(b),
+        other => other,
+    })?;
+    for (s, &p) in seqs.iter_mut().zip(&positions) {
+        s.cache.set_len(p + 1);
+    }
+    Ok((logits, rebuilt))
+}
+
+/// Makes device slot `slot` hold exactly the sequence's `p` positions:
+/// drops any beyond, or runs the missing ones from its history through the
+/// layers below the span (host) and the span. Returns the positions run.
+fn sync_slot(
+    model: &Model,
+    first_layer: usize,
+    span: &dyn SpanBackend,
+    seq: &mut SpanSequence<'_>,
+    slot: usize,
+    p: usize,
+) -> std::result::Result<usize, SpanBatchError> {
+    let held = span.span_kv_slot_len(slot);
+    if held >= p {
+        if held > p {
+            span.span_kv_slot_truncate(slot, p);
+        }
+        return Ok(0);
+    }
+    let mut x = embed(
+        &model.gguf,
+        &model.cfg,
+        &model.weights,
+        &seq.history[held..p],
+    )?;
+    // Rewrites the layers below the span with the values they already hold,
+    // and yields the span's input.
+    forward_layers(model, seq.cache, &mut x, held, 0..first_layer)?;
+    let rows: Vec<SpanRow> = (held..p).map(|pos| SpanRow { slot, pos }).collect();
+    let n_embd = model.cfg.n_embd;
+    let max_rows = span.span_max_batch_rows();
+    for (xc, rc) in x.chunks_mut(max_rows * n_embd).zip(rows.chunks(max_rows)) {
+        span.span_forward_batch(xc, rc)?;
+    }
+    Ok(p - held)
+}
+
+/// The logits of every row after the span: in the span's submit where it
+/// runs the output, else on the host from the span's output rows.
+fn span_rows_logits(
+    model: &Model,
+    span: &dyn SpanBackend,
+    x: &mut [f32],
+    rows: &[SpanRow],
+) -> std::result::Result<Vec<f32>, SpanBatchError> {
+    let n_embd = model.cfg.n_embd;
+    let max_rows = span.span_max_batch_rows();
+    let mut logits = Vec::new();
+    for (xc, rc) in x.chunks_mut(max_rows * n_embd).zip(rows.chunks(max_rows)) {
+        if rc.len() <= span.span_max_logit_rows() {
+            logits.extend(span.span_forward_batch_logits(xc, rc, rc.len())?);
+        } else {
+            span.span_forward_batch(xc, rc)?;
+            logits.extend(output_logits(model, xc)?);
+        }
+    }
+    Ok(logits)
+}
+
+/// Drops positions from `n` on in the device slot of the cache `id`, when it
+/// has one (the other slots are untouched).
+pub fn truncate_span_slot(model: &Model, id: u64, n: usize) {
+    if let Some((run, span)) = model.gpu.as_ref().and_then(|p| p.span()) {
+        if let Some(slot) = run.slot_of(id) {
+            span.span_kv_slot_truncate(slot, n);
+        }
+    }
+}
+
+/// Frees the device slots of these caches (their sequences are gone).
+pub fn release_span_slots(model: &Model, ids: &[u64]) {
+    if let Some((run, span)) = model.gpu.as_ref().and_then(|p| p.span()) {
+        run.release_slots(span, ids);
+    }
 }

@@ -2,6 +2,7 @@
 //! stage 1), the span's layers in one device submit, then the output.
 
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Mutex, MutexGuard};
 use std::time::Instant;
 
 use super::forward::{output_logits, LogitsFor};
@@ -14,8 +15,9 @@ use crate::error::{EngineError, Result};
 /// A span that began on the device: layers `first_layer..n_layer`.
 pub struct SpanRun {
     pub first_layer: usize,
-    /// Id of the KV cache whose positions the device KV holds (0: none).
-    owner: AtomicU64,
+    /// Per device KV slot, the id of the KV cache whose positions it holds
+    /// (0: none). Slot 0 is the one plain forwards use.
+    owners: Mutex<Vec<u64>>,
     /// Host wall time of the last forward's phases, in nanoseconds: what
     /// runs before the span (embedding, layers below it), the span call,
     /// and the output (norm and projection).
@@ -26,7 +28,7 @@ impl SpanRun {
     pub fn new(first_layer: usize) -> SpanRun {
         SpanRun {
             first_layer,
-            owner: AtomicU64::new(0),
+            owners: Mutex::new(vec![0]),
             phase_ns: Default::default(),
         }
     }
@@ -50,16 +52,23 @@ impl SpanRun {
         }
     }
 
+    fn owners(&self) -> MutexGuard<'_, Vec<u64>> {
+        self.owners.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
     /// Makes the device KV hold exactly `cache`'s positions `< pos0`, or
     /// asks the caller to replay its history when it cannot (another
     /// sequence owns the device KV, or it holds fewer positions).
     fn claim(&self, span: &dyn SpanBackend, cache: &KvCache, pos0: usize) -> Result<()> {
-        if self.owner.load(Ordering::Relaxed) != cache.id() {
-            if pos0 != 0 {
-                return Err(EngineError::SpanReplay);
+        {
+            let mut owners = self.owners();
+            if owners[0] != cache.id() {
+                if pos0 != 0 {
+                    return Err(EngineError::SpanReplay);
+                }
+                span.span_kv_truncate(0);
+                owners[0] = cache.id();
             }
-            span.span_kv_truncate(0);
-            self.owner.store(cache.id(), Ordering::Relaxed);
         }
         if span.span_kv_len() > pos0 {
             span.span_kv_truncate(pos0);
@@ -68,6 +77,44 @@ impl SpanRun {
             return Err(EngineError::SpanReplay);
         }
         Ok(())
+    }
+
+    /// The device KV slot of each cache id: the slot it already owns, else
+    /// a free one (emptied), else a new one. The caller checks how many of
+    /// its positions the slot holds (`span_kv_slot_len`).
+    pub(super) fn claim_slots(&self, span: &dyn SpanBackend, ids: &[u64]) -> Vec<usize> {
+        let mut owners = self.owners();
+        ids.iter()
+            .map(|&id| {
+                if let Some(slot) = owners.iter().position(|&o| o == id) {
+                    return slot;
+                }
+                let slot = owners.iter().position(|&o| o == 0).unwrap_or_else(|| {
+                    owners.push(0);
+                    owners.len() - 1
+                });
+                owners[slot] = id;
+                span.span_kv_slot_truncate(slot, 0);
+                slot
+            })
+            .collect()
+    }
+
+    /// The slot `id` owns, if any.
+    pub(super) fn slot_of(&self, id: u64) -> Option<usize> {
+        self.owners().iter().position(|&o| o == id)
+    }
+
+    /// Frees the slots of these cache ids (their sequences are gone) for
+    /// other sequences.
+    pub(super) fn release_slots(&self, span: &dyn SpanBackend, ids: &[u64]) {
+        let mut owners = self.owners();
+        for (slot, owner) in owners.iter_mut().enumerate() {
+            if ids.contains(owner) {
+                *owner = 0;
+                span.span_kv_slot_truncate(slot, 0);
+            }
+        }
     }
 }
 

@@ -3,6 +3,7 @@
 //! buffers that carry x in and out.
 
 use super::desc::{LayerTensors, SpanShape};
+use super::step::STEP_WORDS;
 use super::SPAN_CHUNK_TOKENS;
 use crate::buffer::{Buffer, MemoryKind};
 use crate::error::Result;
@@ -33,7 +34,7 @@ pub(crate) struct Arena {
     /// Host-visible copies of x (in and out), sized like `x`.
     pub upload: Buffer,
     pub readback: Buffer,
-    /// The forward's first position on the device (read by RoPE and
+    /// Where the forward's tokens sit (span/step.rs; read by RoPE and
     /// attention), copied from `step_upload` at the start of every submit.
     pub step: Buffer,
     pub step_upload: Buffer,
@@ -60,8 +61,8 @@ fn sizes(shape: &SpanShape, n_ff: usize) -> [(usize, MemoryKind); 11] {
         (int8_values, MemoryKind::Device),
         (INITIAL_TOKENS * shape.n_embd, MemoryKind::Upload),
         (INITIAL_TOKENS * shape.n_embd, MemoryKind::Readback),
-        (4, MemoryKind::Device),
-        (4, MemoryKind::Upload),
+        (STEP_WORDS, MemoryKind::Device),
+        (STEP_WORDS, MemoryKind::Upload),
     ]
 }
 

@@ -5,6 +5,7 @@ use super::bindings::{Bindings, SpanBuffers};
 use super::output::SpanOutput;
 use super::profile::Profiler;
 use super::record::{max_timestamps, plan_chunks, OutputRecording, Recording};
+use super::step::{Placement, SpanRow, STEP_BYTES};
 use super::{Span, SPAN_CHUNK_TOKENS};
 use crate::error::{Result, VkError};
 use crate::gpu::Gpu;
@@ -23,7 +24,7 @@ impl Gpu {
         n_tok: usize,
         pos0: usize,
     ) -> Result<()> {
-        let out = self.span_run(span, x, n_tok, pos0, None)?;
+        let out = self.span_run(span, x, n_tok, Placement::Consecutive { pos0 }, None)?;
         x.copy_from_slice(&out);
         Ok(())
     }
@@ -39,13 +40,39 @@ impl Gpu {
         pos0: usize,
         rows: usize,
     ) -> Result<Vec<f32>> {
-        if rows == 0 || rows > n_tok || rows > span.max_logit_rows() {
-            return Err(VkError::Input(format!(
-                "{rows} rows of logits from a forward of {n_tok} tokens (the span returns at most {})",
-                span.max_logit_rows()
-            )));
-        }
-        self.span_run(span, x, n_tok, pos0, Some(rows))
+        check_logit_rows(span, rows, n_tok)?;
+        self.span_run(span, x, n_tok, Placement::Consecutive { pos0 }, Some(rows))
+    }
+
+    /// A batched forward: row `b` of `x` is a token of the sequence in KV
+    /// slot `rows[b].slot` at position `rows[b].pos`; `x` receives the
+    /// residual stream after the span. Every matmul serves all rows at once;
+    /// RoPE, the KV store and attention use each row's own slot and position.
+    /// A slot's rows must be consecutive positions, the first leaving no gap
+    /// after the slot's valid positions; at most `Span::max_batch_rows` rows.
+    /// On any error `x` is untouched.
+    pub fn span_forward_rows(
+        &self,
+        span: &mut Span,
+        x: &mut [f32],
+        rows: &[SpanRow],
+    ) -> Result<()> {
+        let out = self.span_run(span, x, rows.len(), Placement::Rows(rows), None)?;
+        x.copy_from_slice(&out);
+        Ok(())
+    }
+
+    /// `span_forward_rows`, then the output in the same submit: the logits
+    /// (`logit_rows` x n_vocab) of the last `logit_rows` rows.
+    pub fn span_forward_rows_logits(
+        &self,
+        span: &mut Span,
+        x: &[f32],
+        rows: &[SpanRow],
+        logit_rows: usize,
+    ) -> Result<Vec<f32>> {
+        check_logit_rows(span, logit_rows, rows.len())?;
+        self.span_run(span, x, rows.len(), Placement::Rows(rows), Some(logit_rows))
     }
 
     /// One forward; returns x after the span, or with `logit_rows` the
@@ -55,7 +82,7 @@ impl Gpu {
         span: &mut Span,
         x: &[f32],
         n_tok: usize,
-        pos0: usize,
+        placement: Placement<'_>,
         logit_rows: Option<usize>,
     ) -> Result<Vec<f32>> {
         let start = std::time::Instant::now();
@@ -66,13 +93,10 @@ impl Gpu {
                 x.len()
             )));
         }
-        if pos0 > span.kv.len {
-            return Err(VkError::Input(format!(
-                "position {pos0} would leave a gap after the {} positions in the device KV",
-                span.kv.len
-            )));
+        let runs = placement.slot_runs(&span.kv, n_tok)?;
+        for r in &runs {
+            self.span_reserve_slot(span, r.slot, r.end)?;
         }
-        self.span_reserve(span, pos0 + n_tok)?;
         let mut stale = span.arena.fit_tokens(self, &span.shape, n_tok)?;
         if let (Some(rows), Some(o)) = (logit_rows, span.output.as_mut()) {
             stale |= o.fit_rows(self, rows)?;
@@ -95,9 +119,12 @@ impl Gpu {
         }
         let x_bytes = std::mem::size_of_val(x) as u64;
         span.arena.upload.write_f32(&self.allocator, 0, x)?;
-        span.arena
-            .step_upload
-            .write(&self.allocator, 0, &(pos0 as u32).to_le_bytes())?;
+        let step: Vec<u8> = placement
+            .words(&span.kv)
+            .iter()
+            .flat_map(|w| w.to_le_bytes())
+            .collect();
+        span.arena.step_upload.write(&self.allocator, 0, &step)?;
         let copies = Copies {
             upload: span.arena.upload.raw,
             x_dev: span.arena.x.raw,
@@ -180,8 +207,10 @@ impl Gpu {
         };
         let read_start = std::time::Instant::now();
         if let Err(e) = submitted {
-            // Positions from pos0 on may hold partial writes.
-            span.kv.len = span.kv.len.min(pos0);
+            // Each slot's positions from its first row on may hold partial writes.
+            for r in &runs {
+                span.kv.truncate(r.slot, r.first);
+            }
             return Err(e);
         }
         let mut result = vec![0f32; result_bytes as usize / 4];
@@ -192,7 +221,9 @@ impl Gpu {
                 .readback
                 .read_f32(&self.allocator, 0, &mut result)?,
         }
-        span.kv.len = pos0 + n_tok;
+        for r in &runs {
+            span.kv.set_len(r.slot, r.end);
+        }
         if let Some(p) = span.profiler.as_mut() {
             let ns = |a: std::time::Instant, b: std::time::Instant| {
                 b.duration_since(a).as_nanos().min(u128::from(u64::MAX)) as u64
@@ -209,7 +240,7 @@ impl Gpu {
     }
 }
 
-/// The copies around the layers: x (and the step's first position) in, the
+/// The copies around the layers: x (and the step buffer) in, the
 /// result (x or logits: device buffer, host buffer, bytes) out.
 struct Copies {
     upload: vk::Buffer,
@@ -218,6 +249,17 @@ struct Copies {
     step_upload: vk::Buffer,
     step: vk::Buffer,
     result: (vk::Buffer, vk::Buffer, u64),
+}
+
+/// Refuses `rows` of logits the forward or the span cannot return.
+fn check_logit_rows(span: &Span, rows: usize, n_tok: usize) -> Result<()> {
+    if rows == 0 || rows > n_tok || rows > span.max_logit_rows() {
+        return Err(VkError::Input(format!(
+            "{rows} rows of logits from a forward of {n_tok} tokens (the span returns at most {})",
+            span.max_logit_rows()
+        )));
+    }
+    Ok(())
 }
 
 /// What the output stage of a logits forward records.
@@ -280,7 +322,7 @@ unsafe fn record_forward(
         }]
     };
     d.cmd_copy_buffer(cmd, c.upload, c.x_dev, &region(c.x_bytes));
-    d.cmd_copy_buffer(cmd, c.step_upload, c.step, &region(4));
+    d.cmd_copy_buffer(cmd, c.step_upload, c.step, &region(STEP_BYTES));
     barrier(
         d,
         cmd,

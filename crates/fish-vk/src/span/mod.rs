@@ -19,9 +19,11 @@ mod pipelines;
 mod profile;
 mod record;
 mod recorded;
+mod step;
 
 pub use desc::{SpanActivation, SpanDesc, SpanLayerDesc, SpanOutputDesc, SpanRope, SpanShape};
 pub use profile::SpanStage;
+pub use step::{SpanRow, SPAN_MAX_BATCH_ROWS};
 
 use crate::error::Result;
 use crate::gpu::Gpu;
@@ -93,19 +95,39 @@ pub struct Span {
 }
 
 impl Span {
-    /// Positions held by the device KV.
+    /// Positions held by the device KV (slot 0, the sequence of plain forwards).
     pub fn kv_len(&self) -> usize {
-        self.kv.len
+        self.kv.len(0)
     }
 
-    /// Positions the device KV has room for before it must grow.
+    /// Positions the device KV has room for in each slot before it must grow.
     pub fn kv_capacity(&self) -> usize {
         self.kv.capacity
     }
 
-    /// Keeps positions `< n`.
+    /// Keeps positions `< n` (of slot 0).
     pub fn kv_truncate(&mut self, n: usize) {
-        self.kv.len = self.kv.len.min(n);
+        self.kv.truncate(0, n);
+    }
+
+    /// Positions held by KV slot `slot` (0 for a slot not allocated yet).
+    pub fn kv_slot_len(&self, slot: usize) -> usize {
+        self.kv.len(slot)
+    }
+
+    /// Keeps positions `< n` of KV slot `slot`; the other slots are untouched.
+    pub fn kv_slot_truncate(&mut self, slot: usize, n: usize) {
+        self.kv.truncate(slot, n);
+    }
+
+    /// KV slots allocated (at least 1).
+    pub fn kv_slots(&self) -> usize {
+        self.kv.n_slots()
+    }
+
+    /// The most rows one batched forward takes (`Gpu::span_forward_rows`).
+    pub fn max_batch_rows(&self) -> usize {
+        SPAN_MAX_BATCH_ROWS
     }
 
     /// Layers in the span.
@@ -214,7 +236,14 @@ impl Gpu {
 
     /// Makes room for `n_pos` positions in the span's KV (never past n_ctx).
     pub fn span_reserve(&self, span: &mut Span, n_pos: usize) -> Result<()> {
-        if span.kv.reserve(self, &span.shape, n_pos)? {
+        self.span_reserve_slot(span, 0, n_pos)
+    }
+
+    /// Makes room for `n_pos` positions in KV slot `slot` (allocating the
+    /// slots up to it; every slot has the same capacity). Refused cleanly,
+    /// with the KV unchanged, when the budget cannot take it.
+    pub fn span_reserve_slot(&self, span: &mut Span, slot: usize, n_pos: usize) -> Result<()> {
+        if span.kv.reserve(self, &span.shape, slot, n_pos)? {
             // The KV buffers changed: the sets that bound them are stale, and
             // so are the recordings.
             span.recorded.clear(self);

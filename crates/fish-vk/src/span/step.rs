@@ -1,0 +1,163 @@
+//! The step buffer: where each token of a forward sits, written by the host
+//! before every submit (shaders/span_common.glsl reads it), so that a
+//! recorded command buffer serves any positions. A plain forward puts its
+//! tokens at consecutive positions of sequence slot 0; a batched forward
+//! gives every row its own (slot, position).
+
+use super::kv::KvCache;
+use super::SPAN_CHUNK_TOKENS;
+use crate::error::{Result, VkError};
+
+/// Words before the per-row table: the first position and the layout.
+const HEADER_WORDS: usize = 4;
+
+/// The most rows one batched forward takes (the per-row table's size).
+pub const SPAN_MAX_BATCH_ROWS: usize = SPAN_CHUNK_TOKENS;
+
+/// Words of the step buffer: the header, then (position, first KV row) per row.
+pub(crate) const STEP_WORDS: usize = HEADER_WORDS + 2 * SPAN_MAX_BATCH_ROWS;
+
+/// Bytes of the step buffer (every submit copies all of them, so recordings
+/// do not depend on the layout).
+pub(crate) const STEP_BYTES: u64 = (STEP_WORDS * 4) as u64;
+
+/// One row of a batched forward: a token of the sequence in KV slot `slot`
+/// at position `pos` of that sequence.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SpanRow {
+    pub slot: usize,
+    pub pos: usize,
+}
+
+/// Where a forward's tokens go.
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum Placement<'a> {
+    /// Token t at position `pos0 + t` of slot 0.
+    Consecutive { pos0: usize },
+    /// Token t at `rows[t]`.
+    Rows(&'a [SpanRow]),
+}
+
+/// The positions a forward writes in one slot: `first..end`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct SlotRun {
+    pub slot: usize,
+    pub first: usize,
+    pub end: usize,
+}
+
+impl Placement<'_> {
+    /// The slot runs of a forward of `n_tok` tokens, checked: every slot's
+    /// rows are consecutive positions, the first of them leaves no gap after
+    /// the slot's valid positions, and a batch fits the step table.
+    pub fn slot_runs(&self, kv: &KvCache, n_tok: usize) -> Result<Vec<SlotRun>> {
+        let runs = match *self {
+            Placement::Consecutive { pos0 } => vec![SlotRun {
+                slot: 0,
+                first: pos0,
+                end: pos0 + n_tok,
+            }],
+            Placement::Rows(rows) => rows_to_runs(rows, n_tok)?,
+        };
+        for r in &runs {
+            if r.first > kv.len(r.slot) {
+                return Err(VkError::Input(format!(
+                    "position {} would leave a gap after the {} positions of KV slot {}",
+                    r.first,
+                    kv.len(r.slot),
+                    r.slot
+                )));
+            }
+        }
+        Ok(runs)
+    }
+
+    /// The step buffer's words for this forward.
+    pub fn words(&self, kv: &KvCache) -> Vec<u32> {
+        match *self {
+            Placement::Consecutive { pos0 } => vec![pos0 as u32, 0, 0, 0],
+            Placement::Rows(rows) => {
+                let mut w = vec![0, 1, 0, 0];
+                for r in rows {
+                    w.push(r.pos as u32);
+                    w.push(kv.first_row(r.slot) as u32);
+                }
+                w
+            }
+        }
+    }
+}
+
+/// Groups rows by slot, refusing tables the step buffer cannot hold and
+/// slots whose rows are not consecutive positions in row order.
+fn rows_to_runs(rows: &[SpanRow], n_tok: usize) -> Result<Vec<SlotRun>> {
+    if rows.len() != n_tok || rows.len() > SPAN_MAX_BATCH_ROWS {
+        return Err(VkError::Input(format!(
+            "{} rows for a forward of {n_tok} tokens (a batch holds at most {SPAN_MAX_BATCH_ROWS})",
+            rows.len()
+        )));
+    }
+    let mut runs: Vec<SlotRun> = Vec::new();
+    for r in rows {
+        match runs.iter_mut().find(|run| run.slot == r.slot) {
+            Some(run) if run.end == r.pos => run.end += 1,
+            Some(run) => {
+                return Err(VkError::Input(format!(
+                    "slot {} gets position {} after position {}: a slot's rows must be consecutive",
+                    r.slot,
+                    r.pos,
+                    run.end - 1
+                )))
+            }
+            None => runs.push(SlotRun {
+                slot: r.slot,
+                first: r.pos,
+                end: r.pos + 1,
+            }),
+        }
+    }
+    Ok(runs)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn row(slot: usize, pos: usize) -> SpanRow {
+        SpanRow { slot, pos }
+    }
+
+    #[test]
+    fn rows_group_into_runs_per_slot() {
+        let runs = rows_to_runs(&[row(2, 5), row(0, 7), row(2, 6)], 3).unwrap();
+        assert_eq!(
+            runs,
+            vec![
+                SlotRun {
+                    slot: 2,
+                    first: 5,
+                    end: 7
+                },
+                SlotRun {
+                    slot: 0,
+                    first: 7,
+                    end: 8
+                }
+            ]
+        );
+    }
+
+    #[test]
+    fn rows_of_a_slot_must_be_consecutive() {
+        assert!(rows_to_runs(&[row(1, 5), row(1, 7)], 2).is_err());
+        assert!(rows_to_runs(&[row(1, 5), row(1, 5)], 2).is_err());
+        assert!(rows_to_runs(&[row(1, 5)], 2).is_err());
+    }
+
+    #[test]
+    fn batches_beyond_the_step_table_are_refused() {
+        let rows: Vec<SpanRow> = (0..=SPAN_MAX_BATCH_ROWS).map(|s| row(s, 0)).collect();
+        assert!(rows_to_runs(&rows, rows.len()).is_err());
+        assert!(rows_to_runs(&rows[1..], rows.len() - 1).is_ok());
+    }
+}
