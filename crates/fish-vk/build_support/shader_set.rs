@@ -28,6 +28,8 @@ pub const SPAN_MODULES: &[(&str, &str)] = &[
     ("span_act", "span_act.comp"),
     ("span_rope", "span_rope.comp"),
     ("span_attention", "span_attention.comp"),
+    // Spans record it with the matmul bindings (shaders/common.glsl).
+    ("l2_prefetch", "l2_prefetch.comp"),
 ];
 
 /// Arguments every glslc module is compiled with (part of the staleness hash).

@@ -52,12 +52,17 @@ pub struct WarpLayout {
     pub k_step: u32,
 }
 
-/// 2 x 2 subgroups of 4 x 4 fragments: a 128 x 128 tile with 16 x 16 fragments.
+/// 2 x 2 subgroups of 2 x 2 fragments: a 64 x 64 tile with 16 x 16
+/// fragments, so that a span's 64-token prefill chunks fill it. On the H200
+/// it beat the 128 x 128 tile (and the plain tiles) end to end: pp512 913 vs
+/// 753 tok/s on the llama-8b shape, 3708 vs 3013 on llama-1b; 2,2,4,2
+/// (128 x 64), 4,2,2,2, 4,1,2,4, 2,1,4,4 and 1,2,8,2 were slower
+/// (docs/BENCHMARKS.md).
 pub const DEFAULT_WARPS: WarpLayout = WarpLayout {
     warps_m: 2,
     warps_n: 2,
-    frags_m: 4,
-    frags_n: 4,
+    frags_m: 2,
+    frags_n: 2,
     k_step: STEP_VALUES,
 };
 
@@ -387,9 +392,10 @@ impl crate::gpu::Gpu {
     /// `Kernel::CoopMat` where the device has cooperative matrices and the
     /// batch fills at least one cooperative tile along the tokens, else
     /// `Kernel::Tiled`. Both take the same bindings and push constants.
-    /// (On the H200 a 64-token span chunk through the 128-token cooperative
+    /// (On the H200 a 64-token span chunk through a 128-token cooperative
     /// tile made prefill slower end to end: pp512 1630 vs 2857 tok/s on the
-    /// llama-1b shape, 404 vs 730 on llama-8b.)
+    /// llama-1b shape, 404 vs 730 on llama-8b; hence the 64-token default
+    /// tile, DEFAULT_WARPS.)
     pub fn prefill_kernel(&self, n_tok: usize) -> Kernel {
         match self.info.cooperative_matrix {
             Some(tile) if n_tok >= tile.tokens() as usize => Kernel::CoopMat,
@@ -464,7 +470,7 @@ mod tests {
     }
 
     #[test]
-    fn the_default_tile_is_128_square_and_fits_48_kib() {
+    fn the_default_tile_is_64_square_and_fits_48_kib() {
         let t = CoopMatTile::new(
             (16, 16, 16),
             32,
@@ -473,15 +479,16 @@ mod tests {
             limits(),
         )
         .expect("fits");
-        assert_eq!((t.rows(), t.tokens(), t.threads()), (128, 128, 128));
+        assert_eq!((t.rows(), t.tokens(), t.threads()), (64, 64, 128));
         assert_eq!(t.stride.dwords(), 20);
-        assert_eq!(t.shared_bytes, 256 * 80 + 4 * 4 * 256);
+        // A and B tiles of 64 rows at 80 bytes, one 16 x 16 f32 fragment per subgroup.
+        assert_eq!(t.shared_bytes, 128 * 80 + 4 * 4 * 256);
         let spec = t.spec();
         assert_eq!(spec.len(), 11);
         assert_eq!(spec[10], 32);
         assert_eq!(spec[0], 20);
         assert_eq!(spec[9], 128);
-        assert_eq!(t.groups(129, 37), (2, 1));
+        assert_eq!(t.groups(129, 37), (3, 1));
     }
 
     #[test]

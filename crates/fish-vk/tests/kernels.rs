@@ -79,6 +79,40 @@ fn every_kernel_variant_matches_at_every_batch_size() {
     assert_no_validation_messages(gpu);
 }
 
+#[test]
+fn long_rows_match_the_cpu_reference() {
+    // Rows above 2048 values take another matvec shape than N_IN's
+    // (kernels.rs, MatvecShape::new): cover it for every type.
+    let Some(gpu) = gpu_or_skip() else { return };
+    let n_in = 4096;
+    for (i, ty) in KERNEL_TYPES.into_iter().enumerate() {
+        let w = synthetic_weights(ty, n_in, N_OUT, 400 + i as u64);
+        let h = gpu.upload(ty, &w, n_in, N_OUT).expect("upload");
+        for n_tok in [1usize, 3] {
+            let x = random_values(n_in * n_tok, 17 + n_tok as u64);
+            let y = gpu
+                .matmul_group_with(&[h], &x, n_tok, Kernel::Matvec)
+                .expect("matmul")
+                .remove(0);
+            let weights = Weights {
+                ty,
+                bytes: &w,
+                n_in,
+                n_out: N_OUT,
+            };
+            check_against_cpu(
+                &weights,
+                &x,
+                n_tok,
+                &y,
+                &format!("{ty:?} n_in={n_in} n_tok={n_tok}"),
+            );
+        }
+        gpu.free(h).expect("free");
+    }
+    assert_no_validation_messages(gpu);
+}
+
 /// act(gate) * up as the span's act*mul computes it (shaders/gated_act.glsl).
 fn gated_reference(gate_up: &[f32], act: GatedActivation) -> Vec<f32> {
     let (gate, up) = gate_up.split_at(gate_up.len() / 2);

@@ -16,6 +16,7 @@ mod kv;
 mod output;
 mod params;
 mod pipelines;
+mod prefetch;
 mod profile;
 mod record;
 mod recorded;

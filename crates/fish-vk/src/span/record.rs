@@ -6,6 +6,7 @@ use super::bindings::{Bindings, MatmulSets};
 use super::desc::{LayerTensors, SpanActivation, SpanRope, SpanShape};
 use super::params::{LayerParams, Params};
 use super::pipelines::{SpanKernel, SpanPipelines, PUSH_WORDS};
+use super::prefetch::L2Prefetch;
 use super::profile::{Profiler, SpanStage};
 use crate::error::{Result, VkError};
 use crate::gpu::Gpu;
@@ -26,6 +27,9 @@ pub(crate) struct Chunk {
     /// The down projections apply the gated activation as they read the
     /// gate/up output (`Kernel::MatvecGated`), so no act*mul dispatch runs.
     pub gated: bool,
+    /// Decode chunks read each matvec's weights into L2 during the small
+    /// stage before it (prefetch.rs).
+    pub prefetch: Option<L2Prefetch>,
 }
 
 /// The input of a matmul group that follows a layer norm.
@@ -51,6 +55,7 @@ pub(crate) fn plan_chunks(
     chunk_tokens: usize,
 ) -> Result<Vec<Chunk>> {
     let gated_act = gated_activation(gpu, shape);
+    let prefetch = gpu.l2_prefetch()?;
     let mut chunks: Vec<Chunk> = Vec::new();
     for tok0 in (0..n_tok).step_by(chunk_tokens) {
         let n = chunk_tokens.min(n_tok - tok0);
@@ -64,6 +69,7 @@ pub(crate) fn plan_chunks(
                 matmuls,
                 inputs,
                 gated: same.gated,
+                prefetch: same.prefetch,
             });
             continue;
         }
@@ -92,6 +98,7 @@ pub(crate) fn plan_chunks(
             matmuls,
             inputs,
             gated: down_kernel != Kernel::Auto,
+            prefetch: prefetch.filter(|_| decode),
         });
     }
     Ok(chunks)
@@ -456,6 +463,7 @@ impl Recording<'_> {
             &attention,
             (s.n_head as u32, n as u32),
         );
+        self.prefetch(r, chunk, &chunk.matmuls[il][1], &sets.wo.sets);
         r.end(SpanStage::Attention);
         self.residual_matmul(
             r,
@@ -475,6 +483,7 @@ impl Recording<'_> {
             let (gx, gy) = elementwise_groups(count);
             let gelu = u32::from(s.activation == SpanActivation::GeGlu);
             r.dispatch(SpanKernel::Act, b.act, &[count as u32, gelu, gx], (gx, gy));
+            self.prefetch(r, chunk, &chunk.matmuls[il][3], &sets.down.sets);
             r.end(SpanStage::ActMul);
         }
         self.residual_matmul(
@@ -509,6 +518,7 @@ impl Recording<'_> {
         if let Some(out) = out {
             let set = self.bindings.norm_x;
             self.norm(r, set, chunk.n, s.n_embd, x_off, 0, norm, out);
+            self.prefetch(r, chunk, plan, group.sets(input));
             r.end(SpanStage::RmsNorm);
             self.matmul(r, plan, group.sets(input));
         } else {
@@ -585,6 +595,20 @@ impl Recording<'_> {
             u32::from(out == NormOut::SetAndInt8),
         ];
         r.dispatch(SpanKernel::RmsNorm, set, &push, (rows as u32, 1));
+    }
+
+    /// Reads the weights of `plan` into L2 beside the stage being recorded,
+    /// when the chunk prefetches.
+    unsafe fn prefetch(
+        &self,
+        r: &mut Recorder<'_>,
+        chunk: &Chunk,
+        plan: &[Dispatch],
+        sets: &[vk::DescriptorSet],
+    ) {
+        if let Some(p) = &chunk.prefetch {
+            self.gpu.record_prefetch(r.cmd, p, plan, sets);
+        }
     }
 
     unsafe fn matmul(&self, r: &mut Recorder<'_>, plan: &[Dispatch], sets: &[vk::DescriptorSet]) {
