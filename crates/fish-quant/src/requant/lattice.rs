@@ -82,22 +82,36 @@ pub(super) fn super_scales<V: Vector>(
     let inv_n = 1.0 / stats.n;
     let max = scales.iter().fold(0.0f32, |m, &v| m.max(v));
     let first = u16::from_le_bytes(F16Bits::from_f32(max / 63.0).0) & 0x7fff;
-    let mut best = (f32::MAX, first, [0.0; 8], [0.0; 8], [0.0; 8]);
-    for step in SUPER_SCALE_STEPS {
-        let bits = first.saturating_add(step).min(0x7bff);
-        let df = f16_magnitude(bits);
+    let zero = V::splat(0.0);
+    const N: usize = SUPER_SCALE_STEPS.len();
+    let (mut bits, mut err) = ([0u16; N], [zero; N]);
+    let (mut unrounded, mut ls, mut lm) = ([zero; N], [zero; N], [zero; N]);
+    for (i, step) in SUPER_SCALE_STEPS.into_iter().enumerate() {
+        bits[i] = first.saturating_add(step).min(0x7bff);
+        let df = f16_magnitude(bits[i]);
         let inv = if df > 0.0 { 1.0 / df } else { 0.0 };
-        let unrounded = V::load(scales).mul(V::splat(inv));
-        let ls = round_levels(unrounded, 63.0);
-        let s = ls.mul(V::splat(df));
+        unrounded[i] = V::load(scales).mul(V::splat(inv));
+        ls[i] = round_levels(unrounded[i], 63.0);
+        let s = ls[i].mul(V::splat(df));
         // The best offset for these codes under scale s, clamped to <= 0.
         let (sx, sl) = (V::load(&stats.sx), V::load(&sums[0]));
-        let offset = sx.sub(s.mul(sl)).mul(V::splat(inv_n)).min(V::splat(0.0));
-        let lm = round_levels(V::splat(0.0).sub(offset).mul(V::splat(inv_dmin)), 63.0);
-        let err = quadratic_errors(stats, sums, s, V::splat(0.0).sub(lm.mul(V::splat(dminf))));
-        let total: f32 = err.store().iter().sum();
-        if total < best.0 {
-            best = (total, bits, ls.store(), unrounded.store(), lm.store());
+        let offset = sx.sub(s.mul(sl)).mul(V::splat(inv_n)).min(zero);
+        lm[i] = round_levels(zero.sub(offset).mul(V::splat(inv_dmin)), 63.0);
+        err[i] = quadratic_errors(stats, sums, s, zero.sub(lm[i].mul(V::splat(dminf))));
+    }
+    // The first step of least error over the super-block wins (none when
+    // every error is NaN or huge: then `d` stays the first and the levels 0).
+    let totals = V::sums_of_four(err);
+    let mut best = (f32::MAX, first, [0.0; 8], [0.0; 8], [0.0; 8]);
+    for i in 0..N {
+        if totals[i] < best.0 {
+            best = (
+                totals[i],
+                bits[i],
+                ls[i].store(),
+                unrounded[i].store(),
+                lm[i].store(),
+            );
         }
     }
     Lattice {

@@ -48,6 +48,21 @@ pub(super) trait Vector: Copy {
     fn select(self, a: Self, b: Self) -> Self;
     /// The 8 x 8 transpose of `m` (`out[g][i] = m[i][g]`).
     fn transpose(m: &[[u32; 8]; 8]) -> [[u32; 8]; 8];
+
+    /// The lanes of each of four vectors summed in lane order,
+    /// `((v[0] + v[1]) + v[2]) + ...`.
+    #[inline(always)]
+    fn sums_of_four(v: [Self; 4]) -> [f32; 4] {
+        let mut out = [0f32; 4];
+        for (o, v) in out.iter_mut().zip(v) {
+            let lanes = v.store();
+            *o = lanes[0];
+            for &l in &lanes[1..] {
+                *o += l;
+            }
+        }
+        out
+    }
 }
 
 /// The portable lanes.
@@ -228,6 +243,34 @@ mod avx {
         fn select(self, a: Self, b: Self) -> Self {
             Self(unsafe { _mm256_blendv_ps(b.0, a.0, self.0) })
         }
+        /// Lane `g` of the four vectors side by side (a 4 x 8 transpose),
+        /// then the eight columns added in order, four sums at once.
+        #[inline(always)]
+        fn sums_of_four(v: [Self; 4]) -> [f32; 4] {
+            unsafe {
+                let (a, b, c, d) = (v[0].0, v[1].0, v[2].0, v[3].0);
+                let (ab_low, ab_high) = (_mm256_unpacklo_ps(a, b), _mm256_unpackhi_ps(a, b));
+                let (cd_low, cd_high) = (_mm256_unpacklo_ps(c, d), _mm256_unpackhi_ps(c, d));
+                // col[i]: lanes i (low half) and i + 4 (high half) of a, b, c, d.
+                let col = [
+                    _mm256_shuffle_ps::<0x44>(ab_low, cd_low),
+                    _mm256_shuffle_ps::<0xEE>(ab_low, cd_low),
+                    _mm256_shuffle_ps::<0x44>(ab_high, cd_high),
+                    _mm256_shuffle_ps::<0xEE>(ab_high, cd_high),
+                ];
+                let mut sum = _mm256_castps256_ps128(col[0]);
+                for c in &col[1..] {
+                    sum = _mm_add_ps(sum, _mm256_castps256_ps128(*c));
+                }
+                for c in &col {
+                    sum = _mm_add_ps(sum, _mm256_extractf128_ps::<1>(*c));
+                }
+                let mut out = [0f32; 4];
+                _mm_storeu_ps(out.as_mut_ptr(), sum);
+                out
+            }
+        }
+
         #[inline(always)]
         fn transpose(m: &[[u32; 8]; 8]) -> [[u32; 8]; 8] {
             let mut v = [unsafe { _mm256_setzero_ps() }; 8];
@@ -268,5 +311,51 @@ mod avx {
             out[k + 4] = unsafe { _mm256_permute2f128_ps::<0x31>(u[k], u[k + 4]) };
         }
         out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Lanes whose sum depends on the order of the additions.
+    fn lanes(seed: u32) -> [Lanes; 4] {
+        let mut s = seed;
+        std::array::from_fn(|_| {
+            std::array::from_fn(|g| {
+                s = s.wrapping_mul(1664525).wrapping_add(1013904223);
+                let v = (s >> 8) as f32 / (1u32 << 24) as f32 - 0.5;
+                if g % 3 == 0 {
+                    v * 1e7
+                } else {
+                    v
+                }
+            })
+        })
+    }
+
+    #[test]
+    fn sums_of_four_add_the_lanes_in_order() {
+        for seed in 0..64 {
+            let v = lanes(seed);
+            let expected = v.map(|l| l[1..].iter().fold(l[0], |a, &b| a + b));
+            let portable = <Lanes as Vector>::sums_of_four(v);
+            assert_eq!(portable.map(f32::to_bits), expected.map(f32::to_bits));
+            #[cfg(target_arch = "x86_64")]
+            if std::arch::is_x86_feature_detected!("avx2") {
+                #[target_feature(enable = "avx2")]
+                unsafe fn avx(v: [Lanes; 4]) -> [f32; 4] {
+                    Avx::sums_of_four([
+                        Avx::load(&v[0]),
+                        Avx::load(&v[1]),
+                        Avx::load(&v[2]),
+                        Avx::load(&v[3]),
+                    ])
+                }
+                // SAFETY: the CPU supports AVX2.
+                let wide = unsafe { avx(v) };
+                assert_eq!(wide.map(f32::to_bits), expected.map(f32::to_bits));
+            }
+        }
     }
 }

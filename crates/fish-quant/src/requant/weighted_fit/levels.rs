@@ -48,22 +48,36 @@ fn super_scale<V: Vector>(
     let first = u16::from_le_bytes(F16Bits::from_f32(max / 63.0).0) & 0x7fff;
     let form = ErrorForm::<V>::new(stats.moments(), sums);
     let inv_sw = V::splat(1.0).div(V::load(&stats.sw));
-    let mut best = (f32::MAX, first, [0.0; 8], [0.0; 8], [0.0; 8]);
-    for step in SUPER_SCALE_STEPS {
-        let bits = first.saturating_add(step).min(0x7bff);
-        let df = f16_magnitude(bits);
+    let zero = V::splat(0.0);
+    const N: usize = SUPER_SCALE_STEPS.len();
+    let (mut bits, mut err) = ([0u16; N], [zero; N]);
+    let (mut unrounded, mut ls, mut lm) = ([zero; N], [zero; N], [zero; N]);
+    for (i, step) in SUPER_SCALE_STEPS.into_iter().enumerate() {
+        bits[i] = first.saturating_add(step).min(0x7bff);
+        let df = f16_magnitude(bits[i]);
         let inv = if df > 0.0 { 1.0 / df } else { 0.0 };
-        let unrounded = V::load(scales).mul(V::splat(inv));
-        let ls = round_levels(unrounded, 63.0);
-        let s = ls.mul(V::splat(df));
+        unrounded[i] = V::load(scales).mul(V::splat(inv));
+        ls[i] = round_levels(unrounded[i], 63.0);
+        let s = ls[i].mul(V::splat(df));
         // The best offset for these codes under scale s, clamped to <= 0.
         let (sx, sl) = (V::load(&stats.swx), V::load(&sums[0]));
-        let offset = sx.sub(s.mul(sl)).mul(inv_sw).min(V::splat(0.0));
-        let lm = round_levels(V::splat(0.0).sub(offset).mul(V::splat(inv_dmin)), 63.0);
-        let err = form.error_of(s, V::splat(0.0).sub(lm.mul(V::splat(dminf))));
-        let total: f32 = err.store().iter().sum();
-        if total < best.0 {
-            best = (total, bits, unrounded.store(), ls.store(), lm.store());
+        let offset = sx.sub(s.mul(sl)).mul(inv_sw).min(zero);
+        lm[i] = round_levels(zero.sub(offset).mul(V::splat(inv_dmin)), 63.0);
+        err[i] = form.error_of(s, zero.sub(lm[i].mul(V::splat(dminf))));
+    }
+    // The first step of least error over the super-block wins (none when
+    // every error is NaN or huge: then `d` stays the first and the levels 0).
+    let totals = V::sums_of_four(err);
+    let mut best = (f32::MAX, first, [0.0; 8], [0.0; 8], [0.0; 8]);
+    for i in 0..N {
+        if totals[i] < best.0 {
+            best = (
+                totals[i],
+                bits[i],
+                unrounded[i].store(),
+                ls[i].store(),
+                lm[i].store(),
+            );
         }
     }
     (F16Bits(best.1.to_le_bytes()), best.2, best.3, best.4)
