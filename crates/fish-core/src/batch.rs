@@ -2,9 +2,9 @@
 //! one step advances every chosen sequence by one token with a single forward
 //! in which each weight is read once for all of them.
 //!
-//! With a GPU span, steps run the span's layers on the device, each sequence
-//! in a device KV slot of its own; the host cache then holds only the layers
-//! below the span for those positions. Any backend error moves the session to
+//! With a GPU span, prompts and steps run the span's layers on the device,
+//! each sequence in a device KV slot of its own; the host cache then holds
+//! only the layers below the span for those positions. Any backend error moves the session to
 //! the host path for good: the positions the host lacks are first rebuilt
 //! from each sequence's tokens, so none is lost.
 
@@ -12,8 +12,8 @@ use thiserror::Error;
 
 use crate::error::EngineError;
 use crate::model::forward_batch::{
-    forward_batch, forward_batch_span, release_span_slots, truncate_span_slot, SpanBatchError,
-    SpanSequence,
+    forward_batch, forward_batch_span, forward_span_prompt, release_span_slots, truncate_span_slot,
+    SpanBatchError, SpanSequence,
 };
 use crate::model::{KvCache, LogitsFor, Model};
 
@@ -133,9 +133,8 @@ impl<'m> BatchSession<'m> {
     }
 
     /// Appends `tokens` to sequence `seq` alone (a prompt) and returns their
-    /// logits. Prompts keep every layer in the host cache, so a sequence can
-    /// always continue on the host; its first span step copies them to its
-    /// device slot.
+    /// logits: through the sequence's device slot while steps use the span,
+    /// else with every layer in the host cache.
     pub fn eval_one(
         &mut self,
         seq: usize,
@@ -143,15 +142,61 @@ impl<'m> BatchSession<'m> {
         logits_for: LogitsFor,
     ) -> Result<Vec<f32>> {
         self.check_seq(seq)?;
+        let logits = match self.span_prompt(seq, tokens, logits_for) {
+            Ok(logits) => logits,
+            Err(e) => {
+                self.note_span_error(&e);
+                self.host_prompt(seq, tokens, logits_for)?
+            }
+        };
+        self.seqs[seq].tokens.extend_from_slice(tokens);
+        Ok(logits)
+    }
+
+    /// A prompt through the sequence's device slot.
+    fn span_prompt(
+        &mut self,
+        seq: usize,
+        tokens: &[u32],
+        logits_for: LogitsFor,
+    ) -> std::result::Result<Vec<f32>, SpanBatchError> {
+        if self.span_off.is_some() {
+            return Err(SpanBatchError::NoSpan);
+        }
+        let (model, s) = (self.model, &mut self.seqs[seq]);
+        let mut sequence = SpanSequence {
+            cache: &mut s.cache,
+            history: &s.tokens,
+        };
+        self.pool
+            .install(|| forward_span_prompt(model, &mut sequence, tokens, logits_for))
+    }
+
+    /// A prompt with every layer's keys and values in the host cache.
+    fn host_prompt(
+        &mut self,
+        seq: usize,
+        tokens: &[u32],
+        logits_for: LogitsFor,
+    ) -> Result<Vec<f32>> {
         self.complete_host(seq)?;
         let (model, s) = (self.model, &mut self.seqs[seq]);
         let pos0 = s.cache.len();
         let logits = self
             .pool
             .install(|| model.forward_host_kv(&mut s.cache, tokens, pos0, logits_for))?;
-        s.tokens.extend_from_slice(tokens);
         s.host_len = s.cache.len();
         Ok(logits)
+    }
+
+    /// After a backend error the session stays on the host path.
+    fn note_span_error(&mut self, e: &SpanBatchError) {
+        if let SpanBatchError::Backend(_) = e {
+            if verbose() {
+                eprintln!("fish: batched decode leaves the GPU span ({e})");
+            }
+            self.span_off = Some(e.to_string());
+        }
     }
 
     /// Appends `tokens[i]` to sequence `seqs[i]` for every i in one forward
@@ -172,12 +217,7 @@ impl<'m> BatchSession<'m> {
         let logits = match self.span_step(seqs, tokens) {
             Ok(logits) => logits,
             Err(e) => {
-                if let SpanBatchError::Backend(_) = e {
-                    if verbose() {
-                        eprintln!("fish: batched steps leave the GPU span ({e})");
-                    }
-                    self.span_off = Some(e.to_string());
-                }
+                self.note_span_error(&e);
                 self.host_step(seqs, tokens)?
             }
         };

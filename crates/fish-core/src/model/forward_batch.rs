@@ -7,7 +7,7 @@
 use thiserror::Error;
 
 use super::attention::{attend, AttentionShape, TILED_MIN_TOKENS};
-use super::forward::{embed, output_logits, run_layers, KvSite};
+use super::forward::{embed, output_logits, run_layers, KvSite, LogitsFor};
 use super::kv_cache::KvCache;
 use super::layer_range::forward_layers;
 use super::Model;
@@ -187,6 +187,92 @@ pub fn forward_batch_span(
         s.cache.set_len(p + 1);
     }
     Ok((logits, rebuilt))
+}
+
+/// Appends `tokens` (a prompt) to one sequence through its device slot:
+/// the layers below the span on the host, the span's layers in the slot
+/// (64 rows per submit). Returns the logits `logits_for` asks for; on error
+/// the cache is back at its length before the call.
+pub fn forward_span_prompt(
+    model: &Model,
+    seq: &mut SpanSequence<'_>,
+    tokens: &[u32],
+    logits_for: LogitsFor,
+) -> std::result::Result<Vec<f32>, SpanBatchError> {
+    let placement = model.gpu.as_ref().ok_or(SpanBatchError::NoSpan)?;
+    let (run, span) = placement.span().ok_or(SpanBatchError::NoSpan)?;
+    if span.span_max_batch_rows() == 0 {
+        return Err(SpanBatchError::NoSpan);
+    }
+    if tokens.is_empty() {
+        return Err(EngineError::EmptyInput.into());
+    }
+    let p = seq.cache.len();
+    seq.cache.check_append(p, tokens.len())?;
+    if seq.history.len() != p {
+        return Err(EngineError::BadHyperParameter(format!(
+            "a history of {} tokens for {p} positions",
+            seq.history.len()
+        ))
+        .into());
+    }
+    let slot = run.claim_slots(span, &[seq.cache.id()])[0];
+    let ran = sync_slot(model, run.first_layer, span, seq, slot, p).and_then(|_| {
+        let mut x = embed(&model.gguf, &model.cfg, &model.weights, tokens)?;
+        forward_layers(model, seq.cache, &mut x, p, 0..run.first_layer)?;
+        let rows: Vec<SpanRow> = (p..p + tokens.len())
+            .map(|pos| SpanRow { slot, pos })
+            .collect();
+        prompt_rows_logits(model, span, &mut x, &rows, logits_for)
+    });
+    ran.map_err(|e| {
+        seq.cache.truncate(p);
+        match e {
+            SpanBatchError::Backend(b) => {
+                if matches!(b, BackendError::Device(_)) {
+                    placement.mark_failed(&b);
+                }
+                SpanBatchError::Backend(b)
+            }
+            other => other,
+        }
+    })
+}
+
+/// The span over a prompt's rows, 64 per submit; the logits of the last row
+/// (or of every row) in the submits, or from the host output where the span
+/// does not return them.
+fn prompt_rows_logits(
+    model: &Model,
+    span: &dyn SpanBackend,
+    x: &mut [f32],
+    rows: &[SpanRow],
+    logits_for: LogitsFor,
+) -> std::result::Result<Vec<f32>, SpanBatchError> {
+    let n_embd = model.cfg.n_embd;
+    let max_rows = span.span_max_batch_rows();
+    let n_chunks = rows.len().div_ceil(max_rows);
+    let mut logits = Vec::new();
+    for (i, (xc, rc)) in x
+        .chunks_mut(max_rows * n_embd)
+        .zip(rows.chunks(max_rows))
+        .enumerate()
+    {
+        let wanted = match logits_for {
+            LogitsFor::All => rc.len(),
+            LogitsFor::Last if i + 1 == n_chunks => 1,
+            LogitsFor::Last => 0,
+        };
+        if wanted > 0 && wanted <= span.span_max_logit_rows() {
+            logits.extend(span.span_forward_batch_logits(xc, rc, wanted)?);
+            continue;
+        }
+        span.span_forward_batch(xc, rc)?;
+        if wanted > 0 {
+            logits.extend(output_logits(model, &xc[(rc.len() - wanted) * n_embd..])?);
+        }
+    }
+    Ok(logits)
 }
 
 /// Makes device slot `slot` hold exactly the sequence's `p` positions:
