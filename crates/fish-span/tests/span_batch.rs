@@ -291,6 +291,45 @@ fn batched_forward_refuses_gaps_and_keeps_slots_apart() {
     assert_eq!(gpu.gpu().validation_messages(), 0);
 }
 
+#[test]
+fn slots_beyond_the_budget_are_refused_cleanly() {
+    let _device = device_lock();
+    // A small ceiling, so that a few full-context slots exceed it while
+    // each of their buffers stays within what one binding addresses.
+    const CEILING_MB: u64 = 600;
+    std::env::set_var("FISH_VRAM_BUDGET_MB", CEILING_MB.to_string());
+    let gpu = backend();
+    std::env::remove_var("FISH_VRAM_BUDGET_MB");
+    let Some(gpu) = gpu else { return };
+    let model = placed(gpu.clone());
+    let cfg = &model.cfg;
+    let step = [SpanRow { slot: 1, pos: 0 }, SpanRow { slot: 2, pos: 0 }];
+    let x = rows_x(&step, cfg.n_embd);
+    let before = gpu.span_forward_batch_logits(&x, &step, 2).expect("step");
+    gpu.span_kv_slot_truncate(1, 0);
+    gpu.span_kv_slot_truncate(2, 0);
+    let free = gpu.memory_free();
+    // Every slot holds the whole context in each layer's K and V.
+    let per_slot = (GPU_LAYERS * cfg.n_ctx_train * (cfg.k_dim() + cfg.v_dim()) * 2) as u64;
+    let slot = ((CEILING_MB << 20) / per_slot) as usize + 1;
+    let refused = gpu.span_kv_slot_reserve(slot, cfg.n_ctx_train);
+    assert!(
+        matches!(refused, Err(BackendError::OutOfMemory(_))),
+        "{refused:?}"
+    );
+    eprintln!("refused: {}", refused.unwrap_err());
+    assert_eq!(gpu.memory_free(), free, "a refused reserve holds nothing");
+    assert_eq!(gpu.span_kv_slot_len(slot), 0);
+    let after = gpu
+        .span_forward_batch_logits(&x, &step, 2)
+        .expect("step after the refusal");
+    let (same, worst) = compare(&[before], &[after]);
+    assert_eq!(same, 1);
+    assert!(worst < 1e-5, "the refusal changed logits by {worst}");
+    drop(model);
+    assert_eq!(gpu.gpu().validation_messages(), 0);
+}
+
 /// The Vulkan backend, whose batched span forwards fail from the
 /// `fail_from`-th call on (a lost device, as the engine sees it).
 struct Failing {
