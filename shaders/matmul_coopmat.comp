@@ -13,6 +13,14 @@
 // the shared-memory budget; the padding spreads the fragment loads over the
 // memory banks.
 //
+// With PIPELINE = 1 the staging is software-pipelined over two halves of
+// double-buffered A/B tiles: step s issues the global loads of step s + 1
+// into registers (raw weight words, coopmat_raw.glsl, and x values), runs
+// its own fragment products from the half staged before, then decodes the
+// registers into the other half; one barrier per step separates the halves'
+// writers from their readers. The staged values and the order of the
+// products are those of PIPELINE = 0, so the results are the same bits.
+//
 // Bindings and push constants are those of the other matmul kernels
 // (common.glsl), so a dispatch can swap matmul_tiled for this one.
 //
@@ -43,17 +51,25 @@ layout(constant_id = 8) const uint LANES = 32u;
 layout(local_size_x_id = 9) in;
 // Values per staging step.
 layout(constant_id = 10) const uint BK = 32u;
+// 0: stage each step, then multiply (one tile); 1: pipelined (two tiles).
+layout(constant_id = 11) const uint PIPELINE = 0u;
 
 #include "common.glsl"
 #include "dequant.glsl"
+#include "coopmat_raw.glsl"
 
 const uint BM = WARPS_M * FM * TM;
 const uint BN = WARPS_N * FN * TN;
 const uint THREADS = WARPS_M * WARPS_N * LANES;
 
+// Staged tiles: one, or two halves when pipelined (the host's budget check
+// counts the same).
+const uint STAGES = 1u + PIPELINE;
+const uint A_TILE = BM * STRIDE;
+const uint B_TILE = BN * STRIDE;
 // Row r of a tile: values 2j, 2j+1 of the step in dword r * STRIDE + j.
-shared uint buf_a[BM * STRIDE];
-shared uint buf_b[BN * STRIDE];
+shared uint buf_a[STAGES * A_TILE];
+shared uint buf_b[STAGES * B_TILE];
 // One TM x TN fragment per subgroup on its way out, column-major.
 shared float buf_c[WARPS_M * WARPS_N * TM * TN];
 
@@ -105,66 +121,160 @@ void emu_mul_add(inout Acc c, uint a_off, uint b_off, uint lane) {
 #define SUBGROUP_SYNC() subgroupBarrier()
 #endif
 
+// Stores weight values 8kg .. 8kg+7 of row r of the A tile at a_base.
+void put_a(uint a_base, uint r, uint kg, vec4 lo, vec4 hi) {
+    uint at = a_base + r * STRIDE + kg * 4u;
+    buf_a[at] = packHalf2x16(lo.xy);
+    buf_a[at + 1u] = packHalf2x16(lo.zw);
+    buf_a[at + 2u] = packHalf2x16(hi.xy);
+    buf_a[at + 3u] = packHalf2x16(hi.zw);
+}
+
+// Stores input values 4k4 .. 4k4+3 of token n of the B tile at b_base.
+void put_b(uint b_base, uint n, uint k4, vec4 v) {
+    uint at = b_base + n * STRIDE + k4 * 2u;
+    buf_b[at] = packHalf2x16(v.xy);
+    buf_b[at + 1u] = packHalf2x16(v.zw);
+}
+
+// Weight rows past the end read the last row; their results are never written.
+uint tile_row_byte(uint r) {
+    return min(gl_WorkGroupID.x * BM + r, p.n_rows - 1u) * p.row_stride;
+}
+
+// Input values 4k4 .. 4k4+3 of tile token n of the step at k0; zero past
+// the last token or the row's end.
+vec4 input_vec4(uint k0, uint n, uint k4) {
+    uint tok = gl_WorkGroupID.y * BN + n;
+    if (tok < p.n_tok && k0 + k4 * 4u < p.n_in) {
+        return x[tok * (p.n_in / 4u) + k0 / 4u + k4];
+    }
+    return vec4(0.0);
+}
+
+// PIPELINE = 0: loads, decodes and stores the step at k0 into the one tile.
+void stage_step(uint k0) {
+    // Weight tile: BM rows x BK / 8 groups of 8 values.
+    for (uint task = gl_LocalInvocationIndex; task < BM * (BK / 8u); task += THREADS) {
+        uint r = task / (BK / 8u);
+        uint kg = task % (BK / 8u);
+        vec4 lo = vec4(0.0);
+        vec4 hi = vec4(0.0);
+        if (k0 + kg * 8u < p.n_in) {
+            dequant_group(tile_row_byte(r), k0 / 8u + kg, lo, hi);
+        }
+        put_a(0u, r, kg, lo, hi);
+    }
+    // Input tile: BN tokens x BK / 4 vec4; tokens past the end are zero.
+    for (uint task = gl_LocalInvocationIndex; task < BN * (BK / 4u); task += THREADS) {
+        uint n = task / (BK / 4u);
+        uint k4 = task % (BK / 4u);
+        put_b(0u, n, k4, input_vec4(k0, n, k4));
+    }
+}
+
+// PIPELINE = 1: the tasks of one step per invocation and their registers.
+const uint A_TASKS = (BM * (BK / 8u) + THREADS - 1u) / THREADS;
+const uint B_TASKS = (BN * (BK / 4u) + THREADS - 1u) / THREADS;
+RawGroup raw_a[A_TASKS];
+vec4 raw_b[B_TASKS];
+
+// Issues the global loads of the step at k0 into the registers.
+void fetch_step(uint k0) {
+    for (uint t = 0u; t < A_TASKS; t++) {
+        uint task = gl_LocalInvocationIndex + t * THREADS;
+        uint r = task / (BK / 8u);
+        uint kg = task % (BK / 8u);
+        if (task < BM * (BK / 8u) && k0 + kg * 8u < p.n_in) {
+            raw_a[t] = raw_fetch(tile_row_byte(r), k0 / 8u + kg);
+        }
+    }
+    for (uint t = 0u; t < B_TASKS; t++) {
+        uint task = gl_LocalInvocationIndex + t * THREADS;
+        if (task < BN * (BK / 4u)) {
+            raw_b[t] = input_vec4(k0, task / (BK / 4u), task % (BK / 4u));
+        }
+    }
+}
+
+// Decodes the registers fetched for the step at k0 into tile half `stage`.
+void store_step(uint k0, uint stage) {
+    for (uint t = 0u; t < A_TASKS; t++) {
+        uint task = gl_LocalInvocationIndex + t * THREADS;
+        uint r = task / (BK / 8u);
+        uint kg = task % (BK / 8u);
+        if (task < BM * (BK / 8u)) {
+            vec4 lo = vec4(0.0);
+            vec4 hi = vec4(0.0);
+            if (k0 + kg * 8u < p.n_in) {
+                raw_decode(raw_a[t], k0 / 8u + kg, lo, hi);
+            }
+            put_a(stage * A_TILE, r, kg, lo, hi);
+        }
+    }
+    for (uint t = 0u; t < B_TASKS; t++) {
+        uint task = gl_LocalInvocationIndex + t * THREADS;
+        if (task < BN * (BK / 4u)) {
+            put_b(stage * B_TILE, task / (BK / 4u), task % (BK / 4u), raw_b[t]);
+        }
+    }
+}
+
 void main() {
-    uint tid = gl_LocalInvocationIndex;
     uint warp = WARP_ID;
     uint lane = LANE_ID;
     uint warp_m = warp % WARPS_M;
     uint warp_n = warp / WARPS_M;
     uint row0 = gl_WorkGroupID.x * BM;
     uint tok0 = gl_WorkGroupID.y * BN;
-    uint x_stride4 = p.n_in / 4u;
 
     Acc acc[FM * FN];
     for (uint f = 0u; f < FM * FN; f++) {
         ACC_ZERO(acc[f]);
     }
 
-    for (uint k0 = 0u; k0 < p.n_in; k0 += BK) {
-        // Weight tile: BM rows x BK / 8 groups of 8 values.
-        for (uint task = tid; task < BM * (BK / 8u); task += THREADS) {
-            uint r = task / (BK / 8u);
-            uint kg = task % (BK / 8u);
-            // Rows past the end read the last row; their results are never written.
-            uint row = min(row0 + r, p.n_rows - 1u);
-            vec4 lo = vec4(0.0);
-            vec4 hi = vec4(0.0);
-            if (k0 + kg * 8u < p.n_in) {
-                dequant_group(row * p.row_stride, k0 / 8u + kg, lo, hi);
-            }
-            uint at = r * STRIDE + kg * 4u;
-            buf_a[at] = packHalf2x16(lo.xy);
-            buf_a[at + 1u] = packHalf2x16(lo.zw);
-            buf_a[at + 2u] = packHalf2x16(hi.xy);
-            buf_a[at + 3u] = packHalf2x16(hi.zw);
-        }
-        // Input tile: BN tokens x BK / 4 vec4; tokens past the end are zero.
-        for (uint task = tid; task < BN * (BK / 4u); task += THREADS) {
-            uint n = task / (BK / 4u);
-            uint k4 = task % (BK / 4u);
-            vec4 v = vec4(0.0);
-            if (tok0 + n < p.n_tok && k0 + k4 * 4u < p.n_in) {
-                v = x[(tok0 + n) * x_stride4 + k0 / 4u + k4];
-            }
-            uint at = n * STRIDE + k4 * 2u;
-            buf_b[at] = packHalf2x16(v.xy);
-            buf_b[at + 1u] = packHalf2x16(v.zw);
-        }
+    uint n_steps = (p.n_in + BK - 1u) / BK;
+    if (PIPELINE != 0u) {
+        fetch_step(0u);
+        store_step(0u, 0u);
         barrier();
+    }
+    for (uint s = 0u; s < n_steps; s++) {
+        uint k0 = s * BK;
+        bool has_next = s + 1u < n_steps;
+        uint cur = 0u;
+        if (PIPELINE == 0u) {
+            stage_step(k0);
+            barrier();
+        } else {
+            // Half `cur` was staged (and fenced) during the step before.
+            cur = s & 1u;
+            if (has_next) {
+                fetch_step(k0 + BK);
+            }
+        }
+        uint a_base = cur * A_TILE;
+        uint b_base = cur * B_TILE;
         for (uint kk = 0u; kk < BK; kk += TK) {
             FRAG_A a[FM];
             FRAG_B b[FN];
             for (uint fm = 0u; fm < FM; fm++) {
-                LOAD_A(a[fm], ((warp_m * FM + fm) * TM) * STRIDE + kk / 2u);
+                LOAD_A(a[fm], a_base + ((warp_m * FM + fm) * TM) * STRIDE + kk / 2u);
             }
             for (uint fn = 0u; fn < FN; fn++) {
-                LOAD_B(b[fn], ((warp_n * FN + fn) * TN) * STRIDE + kk / 2u);
+                LOAD_B(b[fn], b_base + ((warp_n * FN + fn) * TN) * STRIDE + kk / 2u);
             }
             for (uint fm = 0u; fm < FM; fm++) {
                 for (uint fn = 0u; fn < FN; fn++) {
                     MUL_ADD(acc[fm * FN + fn], a[fm], b[fn]);
                 }
             }
+        }
+        // The other half was last read in the step before, behind the
+        // previous barrier; this barrier publishes it to the next step and
+        // keeps this step's readers of `cur` ahead of its next writers.
+        if (PIPELINE != 0u && has_next) {
+            store_step(k0 + BK, cur ^ 1u);
         }
         barrier();
     }

@@ -18,7 +18,7 @@
 
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
 use fish_gguf::GgmlType;
-use fish_vk::{Gpu, Kernel, TensorHandle, WeightFormat};
+use fish_vk::{CoopMatTile, Gpu, Kernel, TensorHandle, WeightFormat};
 use std::time::Duration;
 
 const TYPES: [WeightFormat; 11] = [
@@ -235,15 +235,22 @@ fn bench_tiled(c: &mut Criterion) {
 }
 
 /// The cooperative-matrix kernel where the device has one, at the same
-/// shape and batch as `tiled` on the 4096 x 14336 matrix (GFLOP/s as above).
-/// FISH_VK_COOPMAT_TILE / FISH_VK_COOPMAT_LOAD_DWORDS pick the tile (docs/GPU.md).
+/// shape and batch as `tiled` on the 4096 x 14336 matrix (GFLOP/s as above),
+/// once per staging (ids `<type>/.../synchronous` and `.../pipelined`).
+/// FISH_VK_COOPMAT_TILE / FISH_VK_COOPMAT_BK / FISH_VK_COOPMAT_LOAD_DWORDS
+/// pick the tile (docs/GPU.md).
 fn bench_coopmat(c: &mut Criterion) {
     let Some(gpu) = fish_vk::global() else { return };
     let Some(tile) = gpu.coopmat_tile_in_use() else {
         eprintln!("coopmat: skipped, no cooperative matrices on this device");
         return;
     };
-    eprintln!("coopmat: {}", tile.describe());
+    for staging in CoopMatTile::STAGINGS {
+        match tile.with_staging(staging, gpu.info().max_shared_memory) {
+            Ok(t) => eprintln!("coopmat: {}", t.describe()),
+            Err(why) => eprintln!("coopmat: no {staging:?} staging: {why}"),
+        }
+    }
     let mut group = c.benchmark_group("coopmat");
     group
         .sample_size(10)
@@ -255,12 +262,19 @@ fn bench_coopmat(c: &mut Criterion) {
         };
         let flops = 2 * n_in as u64 * n_out as u64 * TILED_TOKENS as u64;
         group.throughput(Throughput::Elements(flops));
-        group.bench_function(
-            format!("{}/{n_in}x{n_out}/n_tok{TILED_TOKENS}", ty.name()),
-            |b| {
-                b.iter_custom(|iters| gpu_time(gpu, &handles, TILED_TOKENS, Kernel::CoopMat, iters))
-            },
-        );
+        for staging in CoopMatTile::STAGINGS {
+            let id = format!("{staging:?}").to_ascii_lowercase();
+            group.bench_function(
+                format!("{}/{n_in}x{n_out}/n_tok{TILED_TOKENS}/{id}", ty.name()),
+                |b| {
+                    b.iter_custom(|iters| {
+                        gpu.with_coopmat_staging(staging, || {
+                            gpu_time(gpu, &handles, TILED_TOKENS, Kernel::CoopMat, iters)
+                        })
+                    })
+                },
+            );
+        }
         for h in handles {
             let _ = gpu.free(h);
         }

@@ -12,11 +12,41 @@ use crate::error::{Result, VkError};
 use crate::kernels::Kernel;
 use crate::tile_padding::{padded_row_stride, PaddingRule, RowStride, SharedLayout};
 use ash::{khr, vk};
+use std::cell::Cell;
 use std::ffi::CStr;
 
 /// Values of one staging step along n_in (the shader's BK) unless
 /// FISH_VK_COOPMAT_BK says otherwise; steps are multiples of this.
 pub const STEP_VALUES: u32 = 32;
+
+/// How the kernel stages each step's A/B tiles in shared memory (the
+/// shader's PIPELINE constant).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Staging {
+    /// Load, dequantise and store a step, then multiply it: one A/B tile,
+    /// two barriers per step.
+    #[default]
+    Synchronous,
+    /// Software-pipelined: the next step's global loads are in flight while
+    /// this step multiplies, then go into the other of two A/B tiles; one
+    /// barrier per step. Same results, bit for bit.
+    Pipelined,
+}
+
+impl Staging {
+    /// A/B tiles the shader declares.
+    fn tiles(self) -> u32 {
+        match self {
+            Staging::Synchronous => 1,
+            Staging::Pipelined => 2,
+        }
+    }
+
+    /// The PIPELINE specialisation constant.
+    fn spec(self) -> u32 {
+        self.tiles() - 1
+    }
+}
 
 /// The workgroup tile of the cooperative-matrix kernel.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -35,6 +65,8 @@ pub struct CoopMatTile {
     pub lanes: u32,
     /// Values per staging step (BK, a multiple of STEP_VALUES).
     pub k_step: u32,
+    /// Synchronous or pipelined staging.
+    pub staging: Staging,
     /// Padded row stride of the staged tiles (tile_padding.rs).
     pub stride: RowStride,
     /// Shared memory one workgroup declares.
@@ -42,7 +74,8 @@ pub struct CoopMatTile {
 }
 
 /// Subgroups and fragments per subgroup, as FISH_VK_COOPMAT_TILE gives them,
-/// and the values per staging step (FISH_VK_COOPMAT_BK).
+/// the values per staging step (FISH_VK_COOPMAT_BK) and the staging
+/// (FISH_VK_COOPMAT_PIPELINE).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct WarpLayout {
     pub warps_m: u32,
@@ -50,6 +83,7 @@ pub struct WarpLayout {
     pub frags_m: u32,
     pub frags_n: u32,
     pub k_step: u32,
+    pub staging: Staging,
 }
 
 /// 2 x 2 subgroups of 2 x 2 fragments: a 64 x 64 tile with 16 x 16
@@ -64,6 +98,7 @@ pub const DEFAULT_WARPS: WarpLayout = WarpLayout {
     frags_m: 2,
     frags_n: 2,
     k_step: STEP_VALUES,
+    staging: Staging::Synchronous,
 };
 
 impl WarpLayout {
@@ -80,7 +115,7 @@ impl WarpLayout {
                     warps_n,
                     frags_m,
                     frags_n,
-                    k_step: STEP_VALUES,
+                    ..DEFAULT_WARPS
                 })
             }
             _ => None,
@@ -96,6 +131,10 @@ pub struct TileLimits {
 }
 
 impl CoopMatTile {
+    /// Both stagings, synchronous first (for A/B runs through
+    /// `Gpu::with_coopmat_staging`).
+    pub const STAGINGS: [Staging; 2] = [Staging::Synchronous, Staging::Pipelined];
+
     /// The tile for fragment shape (tm, tn, tk), `lanes` per subgroup and
     /// `warps`, with its stride padded by `rule`; refused when the shared
     /// memory or the invocation count exceeds the device's limits.
@@ -125,15 +164,7 @@ impl CoopMatTile {
                 limits.max_threads
             ));
         }
-        let stride = padded_row_stride(k_step, rule);
-        let layout = SharedLayout {
-            a_rows: warps.warps_m * warps.frags_m * tm,
-            b_rows: warps.warps_n * warps.frags_n * tn,
-            stride,
-            c_values: warps.warps_m * warps.warps_n * tm * tn,
-        };
-        let shared_bytes = layout.check(limits.max_shared_bytes)?;
-        Ok(CoopMatTile {
+        let tile = CoopMatTile {
             tm,
             tn,
             tk,
@@ -143,8 +174,42 @@ impl CoopMatTile {
             frags_n: warps.frags_n,
             lanes,
             k_step,
-            stride,
+            staging: warps.staging,
+            stride: padded_row_stride(k_step, rule),
+            shared_bytes: 0,
+        };
+        tile.checked(limits.max_shared_bytes)
+    }
+
+    /// The same tile staged as `staging`, refused when its shared memory
+    /// exceeds `max_shared_bytes`.
+    pub fn with_staging(
+        self,
+        staging: Staging,
+        max_shared_bytes: u32,
+    ) -> std::result::Result<CoopMatTile, String> {
+        CoopMatTile { staging, ..self }.checked(max_shared_bytes)
+    }
+
+    /// The shared memory the shader declares: pipelined staging doubles the
+    /// A and B tiles (STAGES * BM and STAGES * BN padded rows), the output
+    /// staging stays single.
+    pub fn shared_layout(&self) -> SharedLayout {
+        let tiles = self.staging.tiles();
+        SharedLayout {
+            a_rows: tiles * self.rows(),
+            b_rows: tiles * self.tokens(),
+            stride: self.stride,
+            c_values: self.warps_m * self.warps_n * self.tm * self.tn,
+        }
+    }
+
+    /// The tile with its shared-memory size, if that fits.
+    fn checked(self, max_shared_bytes: u32) -> std::result::Result<CoopMatTile, String> {
+        let shared_bytes = self.shared_layout().check(max_shared_bytes)?;
+        Ok(CoopMatTile {
             shared_bytes,
+            ..self
         })
     }
 
@@ -176,6 +241,7 @@ impl CoopMatTile {
             self.lanes,
             self.threads(),
             self.k_step,
+            self.staging.spec(),
         ]
     }
 
@@ -187,7 +253,7 @@ impl CoopMatTile {
     /// One line for logs and benchmark records.
     pub fn describe(&self) -> String {
         format!(
-            "{}x{}x{} f16 fragments, tile {}x{}x{} ({} subgroups of {}), row stride {} dwords, {} B shared",
+            "{}x{}x{} f16 fragments, tile {}x{}x{} ({} subgroups of {}), {:?} staging, row stride {} dwords, {} B shared",
             self.tm,
             self.tn,
             self.tk,
@@ -196,6 +262,7 @@ impl CoopMatTile {
             self.k_step,
             self.warps_m * self.warps_n,
             self.lanes,
+            self.staging,
             self.stride.dwords(),
             self.shared_bytes
         )
@@ -275,9 +342,29 @@ fn env_warps() -> WarpLayout {
         .ok()
         .and_then(|v| v.parse().ok())
         .filter(|k: &u32| [32, 64, 128].contains(k));
+    let staging = match std::env::var("FISH_VK_COOPMAT_PIPELINE").as_deref() {
+        Ok("1" | "on" | "true" | "yes") => Staging::Pipelined,
+        _ => warps.staging,
+    };
     WarpLayout {
         k_step: k_step.unwrap_or(warps.k_step),
+        staging,
         ..warps
+    }
+}
+
+thread_local! {
+    /// The staging forced on this thread's cooperative-matrix plans
+    /// (Gpu::with_coopmat_staging), over the device's.
+    static STAGING_OVERRIDE: Cell<Option<Staging>> = const { Cell::new(None) };
+}
+
+/// Puts the thread's previous override back, also when the closure panics.
+struct RestoreStaging(Option<Staging>);
+
+impl Drop for RestoreStaging {
+    fn drop(&mut self) {
+        STAGING_OVERRIDE.with(|s| s.set(self.0));
     }
 }
 
@@ -408,17 +495,35 @@ impl crate::gpu::Gpu {
         self.info.cooperative_matrix
     }
 
+    /// Runs `f` with every cooperative-matrix kernel (real and emulated)
+    /// that this thread plans staged as `staging`, whatever
+    /// FISH_VK_COOPMAT_PIPELINE says, so that one process can compare both
+    /// stagings (tests, benches). Plans are made on the calling thread;
+    /// spans recorded inside `f` keep the staging they were recorded with.
+    /// `CoopMatTile::STAGINGS` lists the choices.
+    pub fn with_coopmat_staging<R>(&self, staging: Staging, f: impl FnOnce() -> R) -> R {
+        let _restore = RestoreStaging(STAGING_OVERRIDE.with(|s| s.replace(Some(staging))));
+        f()
+    }
+
     /// The tile of a cooperative-matrix `kernel` (None for the others).
     pub(crate) fn coopmat_tile(&self, kernel: Kernel) -> Result<Option<CoopMatTile>> {
-        match kernel {
-            Kernel::CoopMat => self.info.cooperative_matrix.map(Some).ok_or_else(|| {
+        let tile = match kernel {
+            Kernel::CoopMat => self.info.cooperative_matrix.ok_or_else(|| {
                 VkError::KernelUnavailable(format!(
                     "{} has no usable cooperative matrices",
                     self.info.name
                 ))
-            }),
-            Kernel::CoopMatEmulated => emulated_tile(&self.info).map(Some),
-            _ => Ok(None),
+            })?,
+            Kernel::CoopMatEmulated => emulated_tile(&self.info)?,
+            _ => return Ok(None),
+        };
+        match STAGING_OVERRIDE.with(Cell::get) {
+            Some(staging) if staging != tile.staging => tile
+                .with_staging(staging, self.info.max_shared_memory)
+                .map(Some)
+                .map_err(VkError::KernelUnavailable),
+            _ => Ok(Some(tile)),
         }
     }
 }
@@ -484,11 +589,70 @@ mod tests {
         // A and B tiles of 64 rows at 80 bytes, one 16 x 16 f32 fragment per subgroup.
         assert_eq!(t.shared_bytes, 128 * 80 + 4 * 4 * 256);
         let spec = t.spec();
-        assert_eq!(spec.len(), 11);
+        assert_eq!(spec.len(), 12);
         assert_eq!(spec[10], 32);
+        assert_eq!(spec[11], 0);
         assert_eq!(spec[0], 20);
         assert_eq!(spec[9], 128);
         assert_eq!(t.groups(129, 37), (3, 1));
+    }
+
+    #[test]
+    fn pipelined_staging_doubles_exactly_the_a_and_b_tiles() {
+        let sync = CoopMatTile::new(
+            (16, 16, 16),
+            32,
+            DEFAULT_WARPS,
+            PaddingRule::default(),
+            limits(),
+        )
+        .expect("fits");
+        let piped = sync
+            .with_staging(Staging::Pipelined, 48 * 1024)
+            .expect("fits");
+        // Two A and two B tiles of 64 rows at 80 bytes; the output staging
+        // (one 16 x 16 f32 fragment per subgroup) is not doubled.
+        assert_eq!(piped.shared_bytes, 2 * 128 * 80 + 4 * 4 * 256);
+        assert_eq!(piped.spec()[11], 1);
+        assert_eq!(piped.spec()[..11], sync.spec()[..11]);
+        // Back to synchronous gives the original tile.
+        assert_eq!(
+            piped.with_staging(Staging::Synchronous, 48 * 1024),
+            Ok(sync)
+        );
+        // A budget between the two sizes takes only the synchronous tile.
+        let between = 128 * 80 + 4 * 4 * 256 + 1;
+        assert!(sync.with_staging(Staging::Pipelined, between).is_err());
+        assert!(sync
+            .with_staging(Staging::Pipelined, piped.shared_bytes)
+            .is_ok());
+        assert!(sync
+            .with_staging(Staging::Pipelined, piped.shared_bytes - 1)
+            .is_err());
+        // The same through the layout: 128 x 128 tiles with 64-value steps
+        // (stride 36 dwords) fit 48 KiB once (36 KiB + 4 KiB) but not twice.
+        let big = WarpLayout {
+            frags_m: 4,
+            frags_n: 4,
+            k_step: 64,
+            ..DEFAULT_WARPS
+        };
+        let t = CoopMatTile::new((16, 16, 16), 32, big, PaddingRule::default(), limits())
+            .expect("fits once");
+        assert_eq!(t.shared_bytes, 256 * 36 * 4 + 4 * 4 * 256);
+        let piped_big = WarpLayout {
+            staging: Staging::Pipelined,
+            ..big
+        };
+        let err = CoopMatTile::new(
+            (16, 16, 16),
+            32,
+            piped_big,
+            PaddingRule::default(),
+            limits(),
+        )
+        .unwrap_err();
+        assert!(err.contains("256 + 256 rows"), "{err}");
     }
 
     #[test]
@@ -498,7 +662,7 @@ mod tests {
             warps_n: 4,
             frags_m: 8,
             frags_n: 8,
-            k_step: 32,
+            ..DEFAULT_WARPS
         };
         let err = CoopMatTile::new((16, 16, 16), 32, big, PaddingRule::default(), limits());
         assert!(err.is_err());
@@ -507,7 +671,7 @@ mod tests {
             warps_n: 8,
             frags_m: 1,
             frags_n: 1,
-            k_step: 32,
+            ..DEFAULT_WARPS
         };
         let odd_step = WarpLayout {
             k_step: 48,
@@ -531,6 +695,7 @@ mod tests {
                 frags_m: 4,
                 frags_n: 2,
                 k_step: 32,
+                staging: Staging::Synchronous,
             })
         );
         assert_eq!(WarpLayout::parse("2,4,4"), None);

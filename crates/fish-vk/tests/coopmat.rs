@@ -11,13 +11,14 @@
 //! The emulated variant (plain code in place of the matrix instructions) runs
 //! on every device, lavapipe included; the real one where the device has
 //! cooperative matrices (the H200), and FISH_REQUIRE_COOPMAT=1 makes its
-//! absence a failure.
+//! absence a failure. Both are run with either staging (synchronous and
+//! software-pipelined), which must give the same bits.
 
 mod common;
 
 use common::*;
 use fish_gguf::GgmlType;
-use fish_vk::{Gpu, Kernel, TensorHandle};
+use fish_vk::{CoopMatTile, Gpu, Kernel, TensorHandle};
 
 /// 512 values: two K-quant super-blocks, sixteen 32-value steps.
 const N_IN: usize = 512;
@@ -31,8 +32,9 @@ fn require_coopmat() -> bool {
 }
 
 /// Multiplies `n_tok` random inputs (seeded by `x_seed`) by the resident
-/// copy `h` of `weights` with `kernel`, and checks the result against both
-/// references.
+/// copy `h` of `weights` with `kernel` under each staging, checks each
+/// result against both references and the stagings against each other bit
+/// for bit.
 fn multiply_and_check(
     gpu: &Gpu,
     kernel: Kernel,
@@ -43,11 +45,33 @@ fn multiply_and_check(
     what: &str,
 ) {
     let x = random_values(weights.n_in * n_tok, x_seed);
-    let y = gpu
-        .matmul_group_with(&[h], &x, n_tok, kernel)
-        .expect("matmul")
-        .remove(0);
-    check_f16_product(weights, &x, n_tok, &y, &format!("{what} {kernel:?}"));
+    let mut first: Option<Vec<f32>> = None;
+    for staging in CoopMatTile::STAGINGS {
+        let y = gpu
+            .with_coopmat_staging(staging, || gpu.matmul_group_with(&[h], &x, n_tok, kernel))
+            .expect("matmul")
+            .remove(0);
+        let what = format!("{what} {kernel:?} {staging:?}");
+        check_f16_product(weights, &x, n_tok, &y, &what);
+        match &first {
+            None => first = Some(y),
+            Some(reference) => assert_same_bits(reference, &y, &what),
+        }
+    }
+}
+
+fn assert_same_bits(reference: &[f32], y: &[f32], what: &str) {
+    assert_eq!(reference.len(), y.len(), "{what}: length");
+    let differing = reference
+        .iter()
+        .zip(y)
+        .position(|(a, b)| a.to_bits() != b.to_bits());
+    if let Some(i) = differing {
+        panic!(
+            "{what}: output {i} is {} where the synchronous staging gave {}",
+            y[i], reference[i]
+        );
+    }
 }
 
 /// One synthetic matrix of `ty` uploaded, checked at `n_tok` tokens, freed.
@@ -142,6 +166,35 @@ fn rows_of_an_odd_number_of_32_value_steps_are_complete() {
         for ty in [GgmlType::Q8_0, GgmlType::F16] {
             let what = format!("{ty:?} 544 wide");
             check_one(gpu, kernel, ty, (544, 70), 19, (31, 32), &what);
+        }
+    }
+    assert_no_validation_messages(gpu);
+}
+
+#[test]
+fn both_stagings_handle_odd_step_counts_single_steps_and_unaligned_rows() {
+    // The pipelined staging alternates between two tiles: 17 steps end on
+    // the first one, a single step never fetches ahead, and 70 rows leave
+    // a partial row tile. K-quant rows are whole 256-value blocks, so their
+    // step counts are even; 768 values (three blocks) cross block borders
+    // in the middle of a super-block pair.
+    let Some(gpu) = gpu_or_skip() else { return };
+    let mut kernels = vec![Kernel::CoopMatEmulated];
+    if gpu.coopmat_tile_in_use().is_some() {
+        kernels.push(Kernel::CoopMat);
+    }
+    for kernel in kernels {
+        for (i, ty) in KERNEL_TYPES.into_iter().enumerate() {
+            let widths: &[usize] = if ty.block_size() == 256 {
+                &[768]
+            } else {
+                &[544, 32]
+            };
+            for &n_in in widths {
+                let what = format!("{ty:?} {n_in} wide");
+                let seeds = (1000 + i as u64, 2000 + n_in as u64);
+                check_one(gpu, kernel, ty, (n_in, 70), 41, seeds, &what);
+            }
         }
     }
     assert_no_validation_messages(gpu);
