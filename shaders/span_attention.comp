@@ -13,6 +13,15 @@
 // key at a time per thread: decode is latency-bound here, and that cost
 // ~50 us per layer on the H200.) Each token reads the keys of its own
 // sequence slot (span_common.glsl): positions 0..pos from the slot's first row.
+//
+// With ROPE_FUSED (module span_attention_rope, single-token forwards only)
+// the kernel also does RoPE and the KV store, saving their dispatch and
+// barrier: each workgroup rotates its query head and its KV head's key,
+// rounds key and value to f16 as the cache holds them, scores the earlier
+// positions from the cache and the current one from those registers; the
+// first query head of each KV group writes the row into the cache. With one
+// token per forward no other workgroup needs this row before the next
+// forward, so nothing waits on the write.
 #extension GL_GOOGLE_include_directive : require
 
 #define WG 128u
@@ -21,14 +30,24 @@ layout(local_size_x = 128) in;
 
 #include "span_common.glsl"
 
+#if defined(ROPE_FUSED)
+#define KV_ACCESS
+#else
+#define KV_ACCESS readonly
+#endif
+
 layout(std430, binding = 0) readonly buffer Qkv { float qkv[]; };
-layout(std430, binding = 1) readonly buffer KCache { uint kc[]; };
+layout(std430, binding = 1) KV_ACCESS buffer KCache { uint kc[]; };
 // The same keys as 16-byte words (rows are 16-byte aligned when head_dim
 // and k_dim are multiples of 8, which the host checks before it asks for
 // the wide path).
 layout(std430, binding = 1) readonly buffer KCache4 { uvec4 kc4[]; };
-layout(std430, binding = 2) readonly buffer VCache { uint vc[]; };
+layout(std430, binding = 2) KV_ACCESS buffer VCache { uint vc[]; };
 layout(std430, binding = 3) writeonly buffer Out { float attn[]; };
+#if defined(ROPE_FUSED)
+// The span's parameters: the cos/sin table.
+layout(std430, binding = 5) readonly buffer Params { float params[]; };
+#endif
 
 layout(push_constant) uniform Push {
     // Index of the chunk's first token within the forward.
@@ -42,6 +61,16 @@ layout(push_constant) uniform Push {
     // Sliding window in positions (0: every earlier position).
     uint window;
     float scale;
+#if defined(ROPE_FUSED)
+    // As span_rope.comp: rotated dimensions per head, NeoX halves or
+    // adjacent pairs, the cos/sin table's float offset, and where the
+    // chunk's keys and values start in qkv.
+    uint n_rot;
+    uint neox;
+    uint table_off;
+    uint k_off;
+    uint v_off;
+#endif
 } p;
 
 shared vec4 q4[MAX_HEAD_DIM / 4u];
@@ -49,6 +78,63 @@ shared float weight[WG];
 shared float reduce_buf[WG];
 // Partial value sums of the thread groups, as f16 pairs unpacked to vec2.
 shared vec2 partial[WG];
+
+#if defined(ROPE_FUSED)
+#include "span_rope.glsl"
+
+// The query head (0) and the key head (1) while they are rotated.
+shared float head_buf[2][MAX_HEAD_DIM];
+// The current position's key (rotated) and value, f16-rounded.
+shared vec4 k_cur4[MAX_HEAD_DIM / 4u];
+shared vec2 v_cur[MAX_HEAD_DIM / 2u];
+
+// Rotates query head h and its KV head's key of token t at `pos`, fills q4
+// and k_cur4 / v_cur, and (first query head of the group) stores the key
+// and value row at KV row kv_row. Needs head_dim % 4 == 0 (host-checked).
+void rope_and_store(uint h, uint kv_head, uint t, uint pos, uint kv_row) {
+    uint tid = gl_LocalInvocationID.x;
+    uint q0 = (t * p.n_head + h) * p.head_dim;
+    uint k0 = p.k_off + t * p.k_dim + kv_head * p.head_dim;
+    for (uint e = tid; e < p.head_dim; e += WG) {
+        head_buf[0][e] = qkv[q0 + e];
+        head_buf[1][e] = qkv[k0 + e];
+    }
+    barrier();
+    uint half_rot = p.n_rot / 2u;
+    for (uint j = tid; j < 2u * half_rot; j += WG) {
+        uint which = j / half_rot;
+        uint jj = j % half_rot;
+        uvec2 ab = rope_pair(jj, p.n_rot, p.head_dim, p.neox != 0u);
+        vec2 r = rope_rotate(head_buf[which][ab.x], head_buf[which][ab.y],
+                             rope_angle(p.table_off, pos, p.n_rot, jj));
+        head_buf[which][ab.x] = r.x;
+        head_buf[which][ab.y] = r.y;
+    }
+    barrier();
+    bool writer = h % (p.n_head / p.n_head_kv) == 0u;
+    if (tid < p.head_dim / 4u) {
+        uint e = 4u * tid;
+        q4[tid] = vec4(head_buf[0][e], head_buf[0][e + 1u], head_buf[0][e + 2u], head_buf[0][e + 3u]);
+        uint w0 = packHalf2x16(vec2(head_buf[1][e], head_buf[1][e + 1u]));
+        uint w1 = packHalf2x16(vec2(head_buf[1][e + 2u], head_buf[1][e + 3u]));
+        k_cur4[tid] = vec4(unpackHalf2x16(w0), unpackHalf2x16(w1));
+        if (writer) {
+            uint kw = kv_row * (p.k_dim / 2u) + kv_head * (p.head_dim / 2u) + 2u * tid;
+            kc[kw] = w0;
+            kc[kw + 1u] = w1;
+        }
+    }
+    uint v0 = p.v_off + t * p.v_dim + kv_head * p.head_dim_v;
+    if (tid < p.head_dim_v / 2u) {
+        uint word = packHalf2x16(vec2(qkv[v0 + 2u * tid], qkv[v0 + 2u * tid + 1u]));
+        v_cur[tid] = unpackHalf2x16(word);
+        if (writer) {
+            vc[kv_row * (p.v_dim / 2u) + kv_head * (p.head_dim_v / 2u) + tid] = word;
+        }
+    }
+    barrier();
+}
+#endif
 
 // Max (is_max) or sum of every thread's v, the same result in all threads.
 float block_reduce(float v, bool is_max) {
@@ -113,6 +199,11 @@ void main() {
     uint first = (p.window > 0u && pos + 1u > p.window) ? pos + 1u - p.window : 0u;
     bool wide = (p.head_dim % 8u) == 0u && (p.k_dim % 8u) == 0u;
 
+#if defined(ROPE_FUSED)
+    rope_and_store(h, kv_head, t, pos, row0 + pos);
+    // The current position comes from k_cur4 / v_cur after the loop.
+    uint end = pos;
+#else
     uint q0 = (t * p.n_head + h) * p.head_dim;
     if (tid < MAX_HEAD_DIM / 4u) {
         vec4 v = vec4(0.0);
@@ -125,6 +216,8 @@ void main() {
         q4[tid] = v;
     }
     barrier();
+    uint end = pos + 1u;
+#endif
 
     // Value layout: thread (group g, word w) sums word w (two dims) of the
     // value rows of keys g, g + GROUPS, ... of each block.
@@ -140,8 +233,8 @@ void main() {
     vec2 acc = vec2(0.0);
     float m = -1.0 / 0.0;
     float l = 0.0;
-    for (uint key0 = first; key0 <= pos; key0 += WG) {
-        uint n_keys = min(WG, pos + 1u - key0);
+    for (uint key0 = first; key0 < end; key0 += WG) {
+        uint n_keys = min(WG, end - key0);
         float s = -1.0 / 0.0;
         if (tid < n_keys) {
             s = key_dot(row0 + key0 + tid, k_head_word, wide) * p.scale;
@@ -175,6 +268,22 @@ void main() {
         m = m_new;
         barrier();
     }
+
+#if defined(ROPE_FUSED)
+    {
+        // The current position, as one more block of a single key.
+        float part = tid < p.head_dim / 4u ? dot(q4[tid], k_cur4[tid]) : 0.0;
+        float s = block_reduce(part, false) * p.scale;
+        float m_new = max(m, s);
+        float e = exp(s - m_new);
+        float correction = exp(m - m_new);
+        l = l * correction + e;
+        acc *= correction;
+        if (v_active && g == 0u) {
+            acc += e * v_cur[w];
+        }
+    }
+#endif
 
     // Merge the groups' partial sums.
     partial[tid] = v_active ? acc : vec2(0.0);

@@ -37,23 +37,14 @@ layout(push_constant) uniform Push {
 
 shared float k_row[MAX_KV_DIM];
 
-// The two elements of rotation pair `j` (head j / half, index j % half)
-// within a row of heads.
+#include "span_rope.glsl"
+
 uvec2 pair_indices(uint j) {
-    uint half_rot = p.n_rot / 2u;
-    uint head = j / half_rot;
-    uint i = j % half_rot;
-    uint h0 = head * p.head_dim;
-    if (p.neox != 0u) {
-        return uvec2(h0 + i, h0 + i + half_rot);
-    }
-    return uvec2(h0 + 2u * i, h0 + 2u * i + 1u);
+    return rope_pair(j, p.n_rot, p.head_dim, p.neox != 0u);
 }
 
 vec2 angle(uint pos, uint j) {
-    uint half_rot = p.n_rot / 2u;
-    uint at = p.table_off + pos * p.n_rot + 2u * (j % half_rot);
-    return vec2(params[at], params[at + 1u]);
+    return rope_angle(p.table_off, pos, p.n_rot, j);
 }
 
 void main() {
@@ -70,10 +61,9 @@ void main() {
     for (uint j = tid; j < n_q_pairs; j += WG_SIZE) {
         uvec2 ab = pair_indices(j);
         vec2 cs = angle(pos, j);
-        float x0 = qkv[q0 + ab.x];
-        float x1 = qkv[q0 + ab.y];
-        qkv[q0 + ab.x] = fma(x0, cs.x, -(x1 * cs.y));
-        qkv[q0 + ab.y] = fma(x0, cs.y, x1 * cs.x);
+        vec2 r = rope_rotate(qkv[q0 + ab.x], qkv[q0 + ab.y], cs);
+        qkv[q0 + ab.x] = r.x;
+        qkv[q0 + ab.y] = r.y;
     }
 
     // Keys: staged in shared memory, rotated there, stored as f16 pairs.
@@ -86,10 +76,9 @@ void main() {
     for (uint j = tid; j < n_k_pairs; j += WG_SIZE) {
         uvec2 ab = pair_indices(j);
         vec2 cs = angle(pos, j);
-        float x0 = k_row[ab.x];
-        float x1 = k_row[ab.y];
-        k_row[ab.x] = fma(x0, cs.x, -(x1 * cs.y));
-        k_row[ab.y] = fma(x0, cs.y, x1 * cs.x);
+        vec2 r = rope_rotate(k_row[ab.x], k_row[ab.y], cs);
+        k_row[ab.x] = r.x;
+        k_row[ab.y] = r.y;
     }
     barrier();
     uint k_word0 = kv_row * p.k_dim / 2u;

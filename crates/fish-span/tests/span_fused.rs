@@ -21,7 +21,8 @@ use fish_span::VulkanBackend;
 
 /// Teacher-forced logits of a span on `gpu` and its profile of the last forward.
 fn span_logits(gpu: &Arc<VulkanBackend>, forced: &[u32]) -> (Vec<Vec<f32>>, String) {
-    let logits = span_teacher_forced(gpu, forced);
+    // The profile is the open span's: read it before the model goes.
+    let (_model, logits) = span_teacher_forced(gpu, forced);
     (logits, gpu.span_profile().expect("profiled span"))
 }
 

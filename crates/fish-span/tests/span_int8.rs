@@ -37,8 +37,8 @@ fn int8_span_decode_matches_the_cpu_and_answers_paris() {
     let forced = greedy_after_prompt(&cpu, 32);
     let cpu_logits = teacher_forced(&cpu, &forced);
 
-    let float_logits = span_teacher_forced(&float_gpu, &forced);
-    let logits = span_teacher_forced(&gpu, &forced);
+    let float_logits = span_teacher_forced(&float_gpu, &forced).1;
+    let logits = span_teacher_forced(&gpu, &forced).1;
     assert_eq!(argmax(&logits[0]), PARIS);
     let (float_same, float_worst) = compare(&float_logits, &cpu_logits);
     let (same, worst) = compare(&logits, &cpu_logits);

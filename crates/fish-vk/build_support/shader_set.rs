@@ -21,15 +21,16 @@ pub const KERNEL_TYPES: &[(&str, &str)] = &[
 /// Kernel types stored as floats: no int8-activation matvec (matvec_i8.comp).
 pub const FLOAT_TYPES: &[&str] = &["F32", "F16"];
 
-/// The span kernels (stage 2) as (module name, source file in shaders/).
-pub const SPAN_MODULES: &[(&str, &str)] = &[
-    ("span_rmsnorm", "span_rmsnorm.comp"),
-    ("span_add", "span_add.comp"),
-    ("span_act", "span_act.comp"),
-    ("span_rope", "span_rope.comp"),
-    ("span_attention", "span_attention.comp"),
+/// The span kernels (stage 2) as (module name, source file in shaders/, defines).
+pub const SPAN_MODULES: &[(&str, &str, &[&str])] = &[
+    ("span_rmsnorm", "span_rmsnorm.comp", &[]),
+    ("span_add", "span_add.comp", &[]),
+    ("span_act", "span_act.comp", &[]),
+    ("span_rope", "span_rope.comp", &[]),
+    ("span_attention", "span_attention.comp", &[]),
+    ("span_attention_rope", "span_attention.comp", &["ROPE_FUSED"]),
     // Spans record it with the matmul bindings (shaders/common.glsl).
-    ("l2_prefetch", "l2_prefetch.comp"),
+    ("l2_prefetch", "l2_prefetch.comp", &[]),
 ];
 
 /// Arguments every glslc module is compiled with (part of the staleness hash).
@@ -163,11 +164,11 @@ pub fn shader_specs() -> Vec<ShaderSpec> {
             });
         }
     }
-    for (name, source) in SPAN_MODULES {
+    for (name, source, defines) in SPAN_MODULES {
         specs.push(ShaderSpec {
             name: name.to_string(),
             source,
-            defines: Vec::new(),
+            defines: defines.iter().map(|d| d.to_string()).collect(),
             compiler: ShaderCompiler::Glslc,
         });
     }

@@ -80,13 +80,14 @@ pub fn compare(a: &[Vec<f32>], b: &[Vec<f32>]) -> (usize, f32) {
 }
 
 /// Teacher-forced logits (as [`teacher_forced`]) of the default model with
-/// every layer and the output in a span on `gpu`.
-pub fn span_teacher_forced(gpu: &Arc<VulkanBackend>, forced: &[u32]) -> Vec<Vec<f32>> {
+/// every layer and the output in a span on `gpu`, and the model (its span
+/// ends when it is dropped).
+pub fn span_teacher_forced(gpu: &Arc<VulkanBackend>, forced: &[u32]) -> (Model, Vec<Vec<f32>>) {
     let mut model = Model::load(default_model()).expect("load");
     model.place_on(gpu.clone(), PlacementLimits { max_layers: None });
     let describe = model.gpu_describe().unwrap();
     assert!(describe.contains("span"), "{describe}");
     let logits = teacher_forced(&model, forced);
     assert!(!model.gpu.as_ref().unwrap().has_failed());
-    logits
+    (model, logits)
 }

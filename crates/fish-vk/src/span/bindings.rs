@@ -215,7 +215,12 @@ impl Bindings {
                     residual_target(lp.post_ffn_norm),
                 )?,
                 rope: span_set([a.qkv.raw, k, v, p])?,
-                attention: span_set([a.qkv.raw, k, v, a.attn.raw])?,
+                attention: {
+                    // The fused RoPE variant also reads the cos/sin table.
+                    let set = allocate(gpu, pool, pipelines.set_layout)?;
+                    write_set(gpu, set, &[a.qkv.raw, k, v, a.attn.raw, a.step.raw, p]);
+                    set
+                },
             });
         }
         let output = match bufs.output {

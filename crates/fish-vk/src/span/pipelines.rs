@@ -1,4 +1,4 @@
-//! The span kernels' pipelines: one layout (five storage buffers, up to
+//! The span kernels' pipelines: one layout (six storage buffers, up to
 //! PUSH_WORDS words of push constants) shared by every span module.
 
 use crate::error::{Result, VkCall, VkError};
@@ -8,8 +8,10 @@ use ash::vk;
 /// Push-constant words every span kernel may use.
 pub(crate) const PUSH_WORDS: usize = 16;
 /// Storage buffers per span descriptor set: four per kernel, then the step
-/// buffer (the forward's first position) that every set binds last.
-pub(crate) const SPAN_BINDINGS: u32 = 5;
+/// buffer (the forward's first position) that every set binds, then the
+/// parameter buffer for the attention kernel that does RoPE itself
+/// (`SpanKernel::AttentionRope`; the other sets leave it unwritten).
+pub(crate) const SPAN_BINDINGS: u32 = 6;
 
 /// The span kernels, by module.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -19,15 +21,18 @@ pub(crate) enum SpanKernel {
     Act,
     Rope,
     Attention,
+    /// Attention with RoPE and the KV store of its single token fused in.
+    AttentionRope,
 }
 
 impl SpanKernel {
-    const ALL: [SpanKernel; 5] = [
+    const ALL: [SpanKernel; 6] = [
         SpanKernel::RmsNorm,
         SpanKernel::Add,
         SpanKernel::Act,
         SpanKernel::Rope,
         SpanKernel::Attention,
+        SpanKernel::AttentionRope,
     ];
 
     fn module(self) -> &'static str {
@@ -37,6 +42,7 @@ impl SpanKernel {
             SpanKernel::Act => "span_act",
             SpanKernel::Rope => "span_rope",
             SpanKernel::Attention => "span_attention",
+            SpanKernel::AttentionRope => "span_attention_rope",
         }
     }
 }

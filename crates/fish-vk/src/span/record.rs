@@ -30,6 +30,9 @@ pub(crate) struct Chunk {
     /// Decode chunks read each matvec's weights into L2 during the small
     /// stage before it (prefetch.rs).
     pub prefetch: Option<L2Prefetch>,
+    /// Single-token chunks do RoPE and the KV store inside the attention
+    /// kernel (`SpanKernel::AttentionRope`), so no RoPE dispatch runs.
+    pub rope_in_attention: bool,
 }
 
 /// The input of a matmul group that follows a layer norm.
@@ -70,6 +73,7 @@ pub(crate) fn plan_chunks(
                 inputs,
                 gated: same.gated,
                 prefetch: same.prefetch,
+                rope_in_attention: same.rope_in_attention,
             });
             continue;
         }
@@ -99,9 +103,20 @@ pub(crate) fn plan_chunks(
             inputs,
             gated: down_kernel != Kernel::Auto,
             prefetch: prefetch.filter(|_| decode),
+            rope_in_attention: n == 1 && rope_fusable(shape),
         });
     }
     Ok(chunks)
+}
+
+/// Whether single-token chunks may run RoPE and the KV store inside the
+/// attention kernel: its rows need whole 4-value groups
+/// (shaders/span_attention.comp, ROPE_FUSED), and `FISH_GPU_FUSE_ROPE=0`
+/// keeps the separate RoPE dispatch.
+fn rope_fusable(shape: &SpanShape) -> bool {
+    shape.head_dim.is_multiple_of(4)
+        && shape.head_dim_v.is_multiple_of(2)
+        && std::env::var("FISH_GPU_FUSE_ROPE").as_deref() != Ok("0")
 }
 
 /// The activation decode steps fuse into the down projection: only with
@@ -432,20 +447,8 @@ impl Recording<'_> {
             }
             r.end(SpanStage::RmsNorm);
         }
-        let rope = [
-            tok_base,
-            q_dim as u32,
-            k_dim as u32,
-            v_dim as u32,
-            s.head_dim as u32,
-            s.n_rot as u32,
-            u32::from(s.rope == SpanRope::Neox),
-            self.params.rope_tables[layer.rope_table],
-            k_off,
-            v_off,
-        ];
-        r.dispatch(SpanKernel::Rope, sets.rope, &rope, (n as u32, 1));
-        r.end(SpanStage::RopeKvStore);
+        let neox = u32::from(s.rope == SpanRope::Neox);
+        let rope_table = self.params.rope_tables[layer.rope_table];
         let attention = [
             tok_base,
             s.n_head as u32,
@@ -457,10 +460,35 @@ impl Recording<'_> {
             layer.window as u32,
             s.attn_scale.to_bits(),
         ];
+        let attention_kernel = if chunk.rope_in_attention {
+            SpanKernel::AttentionRope
+        } else {
+            let rope = [
+                tok_base,
+                q_dim as u32,
+                k_dim as u32,
+                v_dim as u32,
+                s.head_dim as u32,
+                s.n_rot as u32,
+                neox,
+                rope_table,
+                k_off,
+                v_off,
+            ];
+            r.dispatch(SpanKernel::Rope, sets.rope, &rope, (n as u32, 1));
+            r.end(SpanStage::RopeKvStore);
+            SpanKernel::Attention
+        };
+        // The fused kernel's push constants continue after the attention's.
+        let push = [
+            &attention[..],
+            &[s.n_rot as u32, neox, rope_table, k_off, v_off],
+        ]
+        .concat();
         r.dispatch(
-            SpanKernel::Attention,
+            attention_kernel,
             sets.attention,
-            &attention,
+            &push,
             (s.n_head as u32, n as u32),
         );
         self.prefetch(r, chunk, &chunk.matmuls[il][1], &sets.wo.sets);
