@@ -91,14 +91,15 @@ pub struct WarpLayout {
 /// it beat the 128 x 128 tile (and the plain tiles) end to end: pp512 913 vs
 /// 753 tok/s on the llama-8b shape, 3708 vs 3013 on llama-1b; 2,2,4,2
 /// (128 x 64), 4,2,2,2, 4,1,2,4, 2,1,4,4 and 1,2,8,2 were slower
-/// (docs/BENCHMARKS.md).
+/// (docs/BENCHMARKS.md). Pipelined staging: pp512 1089-1096 vs 903-904 on
+/// llama-8b, 4391-4413 vs 3632-3649 on llama-1b (same binary, alternating).
 pub const DEFAULT_WARPS: WarpLayout = WarpLayout {
     warps_m: 2,
     warps_n: 2,
     frags_m: 2,
     frags_n: 2,
     k_step: STEP_VALUES,
-    staging: Staging::Synchronous,
+    staging: Staging::Pipelined,
 };
 
 impl WarpLayout {
@@ -344,6 +345,7 @@ fn env_warps() -> WarpLayout {
         .filter(|k: &u32| [32, 64, 128].contains(k));
     let staging = match std::env::var("FISH_VK_COOPMAT_PIPELINE").as_deref() {
         Ok("1" | "on" | "true" | "yes") => Staging::Pipelined,
+        Ok("0" | "off" | "false" | "no") => Staging::Synchronous,
         _ => warps.staging,
     };
     WarpLayout {
@@ -433,16 +435,34 @@ pub(crate) unsafe fn probe(
         return Err("subgroup size unknown".into());
     }
     let limits = unsafe { instance.get_physical_device_properties(physical) }.limits;
-    CoopMatTile::new(
+    env_tile(
         shape,
         info.subgroup_size,
-        env_warps(),
-        env_rule(),
         TileLimits {
             max_shared_bytes: limits.max_compute_shared_memory_size,
             max_threads: limits.max_compute_work_group_invocations,
         },
     )
+}
+
+/// The tile the environment asks for (or the default); a pipelined tile
+/// whose doubled A/B tiles exceed the shared memory stays synchronous.
+fn env_tile(
+    shape: (u32, u32, u32),
+    lanes: u32,
+    limits: TileLimits,
+) -> std::result::Result<CoopMatTile, String> {
+    let warps = env_warps();
+    CoopMatTile::new(shape, lanes, warps, env_rule(), limits).or_else(|e| {
+        if warps.staging != Staging::Pipelined {
+            return Err(e);
+        }
+        let single = WarpLayout {
+            staging: Staging::Synchronous,
+            ..warps
+        };
+        CoopMatTile::new(shape, lanes, single, env_rule(), limits).map_err(|_| e)
+    })
 }
 
 /// Prints the prefill kernel choice (called once per device open).
@@ -461,11 +481,9 @@ pub(crate) fn log_choice(choice: &std::result::Result<CoopMatTile, String>) {
 /// The tile of the emulated module (`Kernel::CoopMatEmulated`): 16x16x16
 /// fragments in logical subgroups of 32, any device.
 pub(crate) fn emulated_tile(info: &DeviceInfo) -> Result<CoopMatTile> {
-    CoopMatTile::new(
+    env_tile(
         (16, 16, 16),
         32,
-        env_warps(),
-        env_rule(),
         TileLimits {
             max_shared_bytes: info.max_shared_memory,
             max_threads: info.max_workgroup_threads,
@@ -586,12 +604,14 @@ mod tests {
         .expect("fits");
         assert_eq!((t.rows(), t.tokens(), t.threads()), (64, 64, 128));
         assert_eq!(t.stride.dwords(), 20);
-        // A and B tiles of 64 rows at 80 bytes, one 16 x 16 f32 fragment per subgroup.
-        assert_eq!(t.shared_bytes, 128 * 80 + 4 * 4 * 256);
+        // Pipelined: two A and two B tiles of 64 rows at 80 bytes, one
+        // 16 x 16 f32 fragment per subgroup.
+        assert_eq!(t.staging, Staging::Pipelined);
+        assert_eq!(t.shared_bytes, 2 * 128 * 80 + 4 * 4 * 256);
         let spec = t.spec();
         assert_eq!(spec.len(), 12);
         assert_eq!(spec[10], 32);
-        assert_eq!(spec[11], 0);
+        assert_eq!(spec[11], 1);
         assert_eq!(spec[0], 20);
         assert_eq!(spec[9], 128);
         assert_eq!(t.groups(129, 37), (3, 1));
@@ -599,14 +619,12 @@ mod tests {
 
     #[test]
     fn pipelined_staging_doubles_exactly_the_a_and_b_tiles() {
-        let sync = CoopMatTile::new(
-            (16, 16, 16),
-            32,
-            DEFAULT_WARPS,
-            PaddingRule::default(),
-            limits(),
-        )
-        .expect("fits");
+        let single = WarpLayout {
+            staging: Staging::Synchronous,
+            ..DEFAULT_WARPS
+        };
+        let sync = CoopMatTile::new((16, 16, 16), 32, single, PaddingRule::default(), limits())
+            .expect("fits");
         let piped = sync
             .with_staging(Staging::Pipelined, 48 * 1024)
             .expect("fits");
@@ -635,7 +653,7 @@ mod tests {
             frags_m: 4,
             frags_n: 4,
             k_step: 64,
-            ..DEFAULT_WARPS
+            ..single
         };
         let t = CoopMatTile::new((16, 16, 16), 32, big, PaddingRule::default(), limits())
             .expect("fits once");
@@ -695,7 +713,7 @@ mod tests {
                 frags_m: 4,
                 frags_n: 2,
                 k_step: 32,
-                staging: Staging::Synchronous,
+                staging: DEFAULT_WARPS.staging,
             })
         );
         assert_eq!(WarpLayout::parse("2,4,4"), None);
