@@ -391,9 +391,9 @@ fn speculative_on_a_span_equals_plain_greedy() {
 fn batched_decode_on_a_gpu_placement_equals_single_runs() {
     let _device = device_lock();
     let Some(gpu) = backend() else { return };
-    // Spans on: batched decode keeps every layer's keys in the per-sequence
-    // CPU caches (a span's device KV holds one sequence), so its prompts go
-    // through the host-KV forward and its steps through per-matmul layers.
+    // Spans on: batched decode gives each sequence its own device KV slot
+    // and runs every step's span layers in one submit (span_batch.rs tests
+    // that path in detail); here its tokens must equal single runs.
     let model = placed(gpu.clone(), "1");
     let tok = Tokenizer::from_gguf(&model.gguf).expect("tokenizer");
     let prompts: Vec<Vec<u32>> = [PROSE, JSON, "Rust is a programming language that"]
