@@ -17,11 +17,13 @@
 // With ROPE_FUSED (module span_attention_rope, single-token forwards only)
 // the kernel also does RoPE and the KV store, saving their dispatch and
 // barrier: each workgroup rotates its query head and its KV head's key,
-// rounds key and value to f16 as the cache holds them, scores the earlier
-// positions from the cache and the current one from those registers; the
-// first query head of each KV group writes the row into the cache. With one
-// token per forward no other workgroup needs this row before the next
-// forward, so nothing waits on the write.
+// rounds key and value to f16 as the cache holds them, and reads the
+// current position from that shared copy where the plain kernel reads the
+// cache, with the same arithmetic in the same order, so both give the same
+// bits (speculative verification relies on it: a multi-token forward runs
+// the plain kernel). The first query head of each KV group writes the row
+// into the cache; with one token per forward no other workgroup reads it
+// before the next forward, so nothing waits on the write.
 #extension GL_GOOGLE_include_directive : require
 
 #define WG 128u
@@ -84,12 +86,13 @@ shared vec2 partial[WG];
 
 // The query head (0) and the key head (1) while they are rotated.
 shared float head_buf[2][MAX_HEAD_DIM];
-// The current position's key (rotated) and value, f16-rounded.
-shared vec4 k_cur4[MAX_HEAD_DIM / 4u];
+// The current position's key (rotated; f16 pairs as the cache words) and
+// value (f16-rounded).
+shared uint k_cur_w[MAX_HEAD_DIM / 2u];
 shared vec2 v_cur[MAX_HEAD_DIM / 2u];
 
 // Rotates query head h and its KV head's key of token t at `pos`, fills q4
-// and k_cur4 / v_cur, and (first query head of the group) stores the key
+// and k_cur_w / v_cur, and (first query head of the group) stores the key
 // and value row at KV row kv_row. Needs head_dim % 4 == 0 (host-checked).
 void rope_and_store(uint h, uint kv_head, uint t, uint pos, uint kv_row) {
     uint tid = gl_LocalInvocationID.x;
@@ -117,7 +120,8 @@ void rope_and_store(uint h, uint kv_head, uint t, uint pos, uint kv_row) {
         q4[tid] = vec4(head_buf[0][e], head_buf[0][e + 1u], head_buf[0][e + 2u], head_buf[0][e + 3u]);
         uint w0 = packHalf2x16(vec2(head_buf[1][e], head_buf[1][e + 1u]));
         uint w1 = packHalf2x16(vec2(head_buf[1][e + 2u], head_buf[1][e + 3u]));
-        k_cur4[tid] = vec4(unpackHalf2x16(w0), unpackHalf2x16(w1));
+        k_cur_w[2u * tid] = w0;
+        k_cur_w[2u * tid + 1u] = w1;
         if (writer) {
             uint kw = kv_row * (p.k_dim / 2u) + kv_head * (p.head_dim / 2u) + 2u * tid;
             kc[kw] = w0;
@@ -153,6 +157,23 @@ float block_reduce(float v, bool is_max) {
     return r;
 }
 
+// Dot product of q with a key row of n4 16-byte words (8 f16 values each).
+float dot_key_words(uvec4 row[MAX_HEAD_DIM / 8u], uint n4) {
+    float d = 0.0;
+    for (uint i = 0u; i < MAX_HEAD_DIM / 8u; i++) {
+        if (i < n4) {
+            vec4 qa = q4[2u * i];
+            vec4 qb = q4[2u * i + 1u];
+            vec2 k0 = unpackHalf2x16(row[i].x);
+            vec2 k1 = unpackHalf2x16(row[i].y);
+            vec2 k2 = unpackHalf2x16(row[i].z);
+            vec2 k3 = unpackHalf2x16(row[i].w);
+            d += dot(qa, vec4(k0, k1)) + dot(qb, vec4(k2, k3));
+        }
+    }
+    return d;
+}
+
 // Dot product of q with key j (16-byte loads when `wide`).
 float key_dot(uint j, uint k_head_word, bool wide) {
     uint kw = j * (p.k_dim / 2u) + k_head_word;
@@ -167,17 +188,7 @@ float key_dot(uint j, uint k_head_word, bool wide) {
                 row[i] = kc4[base + i];
             }
         }
-        for (uint i = 0u; i < MAX_HEAD_DIM / 8u; i++) {
-            if (i < n4) {
-                vec4 qa = q4[2u * i];
-                vec4 qb = q4[2u * i + 1u];
-                vec2 k0 = unpackHalf2x16(row[i].x);
-                vec2 k1 = unpackHalf2x16(row[i].y);
-                vec2 k2 = unpackHalf2x16(row[i].z);
-                vec2 k3 = unpackHalf2x16(row[i].w);
-                d += dot(qa, vec4(k0, k1)) + dot(qb, vec4(k2, k3));
-            }
-        }
+        d = dot_key_words(row, n4);
     } else {
         for (uint e2 = 0u; e2 < p.head_dim / 2u; e2++) {
             vec2 kk = unpackHalf2x16(kc[kw + e2]);
@@ -187,6 +198,25 @@ float key_dot(uint j, uint k_head_word, bool wide) {
     }
     return d;
 }
+
+#if defined(ROPE_FUSED)
+// key_dot of the current position, from the shared copy (the wide path:
+// the host fuses only when head_dim is a multiple of 8).
+float current_key_dot() {
+    uint n4 = p.head_dim / 8u;
+    uvec4 row[MAX_HEAD_DIM / 8u];
+    for (uint i = 0u; i < MAX_HEAD_DIM / 8u; i++) {
+        if (i < n4) {
+            row[i] = uvec4(k_cur_w[4u * i], k_cur_w[4u * i + 1u], k_cur_w[4u * i + 2u], k_cur_w[4u * i + 3u]);
+        }
+    }
+    return dot_key_words(row, n4);
+}
+// Value word w of key `key` at cache word r; the current position's from the shared copy.
+#define VALUE(key, r) ((key) == pos ? v_cur[w] : unpackHalf2x16(vc[r]))
+#else
+#define VALUE(key, r) unpackHalf2x16(vc[r])
+#endif
 
 void main() {
     uint h = gl_WorkGroupID.x;
@@ -201,8 +231,6 @@ void main() {
 
 #if defined(ROPE_FUSED)
     rope_and_store(h, kv_head, t, pos, row0 + pos);
-    // The current position comes from k_cur4 / v_cur after the loop.
-    uint end = pos;
 #else
     uint q0 = (t * p.n_head + h) * p.head_dim;
     if (tid < MAX_HEAD_DIM / 4u) {
@@ -216,8 +244,8 @@ void main() {
         q4[tid] = v;
     }
     barrier();
-    uint end = pos + 1u;
 #endif
+    uint end = pos + 1u;
 
     // Value layout: thread (group g, word w) sums word w (two dims) of the
     // value rows of keys g, g + GROUPS, ... of each block.
@@ -237,7 +265,12 @@ void main() {
         uint n_keys = min(WG, end - key0);
         float s = -1.0 / 0.0;
         if (tid < n_keys) {
-            s = key_dot(row0 + key0 + tid, k_head_word, wide) * p.scale;
+#if defined(ROPE_FUSED)
+            float d = key0 + tid == pos ? current_key_dot() : key_dot(row0 + key0 + tid, k_head_word, wide);
+#else
+            float d = key_dot(row0 + key0 + tid, k_head_word, wide);
+#endif
+            s = d * p.scale;
         }
         float m_new = max(m, block_reduce(s, true));
         float e = tid < n_keys ? exp(s - m_new) : 0.0;
@@ -254,36 +287,20 @@ void main() {
                 uint r1 = r0 + groups * v_row_words;
                 uint r2 = r1 + groups * v_row_words;
                 uint r3 = r2 + groups * v_row_words;
-                vec2 v0 = unpackHalf2x16(vc[r0]);
-                vec2 v1 = unpackHalf2x16(vc[r1]);
-                vec2 v2 = unpackHalf2x16(vc[r2]);
-                vec2 v3 = unpackHalf2x16(vc[r3]);
+                vec2 v0 = VALUE(key0 + i, r0);
+                vec2 v1 = VALUE(key0 + i + groups, r1);
+                vec2 v2 = VALUE(key0 + i + 2u * groups, r2);
+                vec2 v3 = VALUE(key0 + i + 3u * groups, r3);
                 acc += weight[i] * v0 + weight[i + groups] * v1;
                 acc += weight[i + 2u * groups] * v2 + weight[i + 3u * groups] * v3;
             }
             for (; i < n_keys; i += groups) {
-                acc += weight[i] * unpackHalf2x16(vc[(row0 + key0 + i) * v_row_words + v_head_word + w]);
+                acc += weight[i] * VALUE(key0 + i, (row0 + key0 + i) * v_row_words + v_head_word + w);
             }
         }
         m = m_new;
         barrier();
     }
-
-#if defined(ROPE_FUSED)
-    {
-        // The current position, as one more block of a single key.
-        float part = tid < p.head_dim / 4u ? dot(q4[tid], k_cur4[tid]) : 0.0;
-        float s = block_reduce(part, false) * p.scale;
-        float m_new = max(m, s);
-        float e = exp(s - m_new);
-        float correction = exp(m - m_new);
-        l = l * correction + e;
-        acc *= correction;
-        if (v_active && g == 0u) {
-            acc += e * v_cur[w];
-        }
-    }
-#endif
 
     // Merge the groups' partial sums.
     partial[tid] = v_active ? acc : vec2(0.0);

@@ -110,11 +110,11 @@ pub(crate) fn plan_chunks(
 }
 
 /// Whether single-token chunks may run RoPE and the KV store inside the
-/// attention kernel: its rows need whole 4-value groups
-/// (shaders/span_attention.comp, ROPE_FUSED), and `FISH_GPU_FUSE_ROPE=0`
-/// keeps the separate RoPE dispatch.
+/// attention kernel: it reads the current key on the wide (16-byte) path
+/// only, so head_dim must be a multiple of 8 (shaders/span_attention.comp,
+/// ROPE_FUSED), and `FISH_GPU_FUSE_ROPE=0` keeps the separate RoPE dispatch.
 fn rope_fusable(shape: &SpanShape) -> bool {
-    shape.head_dim.is_multiple_of(4)
+    shape.head_dim.is_multiple_of(8)
         && shape.head_dim_v.is_multiple_of(2)
         && std::env::var("FISH_GPU_FUSE_ROPE").as_deref() != Ok("0")
 }
