@@ -16,14 +16,15 @@
 //
 // With ROPE_FUSED (module span_attention_rope, single-token forwards only)
 // the kernel also does RoPE and the KV store, saving their dispatch and
-// barrier: each workgroup rotates its query head and its KV head's key,
-// rounds key and value to f16 as the cache holds them, and reads the
-// current position from that shared copy where the plain kernel reads the
-// cache, with the same arithmetic in the same order, so both give the same
-// bits (speculative verification relies on it: a multi-token forward runs
-// the plain kernel). The first query head of each KV group writes the row
-// into the cache; with one token per forward no other workgroup reads it
-// before the next forward, so nothing waits on the write.
+// barrier: each workgroup rotates its query head and its KV head's key and
+// writes the key and value row into the cache itself, then attends exactly
+// as the plain kernel does, reading that row back. The workgroups of one KV
+// group write the same bits to the same row (the rotation is the same
+// arithmetic as span_rope.comp's), so whichever write a read sees, it sees
+// those bits; the cache is coherent here so that a workgroup's reads see
+// its own writes after its barrier. Single-token decode and multi-token
+// verification (which runs RoPE as its own kernel) thus give the same bits,
+// which speculative decoding relies on.
 #extension GL_GOOGLE_include_directive : require
 
 #define WG 128u
@@ -33,9 +34,11 @@ layout(local_size_x = 128) in;
 #include "span_common.glsl"
 
 #if defined(ROPE_FUSED)
-#define KV_ACCESS
+#define KV_ACCESS coherent
+#define KV_READ coherent readonly
 #else
 #define KV_ACCESS readonly
+#define KV_READ readonly
 #endif
 
 layout(std430, binding = 0) readonly buffer Qkv { float qkv[]; };
@@ -43,7 +46,7 @@ layout(std430, binding = 1) KV_ACCESS buffer KCache { uint kc[]; };
 // The same keys as 16-byte words (rows are 16-byte aligned when head_dim
 // and k_dim are multiples of 8, which the host checks before it asks for
 // the wide path).
-layout(std430, binding = 1) readonly buffer KCache4 { uvec4 kc4[]; };
+layout(std430, binding = 1) KV_READ buffer KCache4 { uvec4 kc4[]; };
 layout(std430, binding = 2) KV_ACCESS buffer VCache { uint vc[]; };
 layout(std430, binding = 3) writeonly buffer Out { float attn[]; };
 #if defined(ROPE_FUSED)
@@ -86,14 +89,10 @@ shared vec2 partial[WG];
 
 // The query head (0) and the key head (1) while they are rotated.
 shared float head_buf[2][MAX_HEAD_DIM];
-// The current position's key (rotated; f16 pairs as the cache words) and
-// value (f16-rounded).
-shared uint k_cur_w[MAX_HEAD_DIM / 2u];
-shared vec2 v_cur[MAX_HEAD_DIM / 2u];
 
 // Rotates query head h and its KV head's key of token t at `pos`, fills q4
-// and k_cur_w / v_cur, and (first query head of the group) stores the key
-// and value row at KV row kv_row. Needs head_dim % 4 == 0 (host-checked).
+// and stores the key and value row at KV row kv_row, visible to this
+// workgroup's reads when it returns. Needs head_dim % 4 == 0 (host-checked).
 void rope_and_store(uint h, uint kv_head, uint t, uint pos, uint kv_row) {
     uint tid = gl_LocalInvocationID.x;
     uint q0 = (t * p.n_head + h) * p.head_dim;
@@ -114,28 +113,19 @@ void rope_and_store(uint h, uint kv_head, uint t, uint pos, uint kv_row) {
         head_buf[which][ab.y] = r.y;
     }
     barrier();
-    bool writer = h % (p.n_head / p.n_head_kv) == 0u;
     if (tid < p.head_dim / 4u) {
         uint e = 4u * tid;
         q4[tid] = vec4(head_buf[0][e], head_buf[0][e + 1u], head_buf[0][e + 2u], head_buf[0][e + 3u]);
-        uint w0 = packHalf2x16(vec2(head_buf[1][e], head_buf[1][e + 1u]));
-        uint w1 = packHalf2x16(vec2(head_buf[1][e + 2u], head_buf[1][e + 3u]));
-        k_cur_w[2u * tid] = w0;
-        k_cur_w[2u * tid + 1u] = w1;
-        if (writer) {
-            uint kw = kv_row * (p.k_dim / 2u) + kv_head * (p.head_dim / 2u) + 2u * tid;
-            kc[kw] = w0;
-            kc[kw + 1u] = w1;
-        }
+        uint kw = kv_row * (p.k_dim / 2u) + kv_head * (p.head_dim / 2u) + 2u * tid;
+        kc[kw] = packHalf2x16(vec2(head_buf[1][e], head_buf[1][e + 1u]));
+        kc[kw + 1u] = packHalf2x16(vec2(head_buf[1][e + 2u], head_buf[1][e + 3u]));
     }
     uint v0 = p.v_off + t * p.v_dim + kv_head * p.head_dim_v;
     if (tid < p.head_dim_v / 2u) {
         uint word = packHalf2x16(vec2(qkv[v0 + 2u * tid], qkv[v0 + 2u * tid + 1u]));
-        v_cur[tid] = unpackHalf2x16(word);
-        if (writer) {
-            vc[kv_row * (p.v_dim / 2u) + kv_head * (p.head_dim_v / 2u) + tid] = word;
-        }
+        vc[kv_row * (p.v_dim / 2u) + kv_head * (p.head_dim_v / 2u) + tid] = word;
     }
+    memoryBarrierBuffer();
     barrier();
 }
 #endif
@@ -157,23 +147,6 @@ float block_reduce(float v, bool is_max) {
     return r;
 }
 
-// Dot product of q with a key row of n4 16-byte words (8 f16 values each).
-float dot_key_words(uvec4 row[MAX_HEAD_DIM / 8u], uint n4) {
-    float d = 0.0;
-    for (uint i = 0u; i < MAX_HEAD_DIM / 8u; i++) {
-        if (i < n4) {
-            vec4 qa = q4[2u * i];
-            vec4 qb = q4[2u * i + 1u];
-            vec2 k0 = unpackHalf2x16(row[i].x);
-            vec2 k1 = unpackHalf2x16(row[i].y);
-            vec2 k2 = unpackHalf2x16(row[i].z);
-            vec2 k3 = unpackHalf2x16(row[i].w);
-            d += dot(qa, vec4(k0, k1)) + dot(qb, vec4(k2, k3));
-        }
-    }
-    return d;
-}
-
 // Dot product of q with key j (16-byte loads when `wide`).
 float key_dot(uint j, uint k_head_word, bool wide) {
     uint kw = j * (p.k_dim / 2u) + k_head_word;
@@ -188,7 +161,17 @@ float key_dot(uint j, uint k_head_word, bool wide) {
                 row[i] = kc4[base + i];
             }
         }
-        d = dot_key_words(row, n4);
+        for (uint i = 0u; i < MAX_HEAD_DIM / 8u; i++) {
+            if (i < n4) {
+                vec4 qa = q4[2u * i];
+                vec4 qb = q4[2u * i + 1u];
+                vec2 k0 = unpackHalf2x16(row[i].x);
+                vec2 k1 = unpackHalf2x16(row[i].y);
+                vec2 k2 = unpackHalf2x16(row[i].z);
+                vec2 k3 = unpackHalf2x16(row[i].w);
+                d += dot(qa, vec4(k0, k1)) + dot(qb, vec4(k2, k3));
+            }
+        }
     } else {
         for (uint e2 = 0u; e2 < p.head_dim / 2u; e2++) {
             vec2 kk = unpackHalf2x16(kc[kw + e2]);
@@ -199,24 +182,6 @@ float key_dot(uint j, uint k_head_word, bool wide) {
     return d;
 }
 
-#if defined(ROPE_FUSED)
-// key_dot of the current position, from the shared copy (the wide path:
-// the host fuses only when head_dim is a multiple of 8).
-float current_key_dot() {
-    uint n4 = p.head_dim / 8u;
-    uvec4 row[MAX_HEAD_DIM / 8u];
-    for (uint i = 0u; i < MAX_HEAD_DIM / 8u; i++) {
-        if (i < n4) {
-            row[i] = uvec4(k_cur_w[4u * i], k_cur_w[4u * i + 1u], k_cur_w[4u * i + 2u], k_cur_w[4u * i + 3u]);
-        }
-    }
-    return dot_key_words(row, n4);
-}
-// Value word w of key `key` at cache word r; the current position's from the shared copy.
-#define VALUE(key, r) ((key) == pos ? v_cur[w] : unpackHalf2x16(vc[r]))
-#else
-#define VALUE(key, r) unpackHalf2x16(vc[r])
-#endif
 
 void main() {
     uint h = gl_WorkGroupID.x;
@@ -265,12 +230,7 @@ void main() {
         uint n_keys = min(WG, end - key0);
         float s = -1.0 / 0.0;
         if (tid < n_keys) {
-#if defined(ROPE_FUSED)
-            float d = key0 + tid == pos ? current_key_dot() : key_dot(row0 + key0 + tid, k_head_word, wide);
-#else
-            float d = key_dot(row0 + key0 + tid, k_head_word, wide);
-#endif
-            s = d * p.scale;
+            s = key_dot(row0 + key0 + tid, k_head_word, wide) * p.scale;
         }
         float m_new = max(m, block_reduce(s, true));
         float e = tid < n_keys ? exp(s - m_new) : 0.0;
@@ -287,15 +247,15 @@ void main() {
                 uint r1 = r0 + groups * v_row_words;
                 uint r2 = r1 + groups * v_row_words;
                 uint r3 = r2 + groups * v_row_words;
-                vec2 v0 = VALUE(key0 + i, r0);
-                vec2 v1 = VALUE(key0 + i + groups, r1);
-                vec2 v2 = VALUE(key0 + i + 2u * groups, r2);
-                vec2 v3 = VALUE(key0 + i + 3u * groups, r3);
+                vec2 v0 = unpackHalf2x16(vc[r0]);
+                vec2 v1 = unpackHalf2x16(vc[r1]);
+                vec2 v2 = unpackHalf2x16(vc[r2]);
+                vec2 v3 = unpackHalf2x16(vc[r3]);
                 acc += weight[i] * v0 + weight[i + groups] * v1;
                 acc += weight[i + 2u * groups] * v2 + weight[i + 3u * groups] * v3;
             }
             for (; i < n_keys; i += groups) {
-                acc += weight[i] * VALUE(key0 + i, (row0 + key0 + i) * v_row_words + v_head_word + w);
+                acc += weight[i] * unpackHalf2x16(vc[(row0 + key0 + i) * v_row_words + v_head_word + w]);
             }
         }
         m = m_new;

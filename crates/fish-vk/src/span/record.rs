@@ -109,14 +109,17 @@ pub(crate) fn plan_chunks(
     Ok(chunks)
 }
 
-/// Whether single-token chunks may run RoPE and the KV store inside the
-/// attention kernel: it reads the current key on the wide (16-byte) path
-/// only, so head_dim must be a multiple of 8 (shaders/span_attention.comp,
-/// ROPE_FUSED), and `FISH_GPU_FUSE_ROPE=0` keeps the separate RoPE dispatch.
+/// Whether single-token chunks run RoPE and the KV store inside the
+/// attention kernel (shaders/span_attention.comp, ROPE_FUSED; its rows need
+/// whole 4-value groups): only with `FISH_GPU_FUSE_ROPE=1` for now. A first
+/// form measured +7% decode on the H200 but was not bit-exact with
+/// multi-token verification; this exact form (every workgroup of a KV group
+/// writes the row, then reads the cache as the plain kernel does) is not
+/// measured there yet (docs/BENCHMARKS.md).
 fn rope_fusable(shape: &SpanShape) -> bool {
-    shape.head_dim.is_multiple_of(8)
+    shape.head_dim.is_multiple_of(4)
         && shape.head_dim_v.is_multiple_of(2)
-        && std::env::var("FISH_GPU_FUSE_ROPE").as_deref() != Ok("0")
+        && std::env::var("FISH_GPU_FUSE_ROPE").as_deref() == Ok("1")
 }
 
 /// The activation decode steps fuse into the down projection: only with
