@@ -11,13 +11,11 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use common::{backend, compare, default_model};
-use fish_core::backend::{BackendError, ComputeBackend, SpanBackend, SpanRow, SpanSpec, TensorId};
+use fish_core::backend::{BackendError, ComputeBackend, SpanBackend, SpanRow, SpanSpec};
 use fish_core::batch::BatchSession;
 use fish_core::model::{LogitsFor, Model, PlacementLimits};
 use fish_core::sampling::argmax;
 use fish_core::session::Session;
-use fish_gguf::GgmlType;
-use fish_quant::Weights;
 use fish_span::VulkanBackend;
 
 /// Trailing layers on the device: a real span (and layers below it on the
@@ -339,6 +337,11 @@ struct Failing {
 }
 
 impl Failing {
+    /// Per-matmul calls pass (only batched span forwards fail).
+    fn before_matmul(&self) -> Result<(), BackendError> {
+        Ok(())
+    }
+
     fn batch_call(&self) -> Result<(), BackendError> {
         if self.calls.fetch_add(1, Ordering::Relaxed) + 1 >= self.fail_from {
             return Err(BackendError::Device("injected failure".into()));
@@ -347,49 +350,7 @@ impl Failing {
     }
 }
 
-impl ComputeBackend for Failing {
-    fn status(&self) -> String {
-        self.inner.status()
-    }
-    fn describe(&self) -> String {
-        self.inner.describe()
-    }
-    fn supports(&self, ty: GgmlType) -> bool {
-        self.inner.supports(ty)
-    }
-    fn memory_free(&self) -> u64 {
-        self.inner.memory_free()
-    }
-    fn upload(&self, name: &str, w: Weights<'_>) -> Result<TensorId, BackendError> {
-        self.inner.upload(name, w)
-    }
-    fn bytes_resident(&self) -> u64 {
-        self.inner.bytes_resident()
-    }
-    fn free(&self, id: TensorId) {
-        self.inner.free(id)
-    }
-    fn matmul(&self, id: TensorId, x: &[f32], n_tok: usize) -> Result<Vec<f32>, BackendError> {
-        self.inner.matmul(id, x, n_tok)
-    }
-    fn matmul_group(
-        &self,
-        ids: &[TensorId],
-        x: &[f32],
-        n_tok: usize,
-    ) -> Result<Vec<Vec<f32>>, BackendError> {
-        self.inner.matmul_group(ids, x, n_tok)
-    }
-    fn set_placement_note(&self, note: String) {
-        self.inner.set_placement_note(note)
-    }
-    fn exact_batch_tokens(&self) -> usize {
-        self.inner.exact_batch_tokens()
-    }
-    fn as_span(&self) -> Option<&dyn SpanBackend> {
-        Some(self)
-    }
-}
+forwarding_backend!(Failing, span);
 
 impl SpanBackend for Failing {
     fn span_begin(&self, spec: &SpanSpec<'_>) -> Result<u64, BackendError> {

@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use common::{backend, default_model};
-use fish_core::backend::{BackendError, ComputeBackend, SpanBackend, SpanSpec, TensorId};
+use fish_core::backend::{BackendError, ComputeBackend, SpanBackend, SpanSpec};
 use fish_core::batch::BatchSession;
 use fish_core::generate::{generate, Flow, GenerateOptions};
 use fish_core::model::{LogitsFor, Model, PlacementLimits};
@@ -21,7 +21,6 @@ use fish_core::spec_controller::DraftLength;
 use fish_core::speculative::{generate_speculative, SpeculativeOptions, SpeculativeStats};
 use fish_core::tokenizer::{EncodeOptions, Tokenizer};
 use fish_gguf::{GgmlType, Gguf, GgufWriter, TensorSpec};
-use fish_quant::Weights;
 use fish_span::VulkanBackend;
 
 /// Trailing layers on the device: enough for a real span, few enough for lavapipe.
@@ -60,6 +59,11 @@ struct Recording {
 }
 
 impl Recording {
+    /// Matmuls are not recorded.
+    fn before_matmul(&self) -> Result<(), BackendError> {
+        Ok(())
+    }
+
     fn new(inner: Arc<VulkanBackend>) -> Recording {
         Recording {
             inner,
@@ -76,46 +80,7 @@ impl Recording {
     }
 }
 
-impl ComputeBackend for Recording {
-    fn status(&self) -> String {
-        self.inner.status()
-    }
-    fn describe(&self) -> String {
-        self.inner.describe()
-    }
-    fn supports(&self, ty: GgmlType) -> bool {
-        self.inner.supports(ty)
-    }
-    fn memory_free(&self) -> u64 {
-        self.inner.memory_free()
-    }
-    fn upload(&self, name: &str, w: Weights<'_>) -> Result<TensorId, BackendError> {
-        self.inner.upload(name, w)
-    }
-    fn bytes_resident(&self) -> u64 {
-        self.inner.bytes_resident()
-    }
-    fn free(&self, id: TensorId) {
-        self.inner.free(id)
-    }
-    fn matmul(&self, id: TensorId, x: &[f32], n_tok: usize) -> Result<Vec<f32>, BackendError> {
-        self.inner.matmul(id, x, n_tok)
-    }
-    fn matmul_group(
-        &self,
-        ids: &[TensorId],
-        x: &[f32],
-        n_tok: usize,
-    ) -> Result<Vec<Vec<f32>>, BackendError> {
-        self.inner.matmul_group(ids, x, n_tok)
-    }
-    fn set_placement_note(&self, note: String) {
-        self.inner.set_placement_note(note)
-    }
-    fn as_span(&self) -> Option<&dyn SpanBackend> {
-        Some(self)
-    }
-}
+forwarding_backend!(Recording, span);
 
 impl SpanBackend for Recording {
     fn span_begin(&self, spec: &SpanSpec<'_>) -> Result<u64, BackendError> {

@@ -8,11 +8,9 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use common::{compare, default_model, greedy_after_prompt, teacher_forced, PARIS};
-use fish_core::backend::{BackendError, ComputeBackend, TensorId};
+use fish_core::backend::{BackendError, ComputeBackend};
 use fish_core::model::{Model, PlacementLimits};
 use fish_core::sampling::argmax;
-use fish_gguf::GgmlType;
-use fish_quant::Weights;
 use fish_span::VulkanBackend;
 
 /// Layers placed in these tests: enough to exercise every group, few enough
@@ -99,7 +97,8 @@ struct Flaky {
 }
 
 impl Flaky {
-    fn tick(&self) -> Result<(), BackendError> {
+    /// Every matmul counts; from the fail_after-th on they fail.
+    fn before_matmul(&self) -> Result<(), BackendError> {
         if self.calls.fetch_add(1, Ordering::Relaxed) >= self.fail_after {
             return Err(BackendError::Device("injected device loss".into()));
         }
@@ -107,45 +106,7 @@ impl Flaky {
     }
 }
 
-impl ComputeBackend for Flaky {
-    fn status(&self) -> String {
-        self.inner.status()
-    }
-    fn describe(&self) -> String {
-        self.inner.describe()
-    }
-    fn supports(&self, ty: GgmlType) -> bool {
-        self.inner.supports(ty)
-    }
-    fn memory_free(&self) -> u64 {
-        self.inner.memory_free()
-    }
-    fn upload(&self, name: &str, w: Weights<'_>) -> Result<TensorId, BackendError> {
-        self.inner.upload(name, w)
-    }
-    fn bytes_resident(&self) -> u64 {
-        self.inner.bytes_resident()
-    }
-    fn free(&self, id: TensorId) {
-        self.inner.free(id)
-    }
-    fn matmul(&self, id: TensorId, x: &[f32], n_tok: usize) -> Result<Vec<f32>, BackendError> {
-        self.tick()?;
-        self.inner.matmul(id, x, n_tok)
-    }
-    fn matmul_group(
-        &self,
-        ids: &[TensorId],
-        x: &[f32],
-        n_tok: usize,
-    ) -> Result<Vec<Vec<f32>>, BackendError> {
-        self.tick()?;
-        self.inner.matmul_group(ids, x, n_tok)
-    }
-    fn set_placement_note(&self, note: String) {
-        self.inner.set_placement_note(note)
-    }
-}
+forwarding_backend!(Flaky);
 
 #[test]
 fn a_device_failure_mid_run_moves_the_rest_to_the_cpu() {

@@ -91,3 +91,78 @@ pub fn span_teacher_forced(gpu: &Arc<VulkanBackend>, forced: &[u32]) -> (Model, 
     assert!(!model.gpu.as_ref().unwrap().has_failed());
     (model, logits)
 }
+
+/// Implements `ComputeBackend` for a test wrapper around the real backend
+/// (its `inner` field): every method forwards to it, the two matmuls after
+/// the wrapper's `before_matmul()` hook (which may inject a failure), and
+/// with `span` `as_span` returns the wrapper itself, which then implements
+/// `SpanBackend` as the test needs.
+#[macro_export]
+macro_rules! forwarding_backend {
+    ($ty:ty) => {
+        forwarding_backend!(@impl $ty, plain);
+    };
+    ($ty:ty, span) => {
+        forwarding_backend!(@impl $ty, span);
+    };
+    (@impl $ty:ty, $span:ident) => {
+        impl ::fish_core::backend::ComputeBackend for $ty {
+            fn status(&self) -> String {
+                ::fish_core::backend::ComputeBackend::status(&*self.inner)
+            }
+            fn describe(&self) -> String {
+                ::fish_core::backend::ComputeBackend::describe(&*self.inner)
+            }
+            fn supports(&self, ty: ::fish_gguf::GgmlType) -> bool {
+                ::fish_core::backend::ComputeBackend::supports(&*self.inner, ty)
+            }
+            fn memory_free(&self) -> u64 {
+                ::fish_core::backend::ComputeBackend::memory_free(&*self.inner)
+            }
+            fn upload(
+                &self,
+                name: &str,
+                w: ::fish_quant::Weights<'_>,
+            ) -> Result<::fish_core::backend::TensorId, ::fish_core::backend::BackendError> {
+                ::fish_core::backend::ComputeBackend::upload(&*self.inner, name, w)
+            }
+            fn bytes_resident(&self) -> u64 {
+                ::fish_core::backend::ComputeBackend::bytes_resident(&*self.inner)
+            }
+            fn free(&self, id: ::fish_core::backend::TensorId) {
+                ::fish_core::backend::ComputeBackend::free(&*self.inner, id)
+            }
+            fn matmul(
+                &self,
+                id: ::fish_core::backend::TensorId,
+                x: &[f32],
+                n_tok: usize,
+            ) -> Result<Vec<f32>, ::fish_core::backend::BackendError> {
+                self.before_matmul()?;
+                ::fish_core::backend::ComputeBackend::matmul(&*self.inner, id, x, n_tok)
+            }
+            fn matmul_group(
+                &self,
+                ids: &[::fish_core::backend::TensorId],
+                x: &[f32],
+                n_tok: usize,
+            ) -> Result<Vec<Vec<f32>>, ::fish_core::backend::BackendError> {
+                self.before_matmul()?;
+                ::fish_core::backend::ComputeBackend::matmul_group(&*self.inner, ids, x, n_tok)
+            }
+            fn set_placement_note(&self, note: String) {
+                ::fish_core::backend::ComputeBackend::set_placement_note(&*self.inner, note)
+            }
+            fn exact_batch_tokens(&self) -> usize {
+                ::fish_core::backend::ComputeBackend::exact_batch_tokens(&*self.inner)
+            }
+            forwarding_backend!(@as_span $span);
+        }
+    };
+    (@as_span span) => {
+        fn as_span(&self) -> Option<&dyn ::fish_core::backend::SpanBackend> {
+            Some(self)
+        }
+    };
+    (@as_span plain) => {};
+}
