@@ -54,10 +54,10 @@ impl Gpu {
         plan: &[Dispatch],
         sets: &[vk::DescriptorSet],
     ) {
-        let d = &self.device;
         let max_x = u64::from(self.info.max_workgroups_x.clamp(1, 65535));
         let mut left = prefetch.budget;
-        for (disp, set) in plan.iter().zip(sets) {
+        let mut reads = Vec::with_capacity(plan.len());
+        for disp in plan {
             let bytes =
                 (u64::from(disp.params.n_rows) * u64::from(disp.params.row_stride)).min(left);
             if bytes < SECTOR {
@@ -71,23 +71,14 @@ impl Gpu {
             params.n_in = bytes as u32;
             params.groups_x = gx as u32;
             params.accumulate = 0;
-            d.cmd_bind_pipeline(cmd, vk::PipelineBindPoint::COMPUTE, prefetch.pipeline);
-            d.cmd_bind_descriptor_sets(
-                cmd,
-                vk::PipelineBindPoint::COMPUTE,
-                self.pipelines.layout,
-                0,
-                &[*set],
-                &[],
-            );
-            d.cmd_push_constants(
-                cmd,
-                self.pipelines.layout,
-                vk::ShaderStageFlags::COMPUTE,
-                0,
-                &params.bytes(),
-            );
-            d.cmd_dispatch(cmd, gx as u32, groups.div_ceil(gx) as u32, 1);
+            reads.push(Dispatch {
+                pipeline: prefetch.pipeline,
+                params,
+                groups: (gx as u32, groups.div_ceil(gx) as u32),
+                weights: disp.weights,
+            });
         }
+        // Same bindings and push constants as the matmuls: record them alike.
+        self.record_dispatches(cmd, &reads, sets);
     }
 }
