@@ -1,10 +1,12 @@
 //! Spans with the decode fusions forced on (FISH_GPU_FUSE_NORM=1: the layer
 //! and output norms inside the q/k/v, gate/up and output matvecs;
 //! FISH_GPU_FUSE_ACT=1: the gated activation inside the down matvec), both
-//! off by default. Teacher-forced against the CPU and against the same span
-//! without fusions; the profile of the last (single-token) forward shows
-//! that no norm and no act*mul dispatch ran. One test only: the knobs are
-//! read from the environment when a span is created.
+//! off by default, with the opt-in L2 prefetch (FISH_GPU_PREFETCH, which
+//! must not change a bit) recorded beside them. Teacher-forced against the
+//! CPU and against the same span without fusions; the profile of the last
+//! (single-token) forward shows that no norm and no act*mul dispatch ran.
+//! One test only: the knobs are read from the environment when a span is
+//! created.
 
 mod common;
 
@@ -43,9 +45,11 @@ fn fused_decode_matches_the_unfused_span_and_the_cpu() {
 
     std::env::set_var("FISH_GPU_FUSE_NORM", "0");
     std::env::set_var("FISH_GPU_FUSE_ACT", "0");
+    std::env::set_var("FISH_GPU_PREFETCH", "0");
     let (plain, plain_profile) = span_logits(&gpu, &forced);
     std::env::set_var("FISH_GPU_FUSE_NORM", "1");
     std::env::set_var("FISH_GPU_FUSE_ACT", "1");
+    std::env::set_var("FISH_GPU_PREFETCH", "1");
     let (fused, fused_profile) = span_logits(&gpu, &forced);
 
     // The unfused decode step runs norms and act*mul; the fused one none.
