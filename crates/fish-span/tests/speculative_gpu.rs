@@ -112,10 +112,9 @@ impl SpanBackend for Recording {
 /// SmolLM2 with its last [`GPU_LAYERS`] layers placed on `gpu`, spans on or off.
 fn placed(gpu: Arc<dyn ComputeBackend>, spans: &str) -> Model {
     std::env::set_var("FISH_GPU_SPAN", spans);
-    // Decode steps with RoPE inside attention, verification with the RoPE
-    // kernel: the identity with plain greedy decoding needs both to give
-    // the same bits (span.rs covers the plain kernel alone).
-    std::env::set_var("FISH_GPU_FUSE_ROPE", "1");
+    // Decode steps run RoPE inside attention (the default), verification
+    // the RoPE kernel: the identity with plain greedy decoding needs both
+    // to give the same bits.
     let mut model = Model::load(default_model()).expect("load");
     model.place_on(
         gpu,

@@ -3,8 +3,8 @@
 //! buffers that carry x in and out.
 
 use super::desc::{LayerTensors, SpanShape};
+use super::span_chunk_tokens;
 use super::step::STEP_WORDS;
-use super::SPAN_CHUNK_TOKENS;
 use crate::buffer::{Buffer, MemoryKind};
 use crate::error::Result;
 use crate::gpu::Gpu;
@@ -46,7 +46,7 @@ fn f32_bytes(n: usize) -> u64 {
 
 /// The arena's buffers in allocation order: (f32 values, memory kind).
 fn sizes(shape: &SpanShape, n_ff: usize) -> [(usize, MemoryKind); 11] {
-    let c = SPAN_CHUNK_TOKENS;
+    let c = span_chunk_tokens();
     let int8_values = (MATVEC_MAX_TOKENS * int8_token_bytes(shape.n_embd)).div_ceil(4);
     [
         (INITIAL_TOKENS * shape.n_embd, MemoryKind::Device),

@@ -6,7 +6,7 @@ use super::output::SpanOutput;
 use super::profile::Profiler;
 use super::record::{max_timestamps, plan_chunks, OutputRecording, Recording};
 use super::step::{Placement, SpanRow, STEP_BYTES};
-use super::{Span, SPAN_CHUNK_TOKENS};
+use super::{span_chunk_tokens, Span};
 use crate::error::{Result, VkError};
 use crate::gpu::Gpu;
 use crate::kernels::{Kernel, MATVEC_MAX_TOKENS};
@@ -164,7 +164,7 @@ impl Gpu {
                     )?),
                     None => None,
                 };
-                let chunks = plan_chunks(self, &span.shape, bindings, n_tok, SPAN_CHUNK_TOKENS)?;
+                let chunks = plan_chunks(self, &span.shape, bindings, n_tok, span_chunk_tokens())?;
                 if let Some(p) = span.profiler.as_mut() {
                     p.ensure(
                         &self.device,

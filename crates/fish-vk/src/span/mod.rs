@@ -37,9 +37,30 @@ use pipelines::SpanPipelines;
 use profile::Profiler;
 use recorded::Recorded;
 
-/// Tokens per chunk: the work buffers hold this many, and the tiled matmul
-/// covers one chunk with one tile along the tokens.
+/// The fewest tokens per chunk (and the most rows of logits or batched
+/// sequences one forward takes, which size the step table and the logits).
 pub const SPAN_CHUNK_TOKENS: usize = 64;
+
+/// Tokens per chunk of a forward: the work buffers hold this many, so one
+/// matmul dispatch covers a whole chunk. Prefill wants large chunks: with 64
+/// tokens a 4096-row projection has only 64 workgroups of 64 x 64 for the
+/// GPU's 132 multiprocessors. `FISH_GPU_SPAN_CHUNK=N` (a multiple of 64, at
+/// most 4096) overrides the default.
+pub fn span_chunk_tokens() -> usize {
+    static CHUNK: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *CHUNK.get_or_init(|| {
+        std::env::var("FISH_GPU_SPAN_CHUNK")
+            .ok()
+            .and_then(|v| v.parse::<usize>().ok())
+            .filter(|&n| {
+                n.is_multiple_of(SPAN_CHUNK_TOKENS) && (SPAN_CHUNK_TOKENS..=4096).contains(&n)
+            })
+            .unwrap_or(DEFAULT_CHUNK_TOKENS)
+    })
+}
+
+/// See [`span_chunk_tokens`].
+const DEFAULT_CHUNK_TOKENS: usize = 512;
 
 /// What a span's device memory depends on, known before its layers are
 /// placed (so that placement can hold it first).

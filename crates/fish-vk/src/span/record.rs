@@ -111,15 +111,14 @@ pub(crate) fn plan_chunks(
 
 /// Whether single-token chunks run RoPE and the KV store inside the
 /// attention kernel (shaders/span_attention.comp, ROPE_FUSED; its rows need
-/// whole 4-value groups): only with `FISH_GPU_FUSE_ROPE=1` for now. A first
-/// form measured +7% decode on the H200 but was not bit-exact with
-/// multi-token verification; this exact form (every workgroup of a KV group
-/// writes the row, then reads the cache as the plain kernel does) is not
-/// measured there yet (docs/BENCHMARKS.md).
+/// whole 4-value groups). On unless `FISH_GPU_FUSE_ROPE=0`: on the H200 it
+/// measured +5% decode on llama-8b and +4% on llama-1b (docs/BENCHMARKS.md),
+/// and it is bit-exact with multi-token forwards (every workgroup of a KV
+/// group writes the row, then reads the cache as the plain kernel does).
 fn rope_fusable(shape: &SpanShape) -> bool {
     shape.head_dim.is_multiple_of(4)
         && shape.head_dim_v.is_multiple_of(2)
-        && std::env::var("FISH_GPU_FUSE_ROPE").as_deref() == Ok("1")
+        && std::env::var("FISH_GPU_FUSE_ROPE").as_deref() != Ok("0")
 }
 
 /// The activation decode steps fuse into the down projection: only with
