@@ -14,11 +14,11 @@
 // memory banks.
 //
 // The tiles are uvec4 arrays and every row starts on a 16-byte boundary
-// (STRIDE is a multiple of 4 dwords), so the fragment loads index whole
-// 16-byte elements: the driver can then use its wide shared-memory matrix
-// loads. Through a uint array (4-byte elements) it cannot assume the
-// alignment, and on the H200 the fragment loads and products alone ran at
-// ~37 TFLOPS that way.
+// (STRIDE is a multiple of 4 dwords): each 8-value group is one 16-byte
+// store and the fragment loads index whole 16-byte elements. (Measured on
+// the H200 against 4-byte elements: no change end to end. There, with the
+// staging switched off, the fragment loads and products alone run at only
+// ~37 TFLOPS; docs/BENCHMARKS.md.)
 //
 // With PIPELINE = 1 the staging is software-pipelined over two halves of
 // double-buffered A/B tiles: step s issues the global loads of step s + 1
