@@ -4,6 +4,7 @@ use crate::config::{Config, CpuDevices, QueuePreference};
 use crate::coopmat::{CoopMatFeatures, CoopMatTile};
 use crate::error::{Result, VkCall, VkError};
 use crate::int8_dot::{self, Int8Dot, Int8DotFeatures};
+use crate::pipeline_stats;
 use ash::{ext, vk};
 
 /// What the rest of the crate needs to know about the chosen device.
@@ -35,6 +36,9 @@ pub struct DeviceInfo {
     pub cooperative_matrix: Option<CoopMatTile>,
     /// Packed int8 dot products (the int8-activation matvec, int8_dot.rs).
     pub int8_dot: Int8Dot,
+    /// Pipeline statistics asked for (FISH_VK_PIPELINE_STATS=1) and offered
+    /// (VK_KHR_pipeline_executable_properties; pipeline_stats.rs).
+    pub pipeline_stats: bool,
 }
 
 /// Lower is better; None: never chosen automatically.
@@ -170,6 +174,10 @@ fn describe_physical(
             .contains(vk::SubgroupFeatureFlags::BASIC | vk::SubgroupFeatureFlags::ARITHMETIC);
     // SAFETY: `physical` comes from `instance`.
     let int8_dot = unsafe { int8_dot::probe(instance, physical, &exts) };
+    let pipeline_stats = pipeline_stats::wanted()
+        && exts
+            .iter()
+            .any(|e| e.extension_name_as_c_str() == Ok(pipeline_stats::extension_name()));
     let timestamp_period_ns = (family.timestamp_valid_bits > 0
         && props.limits.timestamp_period > 0.0)
         .then_some(f64::from(props.limits.timestamp_period));
@@ -195,6 +203,7 @@ fn describe_physical(
         max_workgroup_threads: props.limits.max_compute_work_group_invocations,
         cooperative_matrix: None,
         int8_dot,
+        pipeline_stats,
     })
 }
 
@@ -220,9 +229,16 @@ pub(crate) fn create_logical(
     if info.int8_dot != Int8Dot::Absent {
         exts.push(Int8DotFeatures::extension_name());
     }
+    let mut stats_features = pipeline_stats::features();
+    if info.pipeline_stats {
+        exts.push(pipeline_stats::extension_name().as_ptr());
+    }
     let mut create = vk::DeviceCreateInfo::default()
         .queue_create_infos(&queues)
         .enabled_extension_names(&exts);
+    if info.pipeline_stats {
+        create = create.push_next(&mut stats_features);
+    }
     if info.cooperative_matrix.is_some() {
         create = coop_features.chain(create);
     }

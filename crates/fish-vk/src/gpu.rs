@@ -10,6 +10,7 @@ use crate::error::{Result, VkCall, VkError};
 use crate::instance::Instance;
 use crate::loader;
 use crate::pipeline::Pipelines;
+use crate::pipeline_stats::PipelineStats;
 use crate::upload::ResidentTensor;
 use ash::vk;
 use std::collections::HashMap;
@@ -97,7 +98,10 @@ impl Gpu {
         let heap_index = largest_device_heap(&allocator);
         let free = budget::memory_free(&allocator, heap_index);
         let budget = Budget::new(info.heap_size, free, config.budget_mb);
-        let pipelines = match Pipelines::new(&device) {
+        let stats = info
+            .pipeline_stats
+            .then(|| PipelineStats::new(&instance.raw, &device));
+        let pipelines = match Pipelines::new(&device, stats) {
             Ok(p) => p,
             Err(e) => {
                 drop(allocator);
@@ -132,6 +136,17 @@ impl Gpu {
 
     pub fn info(&self) -> &DeviceInfo {
         &self.info
+    }
+
+    /// The driver's statistics of every matmul pipeline built so far, one
+    /// line per pipeline executable (pipeline_stats.rs); empty unless
+    /// FISH_VK_PIPELINE_STATS=1 and the device offers them
+    /// (`info().pipeline_stats`).
+    pub fn pipeline_statistics(&self) -> Vec<String> {
+        self.pipelines
+            .stats
+            .as_ref()
+            .map_or_else(Vec::new, PipelineStats::lines)
     }
 
     /// Free device memory right now (see budget::memory_free).

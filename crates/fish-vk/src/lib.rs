@@ -17,6 +17,7 @@ mod int8_dot;
 mod kernels;
 mod loader;
 mod pipeline;
+mod pipeline_stats;
 pub mod span;
 mod status;
 mod tile_padding;

@@ -1,6 +1,7 @@
 //! Compute pipelines for the embedded SPIR-V modules, created on first use.
 
 use crate::error::{Result, VkCall, VkError};
+use crate::pipeline_stats::PipelineStats;
 use ash::vk;
 use std::collections::HashMap;
 use std::sync::Mutex;
@@ -71,10 +72,12 @@ pub(crate) struct Pipelines {
     pub set_layout: vk::DescriptorSetLayout,
     pub layout: vk::PipelineLayout,
     built: Mutex<HashMap<String, (vk::ShaderModule, vk::Pipeline)>>,
+    /// The driver's statistics of each pipeline built, when asked for.
+    pub stats: Option<PipelineStats>,
 }
 
 impl Pipelines {
-    pub fn new(device: &ash::Device) -> Result<Pipelines> {
+    pub fn new(device: &ash::Device, stats: Option<PipelineStats>) -> Result<Pipelines> {
         let bindings: Vec<_> = (0..MATMUL_BINDINGS)
             .map(|b| {
                 vk::DescriptorSetLayoutBinding::default()
@@ -109,6 +112,7 @@ impl Pipelines {
             set_layout,
             layout,
             built: Mutex::new(HashMap::new()),
+            stats,
         })
     }
 
@@ -143,7 +147,13 @@ impl Pipelines {
             .module(module)
             .name(c"main")
             .specialization_info(&specialization);
+        let flags = if self.stats.is_some() {
+            vk::PipelineCreateFlags::CAPTURE_STATISTICS_KHR
+        } else {
+            vk::PipelineCreateFlags::empty()
+        };
         let create = [vk::ComputePipelineCreateInfo::default()
+            .flags(flags)
             .stage(stage)
             .layout(self.layout)];
         let pipeline = match unsafe {
@@ -158,6 +168,9 @@ impl Pipelines {
                 });
             }
         };
+        if let Some(stats) = &self.stats {
+            stats.capture(pipeline, name, spec);
+        }
         built.insert(key, (module, pipeline));
         Ok(pipeline)
     }
