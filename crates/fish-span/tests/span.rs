@@ -19,7 +19,11 @@ const N_CTX: usize = 160;
 
 /// The model with its last `n` layers placed, and the first placed layer.
 fn placed(gpu: &Arc<VulkanBackend>, file: &str, n: usize) -> (Model, usize) {
-    let mut model = Model::load(model_path(file)).expect("load");
+    place(gpu, Model::load(model_path(file)).expect("load"), file, n)
+}
+
+/// `model` with its last `n` layers placed, and the first placed layer.
+fn place(gpu: &Arc<VulkanBackend>, mut model: Model, file: &str, n: usize) -> (Model, usize) {
     model.place_on(
         gpu.clone(),
         PlacementLimits {
@@ -116,11 +120,23 @@ fn span_vs_reference(gpu: &VulkanBackend, model: &Model, first: usize, n_prefill
 fn check_model(file: &str, n_layers: usize, prefills: &[usize]) {
     let Some(gpu) = backend() else { return };
     let (model, first) = placed(&gpu, file, n_layers);
+    check_placed(&gpu, &model, first, file, n_layers, prefills);
+}
+
+/// check_model on a model already placed from its layer `first` on.
+fn check_placed(
+    gpu: &Arc<VulkanBackend>,
+    model: &Model,
+    first: usize,
+    file: &str,
+    n_layers: usize,
+    prefills: &[usize],
+) {
     for &n_prefill in prefills {
-        let bytes = begin_span(&gpu, &model, first);
+        let bytes = begin_span(gpu, model, first);
         assert!(bytes > 0);
         assert!(gpu.describe().contains(&format!("span {n_layers} layers")));
-        let worst = span_vs_reference(&gpu, &model, first, n_prefill);
+        let worst = span_vs_reference(gpu, model, first, n_prefill);
         eprintln!(
             "{file}: span vs stage 1 + CPU over {n_layers} layers, prefill {n_prefill} + 4 decode steps: max |dx| {:.4}% of max |x|",
             worst * 100.0
@@ -135,6 +151,22 @@ fn check_model(file: &str, n_layers: usize, prefills: &[usize]) {
 fn span_matches_the_layers_with_stage1_matmuls_on_smollm2() {
     // 150 positions: attention folds more than one block of keys.
     check_model("SmolLM2-135M-Instruct.Q4_1.gguf", 5, &[7, 70, 150]);
+}
+
+#[test]
+fn span_matches_with_a_sliding_window_shorter_than_the_prompt() {
+    // Every other layer slides over 24 positions (the CPU reference reads
+    // the same configuration): the prefill chunk's blocks of queries then
+    // mask keys at both ends, and so do the decode steps.
+    let Some(gpu) = backend() else { return };
+    let file = "SmolLM2-135M-Instruct.Q4_1.gguf";
+    let mut model = Model::load(model_path(file)).expect("load");
+    model.cfg.sliding_window = 24;
+    model.cfg.swa_period = 2;
+    model.cfg.rope_base_swa = model.cfg.rope_base;
+    let (model, first) = place(&gpu, model, file, 4);
+    assert!((first..model.cfg.n_layer).any(|il| model.cfg.is_swa_layer(il)));
+    check_placed(&gpu, &model, first, file, 4, &[70]);
 }
 
 /// Optional models (scripts/fetch-model.sh): run when present, required when

@@ -29,6 +29,7 @@ pub const SPAN_MODULES: &[(&str, &str, &[&str])] = &[
     ("span_rope", "span_rope.comp", &[]),
     ("span_attention", "span_attention.comp", &[]),
     ("span_attention_rope", "span_attention.comp", &["ROPE_FUSED"]),
+    ("span_attention_tiled", "span_attention_tiled.comp", &[]),
     // Spans record it with the matmul bindings (shaders/common.glsl).
     ("l2_prefetch", "l2_prefetch.comp", &[]),
 ];

@@ -4,7 +4,7 @@
 use super::bindings::{Bindings, SpanBuffers};
 use super::output::SpanOutput;
 use super::profile::Profiler;
-use super::record::{max_timestamps, plan_chunks, OutputRecording, Recording};
+use super::record::{max_timestamps, plan_chunks, OutputRecording, Recording, TokenLayout};
 use super::step::{Placement, SpanRow, STEP_BYTES};
 use super::{span_chunk_tokens, Span};
 use crate::error::{Result, VkError};
@@ -141,7 +141,11 @@ impl Gpu {
             },
         };
         let result_bytes = copies.result.2;
-        let key = (n_tok, logit_rows);
+        let layout = match placement {
+            Placement::Consecutive { .. } => TokenLayout::Consecutive,
+            Placement::Rows(_) => TokenLayout::PerRow,
+        };
+        let key = (n_tok, logit_rows, layout);
         let submit_start;
         let submitted = match span.recorded.get(key) {
             // The common case of decode: the same shape as an earlier forward,
@@ -164,7 +168,14 @@ impl Gpu {
                     )?),
                     None => None,
                 };
-                let chunks = plan_chunks(self, &span.shape, bindings, n_tok, span_chunk_tokens())?;
+                let chunks = plan_chunks(
+                    self,
+                    &span.shape,
+                    bindings,
+                    n_tok,
+                    span_chunk_tokens(),
+                    layout,
+                )?;
                 if let Some(p) = span.profiler.as_mut() {
                     p.ensure(
                         &self.device,

@@ -23,16 +23,25 @@ pub(crate) enum SpanKernel {
     Attention,
     /// Attention with RoPE and the KV store of its single token fused in.
     AttentionRope,
+    /// Attention for the multi-token chunks of plain forwards: one
+    /// workgroup per (head, block of `TILED_ATTENTION_QUERIES` tokens),
+    /// keys and values staged in shared memory.
+    AttentionTiled,
 }
 
+/// Tokens per workgroup of `SpanKernel::AttentionTiled`
+/// (QB in shaders/span_attention_tiled.comp).
+pub(crate) const TILED_ATTENTION_QUERIES: usize = 16;
+
 impl SpanKernel {
-    const ALL: [SpanKernel; 6] = [
+    const ALL: [SpanKernel; 7] = [
         SpanKernel::RmsNorm,
         SpanKernel::Add,
         SpanKernel::Act,
         SpanKernel::Rope,
         SpanKernel::Attention,
         SpanKernel::AttentionRope,
+        SpanKernel::AttentionTiled,
     ];
 
     fn module(self) -> &'static str {
@@ -43,6 +52,7 @@ impl SpanKernel {
             SpanKernel::Rope => "span_rope",
             SpanKernel::Attention => "span_attention",
             SpanKernel::AttentionRope => "span_attention_rope",
+            SpanKernel::AttentionTiled => "span_attention_tiled",
         }
     }
 }

@@ -5,7 +5,7 @@
 use super::bindings::{Bindings, MatmulSets};
 use super::desc::{LayerTensors, SpanActivation, SpanRope, SpanShape};
 use super::params::{LayerParams, Params};
-use super::pipelines::{SpanKernel, SpanPipelines, PUSH_WORDS};
+use super::pipelines::{SpanKernel, SpanPipelines, PUSH_WORDS, TILED_ATTENTION_QUERIES};
 use super::prefetch::L2Prefetch;
 use super::profile::{Profiler, SpanStage};
 use crate::error::{Result, VkError};
@@ -33,7 +33,26 @@ pub(crate) struct Chunk {
     /// Single-token chunks do RoPE and the KV store inside the attention
     /// kernel (`SpanKernel::AttentionRope`), so no RoPE dispatch runs.
     pub rope_in_attention: bool,
+    /// Chunks of at least `TILED_ATTENTION_MIN_TOKENS` tokens of a plain
+    /// forward attend with `SpanKernel::AttentionTiled`.
+    pub tiled_attention: bool,
 }
+
+/// Where the tokens of a forward sit, as far as recording cares (recordings
+/// are kept per layout: see recorded.rs).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum TokenLayout {
+    /// A plain forward: consecutive positions of sequence slot 0.
+    Consecutive,
+    /// A batched forward: every row has its own slot and position.
+    PerRow,
+}
+
+/// The fewest tokens of a chunk that attends with the tiled kernel. Smaller
+/// chunks (speculative verification, at most 17 tokens, and single-token
+/// decode) keep `SpanKernel::Attention`: they must give the same bits as
+/// each other.
+const TILED_ATTENTION_MIN_TOKENS: usize = 32;
 
 /// The input of a matmul group that follows a layer norm.
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -56,8 +75,10 @@ pub(crate) fn plan_chunks(
     bindings: &Bindings,
     n_tok: usize,
     chunk_tokens: usize,
+    layout: TokenLayout,
 ) -> Result<Vec<Chunk>> {
     let gated_act = gated_activation(gpu, shape);
+    let tiled_fits = layout == TokenLayout::Consecutive && tiled_attention_fits(shape);
     let prefetch = gpu.l2_prefetch()?;
     let mut chunks: Vec<Chunk> = Vec::new();
     for tok0 in (0..n_tok).step_by(chunk_tokens) {
@@ -74,6 +95,7 @@ pub(crate) fn plan_chunks(
                 gated: same.gated,
                 prefetch: same.prefetch,
                 rope_in_attention: same.rope_in_attention,
+                tiled_attention: same.tiled_attention,
             });
             continue;
         }
@@ -104,6 +126,7 @@ pub(crate) fn plan_chunks(
             gated: down_kernel != Kernel::Auto,
             prefetch: prefetch.filter(|_| decode),
             rope_in_attention: n == 1 && rope_fusable(shape),
+            tiled_attention: tiled_fits && n >= TILED_ATTENTION_MIN_TOKENS,
         });
     }
     Ok(chunks)
@@ -119,6 +142,28 @@ fn rope_fusable(shape: &SpanShape) -> bool {
     shape.head_dim.is_multiple_of(4)
         && shape.head_dim_v.is_multiple_of(2)
         && std::env::var("FISH_GPU_FUSE_ROPE").as_deref() != Ok("0")
+}
+
+/// Whether the multi-token chunks of plain forwards may attend with the
+/// query-blocked kernel (shaders/span_attention_tiled.comp): its 16-byte
+/// loads need heads and k/v rows of whole 8-value groups (heads are at most
+/// 256 wide for every span, desc.rs). On unless `FISH_GPU_ATTN_TILED=0`
+/// (read once per process), which keeps `SpanKernel::Attention` for every
+/// chunk. The plain kernel has each token re-read every key and value row
+/// of its head; the tiled one reads them once per block of 16 tokens.
+fn tiled_attention_fits(shape: &SpanShape) -> bool {
+    static ENABLED: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    let enabled =
+        *ENABLED.get_or_init(|| std::env::var("FISH_GPU_ATTN_TILED").as_deref() != Ok("0"));
+    enabled
+        && [
+            shape.head_dim,
+            shape.head_dim_v,
+            shape.k_dim(),
+            shape.v_dim(),
+        ]
+        .iter()
+        .all(|d| d.is_multiple_of(8))
 }
 
 /// The activation decode steps fuse into the down projection: only with
@@ -462,8 +507,8 @@ impl Recording<'_> {
             layer.window as u32,
             s.attn_scale.to_bits(),
         ];
-        let attention_kernel = if chunk.rope_in_attention {
-            SpanKernel::AttentionRope
+        let (attention_kernel, attention_groups) = if chunk.rope_in_attention {
+            (SpanKernel::AttentionRope, (s.n_head as u32, n as u32))
         } else {
             let rope = [
                 tok_base,
@@ -479,20 +524,25 @@ impl Recording<'_> {
             ];
             r.dispatch(SpanKernel::Rope, sets.rope, &rope, (n as u32, 1));
             r.end(SpanStage::RopeKvStore);
-            SpanKernel::Attention
+            if chunk.tiled_attention {
+                let blocks = n.div_ceil(TILED_ATTENTION_QUERIES);
+                (SpanKernel::AttentionTiled, (s.n_head as u32, blocks as u32))
+            } else {
+                (SpanKernel::Attention, (s.n_head as u32, n as u32))
+            }
         };
-        // The fused kernel's push constants continue after the attention's.
-        let push = [
-            &attention[..],
-            &[s.n_rot as u32, neox, rope_table, k_off, v_off],
-        ]
-        .concat();
-        r.dispatch(
-            attention_kernel,
-            sets.attention,
-            &push,
-            (s.n_head as u32, n as u32),
-        );
+        // The fused kernel's push constants continue after the attention's
+        // with RoPE's, the tiled kernel's with the chunk's tokens.
+        let push = if attention_kernel == SpanKernel::AttentionTiled {
+            [&attention[..], &[n as u32]].concat()
+        } else {
+            [
+                &attention[..],
+                &[s.n_rot as u32, neox, rope_table, k_off, v_off],
+            ]
+            .concat()
+        };
+        r.dispatch(attention_kernel, sets.attention, &push, attention_groups);
         self.prefetch(r, chunk, &chunk.matmuls[il][1], &sets.wo.sets);
         r.end(SpanStage::Attention);
         self.residual_matmul(

@@ -1,9 +1,10 @@
 //! Command buffers of earlier forwards, kept for reuse: a forward's
-//! recording depends only on its shape (tokens, rows of logits) and on the
-//! span's buffers and sets, never on its positions (those come from the step
-//! buffer), so decode submits one recording again and again instead of
+//! recording depends only on its shape (tokens, rows of logits, whether its
+//! tokens are consecutive positions of one slot) and on the span's buffers
+//! and sets, never on its positions (those come from the step buffer), so decode submits one recording again and again instead of
 //! planning and recording several hundred commands per token.
 
+use super::record::TokenLayout;
 use crate::gpu::{Exec, Gpu};
 use ash::vk;
 
@@ -11,8 +12,9 @@ use ash::vk;
 /// list without bound.
 const MAX_RECORDED: usize = 8;
 
-/// (tokens, rows of logits or None for x) of a forward.
-pub(crate) type ForwardKey = (usize, Option<usize>);
+/// (tokens, rows of logits or None for x, token layout) of a forward: plain
+/// and batched forwards of one size record different attention kernels.
+pub(crate) type ForwardKey = (usize, Option<usize>, TokenLayout);
 
 #[derive(Default)]
 pub(crate) struct Recorded {
