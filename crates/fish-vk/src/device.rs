@@ -3,6 +3,7 @@
 use crate::config::{Config, CpuDevices, QueuePreference};
 use crate::coopmat::{CoopMatFeatures, CoopMatTile};
 use crate::error::{Result, VkCall, VkError};
+use crate::full_subgroups;
 use crate::int8_dot::{self, Int8Dot, Int8DotFeatures};
 use crate::pipeline_stats;
 use ash::{ext, vk};
@@ -39,6 +40,9 @@ pub struct DeviceInfo {
     /// Pipeline statistics asked for (FISH_VK_PIPELINE_STATS=1) and offered
     /// (VK_KHR_pipeline_executable_properties; pipeline_stats.rs).
     pub pipeline_stats: bool,
+    /// The largest subgroup size where cooperative-matrix pipelines can
+    /// require full subgroups (full_subgroups.rs), else None.
+    pub full_subgroups: Option<u32>,
 }
 
 /// Lower is better; None: never chosen automatically.
@@ -174,6 +178,8 @@ fn describe_physical(
             .contains(vk::SubgroupFeatureFlags::BASIC | vk::SubgroupFeatureFlags::ARITHMETIC);
     // SAFETY: `physical` comes from `instance`.
     let int8_dot = unsafe { int8_dot::probe(instance, physical, &exts) };
+    // SAFETY: `physical` comes from `instance`.
+    let full_subgroups = unsafe { full_subgroups::probe(instance, physical, &exts) };
     let pipeline_stats = pipeline_stats::wanted()
         && exts
             .iter()
@@ -204,6 +210,7 @@ fn describe_physical(
         cooperative_matrix: None,
         int8_dot,
         pipeline_stats,
+        full_subgroups,
     })
 }
 
@@ -229,6 +236,10 @@ pub(crate) fn create_logical(
     if info.int8_dot != Int8Dot::Absent {
         exts.push(Int8DotFeatures::extension_name());
     }
+    let mut full_subgroup_features = full_subgroups::features();
+    if info.full_subgroups.is_some() {
+        exts.push(full_subgroups::extension_name());
+    }
     let mut stats_features = pipeline_stats::features();
     if info.pipeline_stats {
         exts.push(pipeline_stats::extension_name().as_ptr());
@@ -238,6 +249,9 @@ pub(crate) fn create_logical(
         .enabled_extension_names(&exts);
     if info.pipeline_stats {
         create = create.push_next(&mut stats_features);
+    }
+    if info.full_subgroups.is_some() {
+        create = create.push_next(&mut full_subgroup_features);
     }
     if info.cooperative_matrix.is_some() {
         create = coop_features.chain(create);

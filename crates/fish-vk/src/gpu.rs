@@ -101,7 +101,7 @@ impl Gpu {
         let stats = info
             .pipeline_stats
             .then(|| PipelineStats::new(&instance.raw, &device));
-        let pipelines = match Pipelines::new(&device, stats) {
+        let pipelines = match Pipelines::new(&device, stats, info.full_subgroups) {
             Ok(p) => p,
             Err(e) => {
                 drop(allocator);

@@ -11,6 +11,7 @@ mod config;
 mod coopmat;
 mod device;
 mod error;
+mod full_subgroups;
 mod gpu;
 mod instance;
 mod int8_dot;

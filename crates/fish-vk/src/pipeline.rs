@@ -1,6 +1,7 @@
 //! Compute pipelines for the embedded SPIR-V modules, created on first use.
 
 use crate::error::{Result, VkCall, VkError};
+use crate::full_subgroups;
 use crate::pipeline_stats::PipelineStats;
 use ash::vk;
 use std::collections::HashMap;
@@ -74,10 +75,17 @@ pub(crate) struct Pipelines {
     built: Mutex<HashMap<String, (vk::ShaderModule, vk::Pipeline)>>,
     /// The driver's statistics of each pipeline built, when asked for.
     pub stats: Option<PipelineStats>,
+    /// DeviceInfo::full_subgroups: the cooperative-matrix pipelines require
+    /// full subgroups where this is Some.
+    full_subgroups: Option<u32>,
 }
 
 impl Pipelines {
-    pub fn new(device: &ash::Device, stats: Option<PipelineStats>) -> Result<Pipelines> {
+    pub fn new(
+        device: &ash::Device,
+        stats: Option<PipelineStats>,
+        full_subgroups: Option<u32>,
+    ) -> Result<Pipelines> {
         let bindings: Vec<_> = (0..MATMUL_BINDINGS)
             .map(|b| {
                 vk::DescriptorSetLayoutBinding::default()
@@ -113,6 +121,7 @@ impl Pipelines {
             layout,
             built: Mutex::new(HashMap::new()),
             stats,
+            full_subgroups,
         })
     }
 
@@ -142,7 +151,15 @@ impl Pipelines {
         let specialization = vk::SpecializationInfo::default()
             .map_entries(&entries)
             .data(&data);
+        // The cooperative-matrix kernel takes its workgroup size from
+        // constant 9 (coopmat.rs, CoopMatTile::spec).
+        let threads = spec.get(9).copied();
         let stage = vk::PipelineShaderStageCreateInfo::default()
+            .flags(full_subgroups::stage_flags(
+                self.full_subgroups,
+                name,
+                threads,
+            ))
             .stage(vk::ShaderStageFlags::COMPUTE)
             .module(module)
             .name(c"main")
