@@ -98,7 +98,10 @@ float query_reduce(uint qi, bool is_max) {
 
 void main() {
     uint h = gl_WorkGroupID.x;
-    uint t0 = gl_WorkGroupID.y * QB;
+    // The last blocks of a chunk see the most keys: they get the lowest
+    // workgroup ids, which the GPU starts first, so that the short blocks
+    // fill in behind them instead of the long ones trailing at the end.
+    uint t0 = (gl_NumWorkGroups.y - 1u - gl_WorkGroupID.y) * QB;
     uint tid = gl_LocalInvocationID.x;
     uint qi = tid / LANES;
     uint lane = tid % LANES;

@@ -78,7 +78,6 @@ pub(crate) fn plan_chunks(
     layout: TokenLayout,
 ) -> Result<Vec<Chunk>> {
     let gated_act = gated_activation(gpu, shape);
-    let tiled_fits = layout == TokenLayout::Consecutive && tiled_attention_fits(shape);
     let prefetch = gpu.l2_prefetch()?;
     let mut chunks: Vec<Chunk> = Vec::new();
     for tok0 in (0..n_tok).step_by(chunk_tokens) {
@@ -126,7 +125,7 @@ pub(crate) fn plan_chunks(
             gated: down_kernel != Kernel::Auto,
             prefetch: prefetch.filter(|_| decode),
             rope_in_attention: n == 1 && rope_fusable(shape),
-            tiled_attention: tiled_fits && n >= TILED_ATTENTION_MIN_TOKENS,
+            tiled_attention: attends_tiled(shape, layout, n),
         });
     }
     Ok(chunks)
@@ -142,6 +141,15 @@ fn rope_fusable(shape: &SpanShape) -> bool {
     shape.head_dim.is_multiple_of(4)
         && shape.head_dim_v.is_multiple_of(2)
         && std::env::var("FISH_GPU_FUSE_ROPE").as_deref() != Ok("0")
+}
+
+/// Whether a chunk of `n` tokens attends with `SpanKernel::AttentionTiled`:
+/// chunks of at least TILED_ATTENTION_MIN_TOKENS tokens of plain forwards
+/// (batched forwards give every row its own slot) whose shape fits it.
+fn attends_tiled(shape: &SpanShape, layout: TokenLayout, n: usize) -> bool {
+    layout == TokenLayout::Consecutive
+        && n >= TILED_ATTENTION_MIN_TOKENS
+        && tiled_attention_fits(shape)
 }
 
 /// Whether the multi-token chunks of plain forwards may attend with the
@@ -693,5 +701,46 @@ impl Recording<'_> {
 
     unsafe fn matmul(&self, r: &mut Recorder<'_>, plan: &[Dispatch], sets: &[vk::DescriptorSet]) {
         self.gpu.record_dispatches(r.cmd, plan, sets);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn llama_8b(head_dim: usize) -> SpanShape {
+        SpanShape {
+            n_embd: 4096,
+            n_head: 32,
+            n_head_kv: 8,
+            head_dim,
+            head_dim_v: head_dim,
+            n_rot: head_dim,
+            rope: SpanRope::Adjacent,
+            activation: SpanActivation::SwiGlu,
+            rms_eps: 1e-5,
+            attn_scale: 1.0 / (head_dim as f32).sqrt(),
+            n_ctx: 4096,
+        }
+    }
+
+    #[test]
+    fn only_large_chunks_of_plain_forwards_attend_tiled() {
+        let shape = llama_8b(128);
+        // Verification (<= 17 tokens) and decode keep the per-token kernel.
+        for n in [1, 17, TILED_ATTENTION_MIN_TOKENS - 1] {
+            assert!(!attends_tiled(&shape, TokenLayout::Consecutive, n), "{n}");
+        }
+        assert!(!attends_tiled(&shape, TokenLayout::PerRow, 64));
+        assert!(!attends_tiled(
+            &llama_8b(100),
+            TokenLayout::Consecutive,
+            512
+        ));
+        if std::env::var("FISH_GPU_ATTN_TILED").as_deref() != Ok("0") {
+            for n in [TILED_ATTENTION_MIN_TOKENS, 40, 512] {
+                assert!(attends_tiled(&shape, TokenLayout::Consecutive, n), "{n}");
+            }
+        }
     }
 }
