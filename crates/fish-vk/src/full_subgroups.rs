@@ -2,9 +2,12 @@
 //! (VK_EXT_subgroup_size_control's computeFullSubgroups): cooperative-matrix
 //! operations need every invocation of a subgroup active, and without
 //! REQUIRE_FULL_SUBGROUPS a driver may not assume that its subgroups are
-//! full, which can cost it its fast path. Requested where the device offers
-//! the feature, for workgroups that are a multiple of the largest subgroup
-//! size (the extension's rule); `FISH_VK_FULL_SUBGROUPS=0` leaves it off.
+//! full, which can cost it its fast path. Requested with
+//! `FISH_VK_FULL_SUBGROUPS=1` where the device offers the feature, for
+//! workgroups that are a multiple of the largest subgroup size (the
+//! extension's rule). Opt-in until measured on the H200 (where the
+//! cooperative-matrix products run far below the tensor rate,
+//! docs/BENCHMARKS.md).
 
 use ash::{ext, vk};
 
@@ -17,7 +20,7 @@ pub(crate) unsafe fn probe(
     physical: vk::PhysicalDevice,
     exts: &[vk::ExtensionProperties],
 ) -> Option<u32> {
-    if std::env::var("FISH_VK_FULL_SUBGROUPS").as_deref() == Ok("0") {
+    if std::env::var("FISH_VK_FULL_SUBGROUPS").as_deref() != Ok("1") {
         return None;
     }
     let listed = exts

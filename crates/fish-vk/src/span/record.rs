@@ -144,34 +144,42 @@ fn rope_fusable(shape: &SpanShape) -> bool {
 }
 
 /// Whether a chunk of `n` tokens attends with `SpanKernel::AttentionTiled`:
-/// chunks of at least TILED_ATTENTION_MIN_TOKENS tokens of plain forwards
-/// (batched forwards give every row its own slot) whose shape fits it.
+/// when the kernel is enabled, the chunk qualifies and the shape fits it.
 fn attends_tiled(shape: &SpanShape, layout: TokenLayout, n: usize) -> bool {
-    layout == TokenLayout::Consecutive
-        && n >= TILED_ATTENTION_MIN_TOKENS
-        && tiled_attention_fits(shape)
+    tiled_attention_enabled()
+        && chunk_takes_tiled_attention(layout, n)
+        && shape_takes_tiled_attention(shape)
 }
 
-/// Whether the multi-token chunks of plain forwards may attend with the
-/// query-blocked kernel (shaders/span_attention_tiled.comp): its 16-byte
-/// loads need heads and k/v rows of whole 8-value groups (heads are at most
-/// 256 wide for every span, desc.rs). On unless `FISH_GPU_ATTN_TILED=0`
-/// (read once per process), which keeps `SpanKernel::Attention` for every
-/// chunk. The plain kernel has each token re-read every key and value row
-/// of its head; the tiled one reads them once per block of 16 tokens.
-fn tiled_attention_fits(shape: &SpanShape) -> bool {
+/// Only with `FISH_GPU_ATTN_TILED=1` (read once per process) until the
+/// query-blocked kernel (shaders/span_attention_tiled.comp) is measured on
+/// the H200; otherwise every chunk keeps `SpanKernel::Attention`. The plain
+/// kernel has each token re-read every key and value row of its head; the
+/// tiled one reads them once per block of 16 tokens (tested on lavapipe:
+/// crates/fish-span/tests/span_chunks.rs).
+fn tiled_attention_enabled() -> bool {
     static ENABLED: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    let enabled =
-        *ENABLED.get_or_init(|| std::env::var("FISH_GPU_ATTN_TILED").as_deref() != Ok("0"));
-    enabled
-        && [
-            shape.head_dim,
-            shape.head_dim_v,
-            shape.k_dim(),
-            shape.v_dim(),
-        ]
-        .iter()
-        .all(|d| d.is_multiple_of(8))
+    *ENABLED.get_or_init(|| std::env::var("FISH_GPU_ATTN_TILED").as_deref() == Ok("1"))
+}
+
+/// Chunks of at least TILED_ATTENTION_MIN_TOKENS tokens of plain forwards:
+/// batched forwards give every row its own slot, and verification (<= 17
+/// tokens) and decode must keep the per-token kernel, whose bits they share.
+fn chunk_takes_tiled_attention(layout: TokenLayout, n: usize) -> bool {
+    layout == TokenLayout::Consecutive && n >= TILED_ATTENTION_MIN_TOKENS
+}
+
+/// The kernel's 16-byte loads need heads and k/v rows of whole 8-value
+/// groups (heads are at most 256 wide for every span, desc.rs).
+fn shape_takes_tiled_attention(shape: &SpanShape) -> bool {
+    [
+        shape.head_dim,
+        shape.head_dim_v,
+        shape.k_dim(),
+        shape.v_dim(),
+    ]
+    .iter()
+    .all(|d| d.is_multiple_of(8))
 }
 
 /// The activation decode steps fuse into the down projection: only with
@@ -726,21 +734,21 @@ mod tests {
 
     #[test]
     fn only_large_chunks_of_plain_forwards_attend_tiled() {
-        let shape = llama_8b(128);
         // Verification (<= 17 tokens) and decode keep the per-token kernel.
         for n in [1, 17, TILED_ATTENTION_MIN_TOKENS - 1] {
-            assert!(!attends_tiled(&shape, TokenLayout::Consecutive, n), "{n}");
+            assert!(
+                !chunk_takes_tiled_attention(TokenLayout::Consecutive, n),
+                "{n}"
+            );
         }
-        assert!(!attends_tiled(&shape, TokenLayout::PerRow, 64));
-        assert!(!attends_tiled(
-            &llama_8b(100),
-            TokenLayout::Consecutive,
-            512
-        ));
-        if std::env::var("FISH_GPU_ATTN_TILED").as_deref() != Ok("0") {
-            for n in [TILED_ATTENTION_MIN_TOKENS, 40, 512] {
-                assert!(attends_tiled(&shape, TokenLayout::Consecutive, n), "{n}");
-            }
+        assert!(!chunk_takes_tiled_attention(TokenLayout::PerRow, 64));
+        for n in [TILED_ATTENTION_MIN_TOKENS, 40, 512] {
+            assert!(
+                chunk_takes_tiled_attention(TokenLayout::Consecutive, n),
+                "{n}"
+            );
         }
+        assert!(shape_takes_tiled_attention(&llama_8b(128)));
+        assert!(!shape_takes_tiled_attention(&llama_8b(100)));
     }
 }
