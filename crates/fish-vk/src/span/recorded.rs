@@ -1,8 +1,9 @@
 //! Command buffers of earlier forwards, kept for reuse: a forward's
 //! recording depends only on its shape (tokens, rows of logits, whether its
 //! tokens are consecutive positions of one slot) and on the span's buffers
-//! and sets, never on its positions (those come from the step buffer), so decode submits one recording again and again instead of
-//! planning and recording several hundred commands per token.
+//! and sets, never on its positions (those come from the step buffer), so
+//! decode submits one recording again and again instead of planning and
+//! recording several hundred commands per token.
 
 use super::record::TokenLayout;
 use crate::gpu::{Exec, Gpu};
