@@ -136,6 +136,7 @@ struct MatvecOverrides {
     threads: Option<u32>,
     rows: Option<u32>,
     unroll: Option<u32>,
+    tokens: Option<u32>,
 }
 
 impl MatvecOverrides {
@@ -154,9 +155,35 @@ impl MatvecOverrides {
                 }),
                 rows: var("FISH_VK_MATVEC_ROWS", |r| (1..=8).contains(&r)),
                 unroll: var("FISH_VK_MATVEC_UNROLL", |u| (1..=4).contains(&u)),
+                tokens: var("FISH_VK_MATVEC_TOKENS", |t| {
+                    (1..=MATVEC_MAX_TOKENS as u32).contains(&t)
+                }),
             }
         })
     }
+}
+
+/// Tokens per pass of the float matvec for the types with fifth bits or
+/// K-quant scales: 4. Their kernel is bound by the per-token products and
+/// the registers that hold one sum per row and token, not by weight bytes,
+/// so a batch of 8 runs faster as two passes of 4 over the weights (H200,
+/// Q4_K 4096 x 14336: 44.6 us per 4-token call, 107.4 us per 8-token call;
+/// docs/BENCHMARKS.md). Each token's sums run in the same order in any
+/// pass, so batched and verification forwards keep the bits of decode.
+/// The other types and the int8 kernels take up to MATVEC_MAX_TOKENS per
+/// pass; `FISH_VK_MATVEC_TOKENS=n` forces n everywhere (tuning).
+const K_CLASS_PASS_TOKENS: u32 = 4;
+
+fn pass_tokens(ty: WeightFormat, kernel: Kernel, forced: Option<u32>) -> usize {
+    use GgmlType::*;
+    let float_kernel = !matches!(kernel, Kernel::MatvecInt8 | Kernel::MatvecInt8Prequantised);
+    let k_class = matches!(ty, WeightFormat::Ggml(Q5_0 | Q5_1 | Q4_K | Q5_K | Q6_K));
+    let natural = if float_kernel && k_class {
+        K_CLASS_PASS_TOKENS
+    } else {
+        MATVEC_MAX_TOKENS as u32
+    };
+    forced.unwrap_or(natural) as usize
 }
 
 impl MatvecShape {
@@ -204,7 +231,7 @@ impl MatvecShape {
                 _ => threads,
             },
             rows: o.rows.unwrap_or(rows),
-            tokens: n_tok.clamp(1, MATVEC_MAX_TOKENS) as u32,
+            tokens: n_tok.clamp(1, pass_tokens(ty, kernel, o.tokens)) as u32,
             unroll: o.unroll.unwrap_or(1),
         }
     }
@@ -769,4 +796,26 @@ unsafe fn barrier(
         .src_access_mask(access(src))
         .dst_access_mask(access(dst))];
     d.cmd_pipeline_barrier(cmd, src, dst, vk::DependencyFlags::empty(), &mb, &[], &[]);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn k_class_float_matvecs_take_four_tokens_per_pass() {
+        let q4k = WeightFormat::Ggml(GgmlType::Q4_K);
+        let q4_0 = WeightFormat::Ggml(GgmlType::Q4_0);
+        assert_eq!(pass_tokens(q4k, Kernel::Matvec, None), 4);
+        assert_eq!(
+            pass_tokens(q4k, Kernel::MatvecInt8Prequantised, None),
+            MATVEC_MAX_TOKENS
+        );
+        assert_eq!(pass_tokens(q4_0, Kernel::Matvec, None), MATVEC_MAX_TOKENS);
+        assert_eq!(pass_tokens(q4_0, Kernel::Matvec, Some(2)), 2);
+        let shape = MatvecShape::new(q4k, Kernel::Matvec, 8, 4096);
+        assert_eq!(shape.tokens, 4);
+        let shape = MatvecShape::new(q4k, Kernel::Matvec, 3, 4096);
+        assert_eq!(shape.tokens, 3);
+    }
 }

@@ -80,6 +80,40 @@ fn every_kernel_variant_matches_at_every_batch_size() {
 }
 
 #[test]
+fn batched_matvec_gives_each_token_the_bits_of_a_single_token_call() {
+    // Speculative verification and batched decode rely on it: whatever the
+    // tokens per pass (one pass of 8, two of 4, ...), each token's sums run
+    // in the order of a one-token call.
+    let Some(gpu) = gpu_or_skip() else { return };
+    for (i, ty) in KERNEL_TYPES.into_iter().enumerate() {
+        let w = synthetic_weights(ty, N_IN, N_OUT, 300 + i as u64);
+        let h = gpu.upload(ty, &w, N_IN, N_OUT).expect("upload");
+        for n_tok in [5usize, 8] {
+            let x = random_values(N_IN * n_tok, 21 + n_tok as u64);
+            let batched = gpu
+                .matmul_group_with(&[h], &x, n_tok, Kernel::Matvec)
+                .expect("matmul")
+                .remove(0);
+            for t in 0..n_tok {
+                let single = gpu
+                    .matmul_group_with(&[h], &x[t * N_IN..(t + 1) * N_IN], 1, Kernel::Matvec)
+                    .expect("matmul")
+                    .remove(0);
+                let row = &batched[t * N_OUT..(t + 1) * N_OUT];
+                assert!(
+                    row.iter()
+                        .zip(&single)
+                        .all(|(a, b)| a.to_bits() == b.to_bits()),
+                    "{ty:?} n_tok={n_tok} token {t}: batched and single-token sums differ"
+                );
+            }
+        }
+        gpu.free(h).expect("free");
+    }
+    assert_no_validation_messages(gpu);
+}
+
+#[test]
 fn long_rows_match_the_cpu_reference() {
     // Rows above 2048 values take another matvec shape than N_IN's
     // (kernels.rs, MatvecShape::new): cover it for every type.
