@@ -18,7 +18,7 @@
 
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
 use fish_gguf::GgmlType;
-use fish_vk::{CoopMatTile, Gpu, Kernel, TensorHandle, WeightFormat};
+use fish_vk::{CoopMatTile, Gpu, Kernel, PeakShape, TensorHandle, WeightFormat};
 use std::time::Duration;
 
 const TYPES: [WeightFormat; 11] = [
@@ -282,11 +282,61 @@ fn bench_coopmat(c: &mut Criterion) {
     group.finish();
 }
 
+/// Rounds of products per workgroup in `coopmat_peak`, and its workgroups
+/// (enough to fill a large GPU several times over).
+const PEAK_ROUNDS: u32 = 2048;
+const PEAK_GROUPS: u32 = 4096;
+
+/// The cooperative-matrix products alone (shaders/coopmat_peak.comp): the
+/// device's and driver's rate for bare products, with the fragment shape as
+/// specialisation constants (as the prefill kernel has it) and, where the
+/// tile is 16x16x16, written in the source (GFLOP/s as `elem/s`).
+fn bench_coopmat_peak(c: &mut Criterion) {
+    let Some(gpu) = fish_vk::global() else { return };
+    let Some(tile) = gpu.coopmat_tile_in_use() else {
+        eprintln!("coopmat_peak: skipped, no cooperative matrices on this device");
+        return;
+    };
+    let mut group = c.benchmark_group("coopmat_peak");
+    group
+        .sample_size(10)
+        .measurement_time(Duration::from_secs(2));
+    let subgroups = tile.warps_m * tile.warps_n;
+    let flops = fish_vk::peak_flops(
+        tile.tm,
+        tile.tn,
+        tile.tk,
+        subgroups,
+        PEAK_GROUPS,
+        PEAK_ROUNDS,
+        1,
+    );
+    group.throughput(Throughput::Elements(flops));
+    for (id, shape) in [
+        ("specialised", PeakShape::Specialised),
+        ("fixed16", PeakShape::Fixed16),
+    ] {
+        if let Err(why) = gpu.time_coopmat_peak(shape, 1, 1, 1) {
+            eprintln!("coopmat_peak/{id}: skipped ({why})");
+            continue;
+        }
+        group.bench_function(id, |b| {
+            b.iter_custom(|iters| {
+                gpu.time_coopmat_peak(shape, PEAK_ROUNDS, PEAK_GROUPS, iters as u32)
+                    .expect("coopmat_peak")
+                    .time
+            })
+        });
+    }
+    group.finish();
+}
+
 criterion_group!(
     benches,
     bench_matvec,
     bench_matvec_batch,
     bench_tiled,
-    bench_coopmat
+    bench_coopmat,
+    bench_coopmat_peak
 );
 criterion_main!(benches);

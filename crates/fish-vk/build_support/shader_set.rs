@@ -147,6 +147,13 @@ const TYPE_VARIANTS: &[TypeVariant] = &[
     },
 ];
 
+/// Measurement-only cooperative-matrix modules (glslangValidator) as
+/// (module name, source file in shaders/, defines).
+pub const COOPMAT_PROBE_MODULES: &[(&str, &str, &[&str])] = &[
+    ("coopmat_peak", "coopmat_peak.comp", &[]),
+    ("coopmat_peak_fixed", "coopmat_peak.comp", &["FIXED_SHAPE"]),
+];
+
 /// Every module, in a fixed order.
 pub fn shader_specs() -> Vec<ShaderSpec> {
     let mut specs = Vec::new();
@@ -171,6 +178,14 @@ pub fn shader_specs() -> Vec<ShaderSpec> {
             source,
             defines: defines.iter().map(|d| d.to_string()).collect(),
             compiler: ShaderCompiler::Glslc,
+        });
+    }
+    for (name, source, defines) in COOPMAT_PROBE_MODULES {
+        specs.push(ShaderSpec {
+            name: name.to_string(),
+            source,
+            defines: defines.iter().map(|d| d.to_string()).collect(),
+            compiler: ShaderCompiler::GlslangCoopMat,
         });
     }
     specs

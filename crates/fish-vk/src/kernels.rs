@@ -416,6 +416,20 @@ impl Gpu {
         let y_bytes: u64 = handles.iter().map(|h| (h.n_out() * n_tok * 4) as u64).sum();
         let x_bytes = (n_tok * n_in * 4) as u64;
         let dispatches = self.plan(&resident, n_tok, kernel)?;
+        self.time_dispatches(&dispatches, x_bytes, y_bytes, repeats)
+    }
+
+    /// GPU time of `dispatches` recorded `repeats` times in one submit
+    /// without barriers, on the scratch x (zeroed first, `x_bytes`) and y
+    /// (`y_bytes`). Timestamp queries where the queue has them, else the
+    /// host clock around the submit.
+    pub(crate) fn time_dispatches(
+        &self,
+        dispatches: &[Dispatch],
+        x_bytes: u64,
+        y_bytes: u64,
+        repeats: u32,
+    ) -> Result<Duration> {
         let mut exec = self.lock_exec();
         self.prepare_scratch(&mut exec, x_bytes, y_bytes)?;
         let (_, x_dev, y_dev, _) = scratch_handles(&exec);
@@ -423,7 +437,7 @@ impl Gpu {
         let pool = self.descriptor_pool(dispatches.len())?;
         let started = Instant::now();
         let result = self
-            .bind_sets(pool, &dispatches, x_dev, x_bytes, y_dev, y_bytes)
+            .bind_sets(pool, dispatches, x_dev, x_bytes, y_dev, y_bytes)
             .and_then(|sets| {
                 self.submit_and_wait(&exec, |cmd| unsafe {
                     let d = &self.device;
@@ -439,7 +453,7 @@ impl Gpu {
                         d.cmd_write_timestamp(cmd, vk::PipelineStageFlags::TOP_OF_PIPE, q, 0);
                     }
                     for _ in 0..repeats {
-                        self.record_dispatches(cmd, &dispatches, &sets);
+                        self.record_dispatches(cmd, dispatches, &sets);
                     }
                     if let Some(q) = queries {
                         d.cmd_write_timestamp(cmd, vk::PipelineStageFlags::BOTTOM_OF_PIPE, q, 1);
