@@ -172,21 +172,19 @@ pub fn shader_specs() -> Vec<ShaderSpec> {
             });
         }
     }
-    for (name, source, defines) in SPAN_MODULES {
-        specs.push(ShaderSpec {
-            name: name.to_string(),
-            source,
-            defines: defines.iter().map(|d| d.to_string()).collect(),
-            compiler: ShaderCompiler::Glslc,
-        });
-    }
-    for (name, source, defines) in COOPMAT_PROBE_MODULES {
-        specs.push(ShaderSpec {
-            name: name.to_string(),
-            source,
-            defines: defines.iter().map(|d| d.to_string()).collect(),
-            compiler: ShaderCompiler::GlslangCoopMat,
-        });
+    let lists = [
+        (SPAN_MODULES, ShaderCompiler::Glslc),
+        (COOPMAT_PROBE_MODULES, ShaderCompiler::GlslangCoopMat),
+    ];
+    for (list, compiler) in lists {
+        for (name, source, defines) in list {
+            specs.push(ShaderSpec {
+                name: name.to_string(),
+                source,
+                defines: defines.iter().map(|d| d.to_string()).collect(),
+                compiler,
+            });
+        }
     }
     specs
 }
