@@ -8,7 +8,11 @@
 // workgroup size), so it compiles the way matmul_coopmat.comp does. With
 // FIXED_SHAPE the fragment shape is 16 x 16 x 16 in the source instead of
 // specialisation constants: comparing both tells whether the driver's
-// lowering depends on knowing the shape before specialisation.
+// lowering depends on knowing the shape before specialisation. With
+// SHARED_LOADS every round also loads its A and B fragments from shared
+// memory (16-byte elements, rows padded as the prefill kernel pads them,
+// the offset moving with the round so that no load leaves the loop): the
+// cost of the fragment loads on top of the products.
 #extension GL_GOOGLE_include_directive : require
 #extension GL_EXT_control_flow_attributes : enable
 #extension GL_KHR_shader_subgroup_basic : require
@@ -36,6 +40,15 @@ layout(local_size_x_id = 9) in;
 #define FRAG_B coopmat<float16_t, gl_ScopeSubgroup, TK, TN, gl_MatrixUseB>
 #define ACC coopmat<float, gl_ScopeSubgroup, TM, TN, gl_MatrixUseAccumulator>
 
+#if defined(SHARED_LOADS)
+// Four row blocks of fragments, rows of TK f16 values padded to a 16-byte
+// stride of TK / 8 + 1 elements (the prefill kernel's 32-value rows take 20
+// dwords; this keeps the same kind of bank spread for one fragment depth).
+const uint ROW_ELEMS = TK / 8u + 1u;
+const uint BLOCK_ROWS = 64u;
+shared uvec4 tile[4u * BLOCK_ROWS * ROW_ELEMS];
+#endif
+
 void main() {
     FRAG_A a = FRAG_A(float16_t(0.0078125));
     FRAG_B b = FRAG_B(float16_t(0.0078125));
@@ -43,7 +56,19 @@ void main() {
     [[unroll]] for (uint j = 0u; j < ACCS; j++) {
         acc[j] = ACC(float(j));
     }
+#if defined(SHARED_LOADS)
+    // 0.0078125 in both halves of every word.
+    for (uint e = gl_LocalInvocationIndex; e < tile.length(); e += gl_WorkGroupSize.x) {
+        tile[e] = uvec4(0x20002000u);
+    }
+    barrier();
+#endif
     for (uint i = 0u; i < p.n_in; i++) {
+#if defined(SHARED_LOADS)
+        uint block = (i + gl_SubgroupID) & 3u;
+        coopMatLoad(a, tile, block * BLOCK_ROWS * ROW_ELEMS, ROW_ELEMS, gl_CooperativeMatrixLayoutRowMajor);
+        coopMatLoad(b, tile, (block * BLOCK_ROWS + 16u) * ROW_ELEMS, ROW_ELEMS, gl_CooperativeMatrixLayoutColumnMajor);
+#endif
         [[unroll]] for (uint j = 0u; j < ACCS; j++) {
             acc[j] = coopMatMulAdd(a, b, acc[j]);
         }

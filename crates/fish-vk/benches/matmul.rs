@@ -289,8 +289,9 @@ const PEAK_GROUPS: u32 = 4096;
 
 /// The cooperative-matrix products alone (shaders/coopmat_peak.comp): the
 /// device's and driver's rate for bare products, with the fragment shape as
-/// specialisation constants (as the prefill kernel has it) and, where the
-/// tile is 16x16x16, written in the source (GFLOP/s as `elem/s`).
+/// specialisation constants (as the prefill kernel has it), where the tile
+/// is 16x16x16 written in the source, and with both fragments loaded from
+/// shared memory every round (GFLOP/s as `elem/s`).
 fn bench_coopmat_peak(c: &mut Criterion) {
     let Some(gpu) = fish_vk::global() else { return };
     let Some(tile) = gpu.coopmat_tile_in_use() else {
@@ -315,6 +316,7 @@ fn bench_coopmat_peak(c: &mut Criterion) {
     for (id, shape) in [
         ("specialised", PeakShape::Specialised),
         ("fixed16", PeakShape::Fixed16),
+        ("shared_loads", PeakShape::SharedLoads),
     ] {
         if let Err(why) = gpu.time_coopmat_peak(shape, 1, 1, 1) {
             eprintln!("coopmat_peak/{id}: skipped ({why})");

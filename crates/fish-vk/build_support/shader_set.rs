@@ -152,6 +152,7 @@ const TYPE_VARIANTS: &[TypeVariant] = &[
 pub const COOPMAT_PROBE_MODULES: &[(&str, &str, &[&str])] = &[
     ("coopmat_peak", "coopmat_peak.comp", &[]),
     ("coopmat_peak_fixed", "coopmat_peak.comp", &["FIXED_SHAPE"]),
+    ("coopmat_peak_shared", "coopmat_peak.comp", &["SHARED_LOADS"]),
 ];
 
 /// Every module, in a fixed order.

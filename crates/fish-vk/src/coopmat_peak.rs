@@ -19,6 +19,9 @@ pub enum PeakShape {
     Specialised,
     /// 16 x 16 x 16 written in the source (only where the tile is 16x16x16).
     Fixed16,
+    /// As `Specialised`, with both fragments loaded from shared memory in
+    /// every round (the products' operand traffic of the prefill kernel).
+    SharedLoads,
 }
 
 /// One timed run of the probe.
@@ -72,6 +75,7 @@ impl Gpu {
         })?;
         let module = match shape {
             PeakShape::Specialised => "coopmat_peak",
+            PeakShape::SharedLoads => "coopmat_peak_shared",
             PeakShape::Fixed16 if (tile.tm, tile.tn, tile.tk) == (16, 16, 16) => {
                 "coopmat_peak_fixed"
             }
