@@ -9,6 +9,7 @@
 
 use crate::device::DeviceInfo;
 use crate::error::{Result, VkError};
+use crate::instance::has_extension;
 use crate::kernels::Kernel;
 use crate::tile_padding::{padded_row_stride, PaddingRule, RowStride, SharedLayout};
 use ash::{khr, vk};
@@ -387,10 +388,6 @@ fn env_disabled() -> bool {
         std::env::var("FISH_VK_COOPMAT").as_deref(),
         Ok("0" | "off" | "false" | "no")
     )
-}
-
-fn has_extension(exts: &[vk::ExtensionProperties], name: &CStr) -> bool {
-    exts.iter().any(|e| e.extension_name_as_c_str() == Ok(name))
 }
 
 /// The cooperative-matrix tile for this device, or why there is none.

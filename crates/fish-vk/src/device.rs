@@ -4,6 +4,7 @@ use crate::config::{Config, CpuDevices, QueuePreference};
 use crate::coopmat::{CoopMatFeatures, CoopMatTile};
 use crate::error::{Result, VkCall, VkError};
 use crate::full_subgroups;
+use crate::instance::has_extension;
 use crate::int8_dot::{self, Int8Dot, Int8DotFeatures};
 use crate::pipeline_stats;
 use ash::{ext, vk};
@@ -167,9 +168,7 @@ fn describe_physical(
         .unwrap_or(0);
     let exts = unsafe { instance.enumerate_device_extension_properties(physical) }
         .call("vkEnumerateDeviceExtensionProperties")?;
-    let memory_budget_ext = exts
-        .iter()
-        .any(|e| e.extension_name_as_c_str() == Ok(ext::memory_budget::NAME));
+    let memory_budget_ext = has_extension(&exts, ext::memory_budget::NAME);
     let subgroup_arithmetic = subgroup
         .supported_stages
         .contains(vk::ShaderStageFlags::COMPUTE)
@@ -180,10 +179,8 @@ fn describe_physical(
     let int8_dot = unsafe { int8_dot::probe(instance, physical, &exts) };
     // SAFETY: `physical` comes from `instance`.
     let full_subgroups = unsafe { full_subgroups::probe(instance, physical, &exts) };
-    let pipeline_stats = pipeline_stats::wanted()
-        && exts
-            .iter()
-            .any(|e| e.extension_name_as_c_str() == Ok(pipeline_stats::extension_name()));
+    let pipeline_stats =
+        pipeline_stats::wanted() && has_extension(&exts, pipeline_stats::extension_name());
     let timestamp_period_ns = (family.timestamp_valid_bits > 0
         && props.limits.timestamp_period > 0.0)
         .then_some(f64::from(props.limits.timestamp_period));

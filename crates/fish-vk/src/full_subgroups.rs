@@ -9,6 +9,7 @@
 //! cooperative-matrix products run far below the tensor rate,
 //! docs/BENCHMARKS.md).
 
+use crate::instance::has_extension;
 use ash::{ext, vk};
 
 /// The largest subgroup size when full subgroups can be required, else None.
@@ -23,10 +24,7 @@ pub(crate) unsafe fn probe(
     if std::env::var("FISH_VK_FULL_SUBGROUPS").as_deref() != Ok("1") {
         return None;
     }
-    let listed = exts
-        .iter()
-        .any(|e| e.extension_name_as_c_str() == Ok(ext::subgroup_size_control::NAME));
-    if !listed {
+    if !has_extension(exts, ext::subgroup_size_control::NAME) {
         return None;
     }
     let mut feature = vk::PhysicalDeviceSubgroupSizeControlFeatures::default();

@@ -51,7 +51,8 @@ unsafe extern "system" fn on_message(
     vk::FALSE
 }
 
-fn has_extension(props: &[vk::ExtensionProperties], name: &CStr) -> bool {
+/// Whether `props` (instance or device extensions) lists `name`.
+pub(crate) fn has_extension(props: &[vk::ExtensionProperties], name: &CStr) -> bool {
     props
         .iter()
         .any(|p| p.extension_name_as_c_str() == Ok(name))

@@ -3,6 +3,7 @@
 //! a decode uses is chosen here too, from what the device reports and
 //! `FISH_VK_INT8`.
 
+use crate::instance::has_extension;
 use crate::weight_format::WeightFormat;
 use ash::khr;
 use ash::vk;
@@ -99,10 +100,7 @@ pub(crate) unsafe fn probe(
     physical: vk::PhysicalDevice,
     exts: &[vk::ExtensionProperties],
 ) -> Int8Dot {
-    let listed = exts
-        .iter()
-        .any(|e| e.extension_name_as_c_str() == Ok(khr::shader_integer_dot_product::NAME));
-    if !listed {
+    if !has_extension(exts, khr::shader_integer_dot_product::NAME) {
         return Int8Dot::Absent;
     }
     let mut feature = vk::PhysicalDeviceShaderIntegerDotProductFeatures::default();
