@@ -86,7 +86,9 @@ impl Gpu {
                 )))
             }
         };
-        let pipeline = self.pipelines.get(&self.device, module, &tile.spec())?;
+        let pipeline =
+            self.pipelines
+                .get_cooperative(&self.device, module, &tile.spec(), tile.threads())?;
         let subgroups = tile.warps_m * tile.warps_n;
         let y_bytes = u64::from(groups * subgroups * tile.tm * tile.tn) * 4;
         // The probe reads nothing; binding 0 still needs a buffer.

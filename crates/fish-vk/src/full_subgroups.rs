@@ -50,16 +50,15 @@ pub(crate) fn features() -> vk::PhysicalDeviceSubgroupSizeControlFeatures<'stati
     vk::PhysicalDeviceSubgroupSizeControlFeatures::default().compute_full_subgroups(true)
 }
 
-/// The stage flags of a pipeline of module `name` whose workgroup has
-/// `threads` invocations (None: not known), given the probe's result.
+/// The stage flags of a cooperative-matrix pipeline whose workgroup has
+/// `threads` invocations, given the probe's result: full subgroups where
+/// they can be required and the workgroup is whole subgroups.
 pub(crate) fn stage_flags(
     max_subgroup: Option<u32>,
-    name: &str,
-    threads: Option<u32>,
+    threads: u32,
 ) -> vk::PipelineShaderStageCreateFlags {
-    let cooperative = name.starts_with("coopmat_") && !name.starts_with("coopmat_emu_");
-    match (max_subgroup, threads) {
-        (Some(max), Some(t)) if cooperative && max > 0 && t % max == 0 => {
+    match max_subgroup {
+        Some(max) if max > 0 && threads.is_multiple_of(max) => {
             vk::PipelineShaderStageCreateFlags::REQUIRE_FULL_SUBGROUPS
         }
         _ => vk::PipelineShaderStageCreateFlags::empty(),
@@ -71,15 +70,12 @@ mod tests {
     use super::*;
 
     #[test]
-    fn only_real_cooperative_pipelines_with_whole_subgroups_ask_for_full_ones() {
+    fn only_workgroups_of_whole_subgroups_ask_for_full_ones() {
         let full = vk::PipelineShaderStageCreateFlags::REQUIRE_FULL_SUBGROUPS;
         let none = vk::PipelineShaderStageCreateFlags::empty();
-        assert_eq!(stage_flags(Some(32), "coopmat_q4_k", Some(128)), full);
-        assert_eq!(stage_flags(Some(64), "coopmat_q4_k", Some(128)), full);
-        assert_eq!(stage_flags(Some(64), "coopmat_q4_k", Some(96)), none);
-        assert_eq!(stage_flags(None, "coopmat_q4_k", Some(128)), none);
-        assert_eq!(stage_flags(Some(32), "coopmat_q4_k", None), none);
-        assert_eq!(stage_flags(Some(32), "coopmat_emu_q4_k", Some(128)), none);
-        assert_eq!(stage_flags(Some(32), "matvec_q4_k", Some(128)), none);
+        assert_eq!(stage_flags(Some(32), 128), full);
+        assert_eq!(stage_flags(Some(64), 128), full);
+        assert_eq!(stage_flags(Some(64), 96), none);
+        assert_eq!(stage_flags(None, 128), none);
     }
 }

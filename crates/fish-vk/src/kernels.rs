@@ -534,9 +534,14 @@ impl Gpu {
                 (_, Some(tile)) => tile.spec(),
                 _ => Vec::new(),
             };
-            let pipeline =
-                self.pipelines
-                    .get(&self.device, &self.module_name(h.ty(), kernel), &spec)?;
+            let module = self.module_name(h.ty(), kernel);
+            let pipeline = match (kernel, coop_tile) {
+                (Kernel::CoopMat, Some(tile)) => {
+                    self.pipelines
+                        .get_cooperative(&self.device, &module, &spec, tile.threads())?
+                }
+                _ => self.pipelines.get(&self.device, &module, &spec)?,
+            };
             for c in &t.chunks {
                 let n_rows = c.n_rows as u32;
                 let (groups, groups_x) = match (kernel, coop_tile) {

@@ -75,8 +75,8 @@ pub(crate) struct Pipelines {
     built: Mutex<HashMap<String, (vk::ShaderModule, vk::Pipeline)>>,
     /// The driver's statistics of each pipeline built, when asked for.
     pub stats: Option<PipelineStats>,
-    /// DeviceInfo::full_subgroups: the cooperative-matrix pipelines require
-    /// full subgroups where this is Some.
+    /// DeviceInfo::full_subgroups: pipelines built by `get_cooperative`
+    /// require full subgroups where this is Some.
     full_subgroups: Option<u32>,
 }
 
@@ -128,6 +128,37 @@ impl Pipelines {
     /// The pipeline of module `name` with specialisation constants `spec`
     /// (constant_id i takes spec[i]), built on first use.
     pub fn get(&self, device: &ash::Device, name: &str, spec: &[u32]) -> Result<vk::Pipeline> {
+        self.get_with(
+            device,
+            name,
+            spec,
+            vk::PipelineShaderStageCreateFlags::empty(),
+        )
+    }
+
+    /// `get` for a cooperative-matrix module whose workgroup has `threads`
+    /// invocations: it requires full subgroups where the device allows
+    /// (full_subgroups.rs).
+    pub fn get_cooperative(
+        &self,
+        device: &ash::Device,
+        name: &str,
+        spec: &[u32],
+        threads: u32,
+    ) -> Result<vk::Pipeline> {
+        let flags = full_subgroups::stage_flags(self.full_subgroups, threads);
+        self.get_with(device, name, spec, flags)
+    }
+
+    /// A module's flags follow from its name (only cooperative-matrix
+    /// modules are asked for with flags), so name and constants key the cache.
+    fn get_with(
+        &self,
+        device: &ash::Device,
+        name: &str,
+        spec: &[u32],
+        stage_flags: vk::PipelineShaderStageCreateFlags,
+    ) -> Result<vk::Pipeline> {
         let key = format!("{name}{spec:?}");
         let mut built = self.built.lock().unwrap_or_else(|e| e.into_inner());
         if let Some((_, p)) = built.get(&key) {
@@ -151,15 +182,8 @@ impl Pipelines {
         let specialization = vk::SpecializationInfo::default()
             .map_entries(&entries)
             .data(&data);
-        // The cooperative-matrix kernel takes its workgroup size from
-        // constant 9 (coopmat.rs, CoopMatTile::spec).
-        let threads = spec.get(9).copied();
         let stage = vk::PipelineShaderStageCreateInfo::default()
-            .flags(full_subgroups::stage_flags(
-                self.full_subgroups,
-                name,
-                threads,
-            ))
+            .flags(stage_flags)
             .stage(vk::ShaderStageFlags::COMPUTE)
             .module(module)
             .name(c"main")
