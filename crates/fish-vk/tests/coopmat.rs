@@ -115,21 +115,12 @@ fn check_one(
 }
 
 fn check_every_type(gpu: &Gpu, kernel: Kernel) {
-    for (i, ty) in KERNEL_TYPES.into_iter().enumerate() {
-        let w = synthetic_weights(ty, N_IN, N_OUT, 500 + i as u64);
-        let h = gpu.upload(ty, &w, N_IN, N_OUT).expect("upload");
-        let weights = Weights {
-            ty,
-            bytes: &w,
-            n_in: N_IN,
-            n_out: N_OUT,
-        };
+    for_each_kernel_type(gpu, N_IN, N_OUT, 500, |w, h| {
         for n_tok in TOKENS {
-            let what = format!("{ty:?} n_tok={n_tok}");
-            multiply_and_check(gpu, kernel, h, &weights, n_tok, 40 + n_tok as u64, &what);
+            let what = format!("{:?} n_tok={n_tok}", w.ty);
+            multiply_and_check(gpu, kernel, h, w, n_tok, 40 + n_tok as u64, &what);
         }
-        gpu.free(h).expect("free");
-    }
+    });
     assert_no_validation_messages(gpu);
 }
 

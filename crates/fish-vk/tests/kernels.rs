@@ -22,37 +22,21 @@ fn supports_exactly_the_kernel_types() {
 #[test]
 fn every_type_matches_the_cpu_reference() {
     let Some(gpu) = gpu_or_skip() else { return };
-    for (i, ty) in KERNEL_TYPES.into_iter().enumerate() {
-        let w = synthetic_weights(ty, N_IN, N_OUT, 100 + i as u64);
-        let h = gpu.upload(ty, &w, N_IN, N_OUT).expect("upload");
+    for_each_kernel_type(gpu, N_IN, N_OUT, 100, |w, h| {
         for n_tok in [1usize, 3, 37, 256] {
             let x = random_values(N_IN * n_tok, 7 + n_tok as u64);
             let y = gpu.matmul(h, &x, n_tok).expect("matmul");
-            check_auto(
-                gpu,
-                &Weights {
-                    ty,
-                    bytes: &w,
-                    n_in: N_IN,
-                    n_out: N_OUT,
-                },
-                &x,
-                n_tok,
-                &y,
-                &format!("{ty:?} auto n_tok={n_tok}"),
-            );
+            let what = format!("{:?} auto n_tok={n_tok}", w.ty);
+            check_auto(gpu, w, &x, n_tok, &y, &what);
         }
-        gpu.free(h).expect("free");
-    }
+    });
     assert_no_validation_messages(gpu);
 }
 
 #[test]
 fn every_kernel_variant_matches_at_every_batch_size() {
     let Some(gpu) = gpu_or_skip() else { return };
-    for (i, ty) in KERNEL_TYPES.into_iter().enumerate() {
-        let w = synthetic_weights(ty, N_IN, N_OUT, 200 + i as u64);
-        let h = gpu.upload(ty, &w, N_IN, N_OUT).expect("upload");
+    for_each_kernel_type(gpu, N_IN, N_OUT, 200, |w, h| {
         for kernel in [Kernel::Matvec, Kernel::MatvecSharedReduce, Kernel::Tiled] {
             for n_tok in [1usize, 3, 37] {
                 let x = random_values(N_IN * n_tok, 11 + n_tok as u64);
@@ -60,22 +44,11 @@ fn every_kernel_variant_matches_at_every_batch_size() {
                     .matmul_group_with(&[h], &x, n_tok, kernel)
                     .expect("matmul")
                     .remove(0);
-                check_against_cpu(
-                    &Weights {
-                        ty,
-                        bytes: &w,
-                        n_in: N_IN,
-                        n_out: N_OUT,
-                    },
-                    &x,
-                    n_tok,
-                    &y,
-                    &format!("{ty:?} {kernel:?} n_tok={n_tok}"),
-                );
+                let what = format!("{:?} {kernel:?} n_tok={n_tok}", w.ty);
+                check_against_cpu(w, &x, n_tok, &y, &what);
             }
         }
-        gpu.free(h).expect("free");
-    }
+    });
     assert_no_validation_messages(gpu);
 }
 
@@ -85,9 +58,7 @@ fn batched_matvec_gives_each_token_the_bits_of_a_single_token_call() {
     // tokens per pass (one pass of 8, two of 4, ...), each token's sums run
     // in the order of a one-token call.
     let Some(gpu) = gpu_or_skip() else { return };
-    for (i, ty) in KERNEL_TYPES.into_iter().enumerate() {
-        let w = synthetic_weights(ty, N_IN, N_OUT, 300 + i as u64);
-        let h = gpu.upload(ty, &w, N_IN, N_OUT).expect("upload");
+    for_each_kernel_type(gpu, N_IN, N_OUT, 300, |w, h| {
         for n_tok in [5usize, 8] {
             let x = random_values(N_IN * n_tok, 21 + n_tok as u64);
             let batched = gpu
@@ -104,12 +75,12 @@ fn batched_matvec_gives_each_token_the_bits_of_a_single_token_call() {
                     row.iter()
                         .zip(&single)
                         .all(|(a, b)| a.to_bits() == b.to_bits()),
-                    "{ty:?} n_tok={n_tok} token {t}: batched and single-token sums differ"
+                    "{:?} n_tok={n_tok} token {t}: batched and single-token sums differ",
+                    w.ty
                 );
             }
         }
-        gpu.free(h).expect("free");
-    }
+    });
     assert_no_validation_messages(gpu);
 }
 
@@ -119,31 +90,17 @@ fn long_rows_match_the_cpu_reference() {
     // (kernels.rs, MatvecShape::new): cover it for every type.
     let Some(gpu) = gpu_or_skip() else { return };
     let n_in = 4096;
-    for (i, ty) in KERNEL_TYPES.into_iter().enumerate() {
-        let w = synthetic_weights(ty, n_in, N_OUT, 400 + i as u64);
-        let h = gpu.upload(ty, &w, n_in, N_OUT).expect("upload");
+    for_each_kernel_type(gpu, n_in, N_OUT, 400, |w, h| {
         for n_tok in [1usize, 3] {
             let x = random_values(n_in * n_tok, 17 + n_tok as u64);
             let y = gpu
                 .matmul_group_with(&[h], &x, n_tok, Kernel::Matvec)
                 .expect("matmul")
                 .remove(0);
-            let weights = Weights {
-                ty,
-                bytes: &w,
-                n_in,
-                n_out: N_OUT,
-            };
-            check_against_cpu(
-                &weights,
-                &x,
-                n_tok,
-                &y,
-                &format!("{ty:?} n_in={n_in} n_tok={n_tok}"),
-            );
+            let what = format!("{:?} n_in={n_in} n_tok={n_tok}", w.ty);
+            check_against_cpu(w, &x, n_tok, &y, &what);
         }
-        gpu.free(h).expect("free");
-    }
+    });
     assert_no_validation_messages(gpu);
 }
 
@@ -172,9 +129,7 @@ fn gated_matvec_applies_the_activation_as_it_reads_x() {
         assert!(!require_gpu(), "the gated matvec needs subgroup arithmetic");
         return;
     }
-    for (i, ty) in KERNEL_TYPES.into_iter().enumerate() {
-        let w = synthetic_weights(ty, N_IN, N_OUT, 300 + i as u64);
-        let h = gpu.upload(ty, &w, N_IN, N_OUT).expect("upload");
+    for_each_kernel_type(gpu, N_IN, N_OUT, 300, |w, h| {
         for act in [GatedActivation::Silu, GatedActivation::Gelu] {
             for n_tok in [1usize, 3] {
                 // Gate values over the activation's curved range, then up values.
@@ -186,22 +141,11 @@ fn gated_matvec_applies_the_activation_as_it_reads_x() {
                     .matmul_group_with(&[h], &gate_up, n_tok, Kernel::MatvecGated(act))
                     .expect("gated matvec")
                     .remove(0);
-                check_against_cpu(
-                    &Weights {
-                        ty,
-                        bytes: &w,
-                        n_in: N_IN,
-                        n_out: N_OUT,
-                    },
-                    &gated_reference(&gate_up, act),
-                    n_tok,
-                    &y,
-                    &format!("{ty:?} gated {act:?} n_tok={n_tok}"),
-                );
+                let what = format!("{:?} gated {act:?} n_tok={n_tok}", w.ty);
+                check_against_cpu(w, &gated_reference(&gate_up, act), n_tok, &y, &what);
             }
         }
-        gpu.free(h).expect("free");
-    }
+    });
     assert_no_validation_messages(gpu);
 }
 

@@ -2,7 +2,7 @@
 #![allow(dead_code)]
 
 use fish_gguf::GgmlType;
-use fish_vk::Gpu;
+use fish_vk::{Gpu, TensorHandle};
 use rand::{Rng, SeedableRng};
 
 /// The GGUF types with matmul kernels (FQ3, not a GGUF type, has its own tests).
@@ -75,6 +75,29 @@ pub struct Weights<'a> {
     pub bytes: &'a [u8],
     pub n_in: usize,
     pub n_out: usize,
+}
+
+/// Runs `f` once per kernel type on synthetic weights (seed `seed` plus the
+/// type's index in KERNEL_TYPES) uploaded to `gpu`, and frees them after.
+pub fn for_each_kernel_type(
+    gpu: &Gpu,
+    n_in: usize,
+    n_out: usize,
+    seed: u64,
+    mut f: impl FnMut(&Weights<'_>, TensorHandle),
+) {
+    for (i, ty) in KERNEL_TYPES.into_iter().enumerate() {
+        let bytes = synthetic_weights(ty, n_in, n_out, seed + i as u64);
+        let h = gpu.upload(ty, &bytes, n_in, n_out).expect("upload");
+        let weights = Weights {
+            ty,
+            bytes: &bytes,
+            n_in,
+            n_out,
+        };
+        f(&weights, h);
+        gpu.free(h).expect("free");
+    }
 }
 
 /// Checks y against the f32 product of the dequantised weights with x, per
