@@ -66,6 +66,10 @@ layout(constant_id = 11) const uint PIPELINE = 0u;
 #include "dequant.glsl"
 #include "coopmat_raw.glsl"
 
+// Most fragments per subgroup along rows and along tokens (coopmat.rs
+// refuses tiles with more, MAX_FRAGS_PER_SIDE).
+#define MAX_FRAGS 4u
+
 const uint BM = WARPS_M * FM * TM;
 const uint BN = WARPS_N * FN * TN;
 const uint THREADS = WARPS_M * WARPS_N * LANES;
@@ -193,7 +197,7 @@ vec4 raw_b_hi[B_TASKS];
 
 // Issues the global loads of the step at k0 into the registers.
 void fetch_step(uint k0) {
-    for (uint t = 0u; t < A_TASKS; t++) {
+    [[unroll]] for (uint t = 0u; t < A_TASKS; t++) {
         uint task = gl_LocalInvocationIndex + t * THREADS;
         uint r = task / (BK / 8u);
         uint kg = task % (BK / 8u);
@@ -201,7 +205,7 @@ void fetch_step(uint k0) {
             raw_a[t] = raw_fetch(tile_row_byte(r), k0 / 8u + kg);
         }
     }
-    for (uint t = 0u; t < B_TASKS; t++) {
+    [[unroll]] for (uint t = 0u; t < B_TASKS; t++) {
         uint task = gl_LocalInvocationIndex + t * THREADS;
         if (task < BN * (BK / 8u)) {
             uint n = task / (BK / 8u);
@@ -214,7 +218,7 @@ void fetch_step(uint k0) {
 
 // Decodes the registers fetched for the step at k0 into tile half `stage`.
 void store_step(uint k0, uint stage) {
-    for (uint t = 0u; t < A_TASKS; t++) {
+    [[unroll]] for (uint t = 0u; t < A_TASKS; t++) {
         uint task = gl_LocalInvocationIndex + t * THREADS;
         uint r = task / (BK / 8u);
         uint kg = task % (BK / 8u);
@@ -227,7 +231,7 @@ void store_step(uint k0, uint stage) {
             put_a(stage * A_TILE, r, kg, lo, hi);
         }
     }
-    for (uint t = 0u; t < B_TASKS; t++) {
+    [[unroll]] for (uint t = 0u; t < B_TASKS; t++) {
         uint task = gl_LocalInvocationIndex + t * THREADS;
         if (task < BN * (BK / 8u)) {
             put_b(stage * B_TILE, task / (BK / 8u), task % (BK / 8u), raw_b_lo[t], raw_b_hi[t]);
@@ -235,16 +239,39 @@ void store_step(uint k0, uint stage) {
     }
 }
 
+// Writes accumulator fragment f (row block f / FN, token block f % FN of
+// the subgroup) to y through the subgroup's slot of buf_c at c_base.
+void write_fragment(Acc c, uint f, uint c_base, uint lane, uint warp_m, uint warp_n) {
+    uint fm = f / FN;
+    uint fn = f % FN;
+    uint row0 = gl_WorkGroupID.x * BM + (warp_m * FM + fm) * TM;
+    uint tok0 = gl_WorkGroupID.y * BN + (warp_n * FN + fn) * TN;
+    STORE_C(c, c_base);
+    SUBGROUP_SYNC();
+    for (uint e = lane; e < TM * TN; e += LANES) {
+        uint row = row0 + e % TM;
+        uint tok = tok0 + e / TM;
+        if (row < p.n_rows && tok < p.n_tok) {
+            store_y(tok * p.y_stride + p.y_offset + row, buf_c[c_base + e]);
+        }
+    }
+    SUBGROUP_SYNC();
+}
+
 void main() {
     uint warp = WARP_ID;
     uint lane = LANE_ID;
     uint warp_m = warp % WARPS_M;
     uint warp_n = warp / WARPS_M;
-    uint row0 = gl_WorkGroupID.x * BM;
-    uint tok0 = gl_WorkGroupID.y * BN;
 
-    Acc acc[FM * FN];
-    for (uint f = 0u; f < FM * FN; f++) {
+    // The fragment arrays have a size fixed in the source (MAX_FRAGS), not
+    // one computed from specialisation constants, and every loop over them
+    // is unrolled. With acc[FM * FN] the H200's driver gave each accumulator
+    // local memory (the pipeline statistics: FM * FN * 32 bytes) and the
+    // products ran at ~37 TFLOPS against ~600 in the coopmat_peak probe,
+    // whose arrays are sized by constants.
+    Acc acc[MAX_FRAGS * MAX_FRAGS];
+    [[unroll]] for (uint f = 0u; f < FM * FN; f++) {
         ACC_ZERO(acc[f]);
     }
 
@@ -271,8 +298,8 @@ void main() {
         uint a_base = cur * A_TILE;
         uint b_base = cur * B_TILE;
         [[unroll]] for (uint kk = 0u; kk < BK; kk += TK) {
-            FRAG_A a[FM];
-            FRAG_B b[FN];
+            FRAG_A a[MAX_FRAGS];
+            FRAG_B b[MAX_FRAGS];
             [[unroll]] for (uint fm = 0u; fm < FM; fm++) {
                 LOAD_A(a[fm], a_base + ((warp_m * FM + fm) * TM) * STRIDE + kk / 2u);
             }
@@ -296,19 +323,13 @@ void main() {
 
     // Each fragment goes out through the subgroup's slot of buf_c, so that
     // partial tiles are cut at the matrix edges and the writes are coalesced.
+    // The fragments are named by literal indices: a loop over them would be
+    // one the driver may leave rolled (its body holds barriers and a loop),
+    // and one dynamic index puts the whole accumulator array in local memory.
     uint c_base = warp * TM * TN;
-    for (uint fm = 0u; fm < FM; fm++) {
-        for (uint fn = 0u; fn < FN; fn++) {
-            STORE_C(acc[fm * FN + fn], c_base);
-            SUBGROUP_SYNC();
-            for (uint e = lane; e < TM * TN; e += LANES) {
-                uint row = row0 + (warp_m * FM + fm) * TM + e % TM;
-                uint tok = tok0 + (warp_n * FN + fn) * TN + e / TM;
-                if (row < p.n_rows && tok < p.n_tok) {
-                    store_y(tok * p.y_stride + p.y_offset + row, buf_c[c_base + e]);
-                }
-            }
-            SUBGROUP_SYNC();
-        }
-    }
+#define WRITE_FRAGMENT(f) if ((f) < FM * FN) { write_fragment(acc[f], f, c_base, lane, warp_m, warp_n); }
+    WRITE_FRAGMENT(0u) WRITE_FRAGMENT(1u) WRITE_FRAGMENT(2u) WRITE_FRAGMENT(3u)
+    WRITE_FRAGMENT(4u) WRITE_FRAGMENT(5u) WRITE_FRAGMENT(6u) WRITE_FRAGMENT(7u)
+    WRITE_FRAGMENT(8u) WRITE_FRAGMENT(9u) WRITE_FRAGMENT(10u) WRITE_FRAGMENT(11u)
+    WRITE_FRAGMENT(12u) WRITE_FRAGMENT(13u) WRITE_FRAGMENT(14u) WRITE_FRAGMENT(15u)
 }

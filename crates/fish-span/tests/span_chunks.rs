@@ -3,11 +3,11 @@
 //! every chunk reads the KV rows the chunks before it wrote in the same
 //! submit, so each prompt row's logits must match those of the same span
 //! fed one token per forward, and mostly the CPU's argmax. The chunks of 64
-//! tokens attend with the query-blocked kernel (FISH_GPU_ATTN_TILED=1,
-//! opt-in), the 22-token tail and the single-token forwards with the plain
+//! tokens attend with the query-blocked kernel (the default for chunks of
+//! 32 or more tokens), the 22-token tail and the single-token forwards with the plain
 //! one; a second run slides every other layer over 24 positions. The other
-//! span tests use the default chunk and kernel. Both tests set the same
-//! variables: they are read from the environment once per process.
+//! span tests use the default chunk. Both tests set the same variable: it
+//! is read from the environment once per process.
 
 mod common;
 
@@ -58,7 +58,6 @@ fn chunked_vs_stepped(model: &Model, prompt: &[u32]) -> Vec<Vec<f32>> {
 
 fn setup() -> Option<std::sync::Arc<fish_span::VulkanBackend>> {
     std::env::set_var("FISH_GPU_SPAN_CHUNK", "64");
-    std::env::set_var("FISH_GPU_ATTN_TILED", "1");
     backend()
 }
 

@@ -74,6 +74,12 @@ pub struct CoopMatTile {
     pub shared_bytes: u32,
 }
 
+/// Most fragments per subgroup along rows and along tokens: the shader's
+/// fragment arrays are sized by this constant (MAX_FRAGS in
+/// matmul_coopmat.comp), since arrays sized by specialisation constants went
+/// to local memory on the H200.
+pub const MAX_FRAGS_PER_SIDE: u32 = 4;
+
 /// Subgroups and fragments per subgroup, as FISH_VK_COOPMAT_TILE gives them,
 /// the values per staging step (FISH_VK_COOPMAT_BK) and the staging
 /// (FISH_VK_COOPMAT_PIPELINE).
@@ -88,12 +94,11 @@ pub struct WarpLayout {
 }
 
 /// 2 x 2 subgroups of 2 x 2 fragments: a 64 x 64 tile with 16 x 16
-/// fragments, so that a span's 64-token prefill chunks fill it. On the H200
-/// it beat the 128 x 128 tile (and the plain tiles) end to end: pp512 913 vs
-/// 753 tok/s on the llama-8b shape, 3708 vs 3013 on llama-1b; 2,2,4,2
-/// (128 x 64), 4,2,2,2, 4,1,2,4, 2,1,4,4 and 1,2,8,2 were slower
-/// (docs/BENCHMARKS.md). Pipelined staging: pp512 1089-1096 vs 903-904 on
-/// llama-8b, 4391-4413 vs 3632-3649 on llama-1b (same binary, alternating).
+/// fragments, pipelined staging, 32-value steps. On the H200, with the
+/// accumulators in registers (2026-11-30, pp512 with 512-token chunks): 4238
+/// tok/s on the llama-8b shape and 21785 on llama-1b; 2,2,2,4 and 2,2,4,4
+/// were up to 10% faster on llama-8b but slower on llama-1b, 64-value steps
+/// slower everywhere, 16 subgroups slower (docs/BENCHMARKS.md).
 pub const DEFAULT_WARPS: WarpLayout = WarpLayout {
     warps_m: 2,
     warps_n: 2,
@@ -157,6 +162,12 @@ impl CoopMatTile {
         if tk == 0 || !STEP_VALUES.is_multiple_of(tk) || tm == 0 || tn == 0 {
             return Err(format!(
                 "fragment {tm}x{tn}x{tk} does not fit {STEP_VALUES}-value steps"
+            ));
+        }
+        if warps.frags_m > MAX_FRAGS_PER_SIDE || warps.frags_n > MAX_FRAGS_PER_SIDE {
+            return Err(format!(
+                "{}x{} fragments per subgroup exceed the shader's {MAX_FRAGS_PER_SIDE} per side",
+                warps.frags_m, warps.frags_n
             ));
         }
         let threads = warps.warps_m * warps.warps_n * lanes;
@@ -698,6 +709,24 @@ mod tests {
         let err =
             CoopMatTile::new((16, 16, 16), 32, many, PaddingRule::default(), limits()).unwrap_err();
         assert!(err.contains("2048 invocations"), "{err}");
+        // The shader's fragment arrays hold at most 4 per side.
+        let wide = WarpLayout {
+            warps_m: 1,
+            warps_n: 1,
+            frags_m: 1,
+            frags_n: 5,
+            ..DEFAULT_WARPS
+        };
+        let err =
+            CoopMatTile::new((16, 16, 16), 32, wide, PaddingRule::default(), limits()).unwrap_err();
+        assert!(err.contains("exceed the shader's 4 per side"), "{err}");
+        let widest = WarpLayout {
+            frags_n: MAX_FRAGS_PER_SIDE,
+            ..wide
+        };
+        assert!(
+            CoopMatTile::new((16, 16, 16), 32, widest, PaddingRule::default(), limits()).is_ok()
+        );
     }
 
     #[test]
