@@ -62,6 +62,26 @@ fn rotate_bytes() -> u64 {
     mb << 20
 }
 
+/// Criterion's filter only skips measurements: every group still uploads
+/// its weights (hundreds of MB per type and shape) first. On a device with
+/// little time, FISH_VK_BENCH_GROUPS=coopmat,tiled and
+/// FISH_VK_BENCH_TYPES=F16,Q4_K (names as `WeightFormat::name`) skip the
+/// other groups and types before any upload.
+fn listed(var: &str, name: &str) -> bool {
+    match std::env::var(var) {
+        Ok(list) => list.split(',').any(|v| v.trim().eq_ignore_ascii_case(name)),
+        Err(_) => true,
+    }
+}
+
+fn group_selected(name: &str) -> bool {
+    listed("FISH_VK_BENCH_GROUPS", name)
+}
+
+fn type_selected(ty: &WeightFormat) -> bool {
+    listed("FISH_VK_BENCH_TYPES", ty.name())
+}
+
 /// Pseudo-random bytes: the kernels' speed does not depend on the values.
 fn weight_bytes(len: usize, seed: u64) -> Vec<u8> {
     let mut s = seed | 1;
@@ -154,11 +174,17 @@ fn kernel_takes(kernel: Kernel, ty: WeightFormat) -> bool {
 }
 
 fn matvec_group(c: &mut Criterion, gpu: &fish_vk::Gpu, name: &str, kernel: Kernel) {
+    if !group_selected(name) {
+        return;
+    }
     let mut group = c.benchmark_group(name);
     group
         .sample_size(10)
         .measurement_time(Duration::from_secs(2));
-    for ty in TYPES.into_iter().filter(|&t| kernel_takes(kernel, t)) {
+    for ty in TYPES
+        .into_iter()
+        .filter(|&t| kernel_takes(kernel, t) && type_selected(&t))
+    {
         for (n_in, n_out) in shapes() {
             let Some((handles, bytes)) = upload_copies(gpu, ty, n_in, n_out) else {
                 continue;
@@ -182,12 +208,15 @@ fn bench_matvec_batch(c: &mut Criterion) {
         kernels.push(("matvec_i8_batch", Kernel::MatvecInt8));
     }
     for (name, kernel) in kernels {
+        if !group_selected(name) {
+            continue;
+        }
         let mut group = c.benchmark_group(name);
         group
             .sample_size(10)
             .measurement_time(Duration::from_secs(2));
         let (n_in, n_out) = shapes()[1];
-        for ty in BATCH_TYPES {
+        for ty in BATCH_TYPES.into_iter().filter(type_selected) {
             let Some((handles, bytes)) = upload_copies(gpu, ty, n_in, n_out) else {
                 continue;
             };
@@ -206,12 +235,15 @@ fn bench_matvec_batch(c: &mut Criterion) {
 }
 
 fn bench_tiled(c: &mut Criterion) {
+    if !group_selected("tiled") {
+        return;
+    }
     let Some(gpu) = fish_vk::global() else { return };
     let mut group = c.benchmark_group("tiled");
     group
         .sample_size(10)
         .measurement_time(Duration::from_secs(3));
-    for ty in TYPES {
+    for ty in TYPES.into_iter().filter(type_selected) {
         for (n_in, n_out) in shapes() {
             let Some((handles, _)) = upload_copies(gpu, ty, n_in, n_out) else {
                 continue;
@@ -240,6 +272,9 @@ fn bench_tiled(c: &mut Criterion) {
 /// FISH_VK_COOPMAT_TILE / FISH_VK_COOPMAT_BK / FISH_VK_COOPMAT_LOAD_DWORDS
 /// pick the tile (docs/GPU.md).
 fn bench_coopmat(c: &mut Criterion) {
+    if !group_selected("coopmat") {
+        return;
+    }
     let Some(gpu) = fish_vk::global() else { return };
     let Some(tile) = gpu.coopmat_tile_in_use() else {
         eprintln!("coopmat: skipped, no cooperative matrices on this device");
@@ -256,7 +291,7 @@ fn bench_coopmat(c: &mut Criterion) {
         .sample_size(10)
         .measurement_time(Duration::from_secs(3));
     let (n_in, n_out) = shapes()[1];
-    for ty in TYPES {
+    for ty in TYPES.into_iter().filter(type_selected) {
         let Some((handles, _)) = upload_copies(gpu, ty, n_in, n_out) else {
             continue;
         };
@@ -293,6 +328,9 @@ const PEAK_GROUPS: u32 = 4096;
 /// is 16x16x16 written in the source, and with both fragments loaded from
 /// shared memory every round (GFLOP/s as `elem/s`).
 fn bench_coopmat_peak(c: &mut Criterion) {
+    if !group_selected("coopmat_peak") {
+        return;
+    }
     let Some(gpu) = fish_vk::global() else { return };
     let Some(tile) = gpu.coopmat_tile_in_use() else {
         eprintln!("coopmat_peak: skipped, no cooperative matrices on this device");
