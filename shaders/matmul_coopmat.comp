@@ -15,10 +15,8 @@
 //
 // The tiles are uvec4 arrays and every row starts on a 16-byte boundary
 // (STRIDE is a multiple of 4 dwords): each 8-value group is one 16-byte
-// store and the fragment loads index whole 16-byte elements. (Measured on
-// the H200 against 4-byte elements: no change end to end. There, with the
-// staging switched off, the fragment loads and products alone run at only
-// ~37 TFLOPS; docs/BENCHMARKS.md.)
+// store and the fragment loads index whole 16-byte elements (measured on
+// the H200 against 4-byte elements: no change end to end).
 //
 // With PIPELINE = 1 the staging is software-pipelined over two halves of
 // double-buffered A/B tiles: step s issues the global loads of step s + 1
@@ -327,12 +325,12 @@ void main() {
     uint warp_m = warp % WARPS_M;
     uint warp_n = warp / WARPS_M;
 
-    // The fragment arrays have a size fixed in the source (MAX_FRAGS), not
-    // one computed from specialisation constants, and every loop over them
-    // is unrolled. With acc[FM * FN] the H200's driver gave each accumulator
-    // local memory (the pipeline statistics: FM * FN * 32 bytes) and the
-    // products ran at ~37 TFLOPS against ~600 in the coopmat_peak probe,
-    // whose arrays are sized by constants.
+    // The accumulators must stay in registers. Every loop over them has a
+    // plain body and is unrolled, and the output names each fragment by a
+    // literal index (WRITE_FRAGMENT below, hence arrays sized by MAX_FRAGS):
+    // when the output looped over acc, the H200's driver left that loop
+    // rolled and put the whole array in local memory (pipeline statistics:
+    // FM * FN * 32 bytes), and prefill ran 2.2x slower.
     Acc acc[MAX_FRAGS * MAX_FRAGS];
     [[unroll]] for (uint f = 0u; f < FM * FN; f++) {
         ACC_ZERO(acc[f]);

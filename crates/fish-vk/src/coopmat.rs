@@ -98,8 +98,9 @@ pub struct CoopMatTile {
 
 /// Most fragments per subgroup along rows and along tokens: the shader's
 /// fragment arrays are sized by this constant (MAX_FRAGS in
-/// matmul_coopmat.comp), since arrays sized by specialisation constants went
-/// to local memory on the H200.
+/// matmul_coopmat.comp) so that its output can name every accumulator by a
+/// literal index; a rolled loop over them put them in local memory on the
+/// H200 (docs/GPU.md).
 pub const MAX_FRAGS_PER_SIDE: u32 = 4;
 
 /// Subgroups and fragments per subgroup, as FISH_VK_COOPMAT_TILE gives them,
