@@ -161,7 +161,7 @@ pub struct TileLimits {
 }
 
 impl CoopMatTile {
-    /// Both stagings, synchronous first (for A/B runs through
+    /// Every staging, synchronous first (for A/B runs through
     /// `Gpu::with_coopmat_staging`).
     pub const STAGINGS: [Staging; 3] = [
         Staging::Synchronous,
@@ -232,8 +232,8 @@ impl CoopMatTile {
     }
 
     /// The shared memory the shader declares: pipelined staging doubles the
-    /// A and B tiles (STAGES * BM and STAGES * BN padded rows), the output
-    /// staging stays single.
+    /// A and B tiles (2 x BM and 2 x BN padded rows), direct input doubles A
+    /// and declares one unused B row; the output staging stays single.
     pub fn shared_layout(&self) -> SharedLayout {
         SharedLayout {
             a_rows: self.staging.a_tiles() * self.rows(),
