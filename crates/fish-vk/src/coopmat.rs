@@ -488,8 +488,9 @@ pub(crate) unsafe fn probe(
     )
 }
 
-/// The tile the environment asks for (or the default); a pipelined tile
-/// whose doubled A/B tiles exceed the shared memory stays synchronous.
+/// The tile the environment asks for (or the default); a pipelined or
+/// direct-input tile the device cannot hold (doubled A/B tiles beyond the
+/// shared memory, fragments deeper than tall) stays synchronous.
 fn env_tile(
     shape: (u32, u32, u32),
     lanes: u32,
@@ -497,7 +498,7 @@ fn env_tile(
 ) -> std::result::Result<CoopMatTile, String> {
     let warps = env_warps();
     CoopMatTile::new(shape, lanes, warps, env_rule(), limits).or_else(|e| {
-        if warps.staging != Staging::Pipelined {
+        if warps.staging == Staging::Synchronous {
             return Err(e);
         }
         let single = WarpLayout {
