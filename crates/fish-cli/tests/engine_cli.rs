@@ -27,6 +27,20 @@ fn fish(args: &[&str]) -> Output {
         .expect("run fish-cli")
 }
 
+fn assert_success(out: &Output) {
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// The JSON a successful `--json` run printed.
+fn json_of(out: &Output) -> serde_json::Value {
+    assert_success(out);
+    serde_json::from_slice(&out.stdout).expect("json")
+}
+
 fn assert_clean_error(out: &Output, needle: &str) {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(1), "stderr: {stderr}");
@@ -74,12 +88,7 @@ fn run_greedy_answers_paris_and_json_has_the_documented_fields() {
         "0",
         "--json",
     ]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
+    let v = json_of(&out);
     assert_eq!(
         v["prompt_tokens"],
         serde_json::json!([504, 3575, 282, 4649, 314])
@@ -113,12 +122,7 @@ fn chat_run_renders_the_template_like_llama_cpp() {
         "0",
     ];
     let out = fish(&[&args[..], &["--json"]].concat());
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
+    let v = json_of(&out);
     assert_eq!(
         v["prompt_tokens"],
         serde_json::json!(expected_prompt.to_vec())
@@ -161,12 +165,7 @@ fn bench_json_lists_pp_and_tg() {
         "1",
         "--json",
     ]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
+    let v = json_of(&out);
     let tests: Vec<&str> = v
         .as_array()
         .unwrap()
@@ -192,11 +191,7 @@ fn perplexity_of_plain_english_is_reasonable() {
         "-c",
         "128",
     ]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    assert_success(&out);
     let line = String::from_utf8_lossy(&out.stdout);
     let ppl: f64 = line
         .trim()
@@ -244,11 +239,7 @@ fn synth_writes_a_model_that_runs() {
         "q4_0",
         out_path.to_str().unwrap(),
     ]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    assert_success(&out);
     let out = fish(&[
         "run",
         out_path.to_str().unwrap(),
@@ -260,12 +251,7 @@ fn synth_writes_a_model_that_runs() {
         "0",
         "--json",
     ]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
+    let v = json_of(&out);
     // The byte-level tokenizer: BOS + one token per byte of "hello world".
     assert_eq!(v["prompt_tokens"].as_array().unwrap().len(), 12);
 }
@@ -289,12 +275,7 @@ fn gpu_placement_appears_in_the_json_stats() {
         ])
         .output()
         .expect("run fish-cli");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
+    let v = json_of(&out);
     match v["gpu"].as_str() {
         Some(gpu) => assert!(gpu.contains("2/30 layers + output"), "{gpu}"),
         None => assert!(
