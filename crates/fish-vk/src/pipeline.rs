@@ -80,25 +80,30 @@ pub(crate) struct Pipelines {
     full_subgroups: Option<u32>,
 }
 
+/// A descriptor set layout of `n` storage buffers at bindings 0..n for a
+/// compute stage (the matmul kernels' and the span kernels' sets).
+pub(crate) fn storage_set_layout(device: &ash::Device, n: u32) -> Result<vk::DescriptorSetLayout> {
+    let bindings: Vec<_> = (0..n)
+        .map(|b| {
+            vk::DescriptorSetLayoutBinding::default()
+                .binding(b)
+                .descriptor_type(vk::DescriptorType::STORAGE_BUFFER)
+                .descriptor_count(1)
+                .stage_flags(vk::ShaderStageFlags::COMPUTE)
+        })
+        .collect();
+    let info = vk::DescriptorSetLayoutCreateInfo::default().bindings(&bindings);
+    // SAFETY: valid create infos on a live device.
+    unsafe { device.create_descriptor_set_layout(&info, None) }.call("vkCreateDescriptorSetLayout")
+}
+
 impl Pipelines {
     pub fn new(
         device: &ash::Device,
         stats: Option<PipelineStats>,
         full_subgroups: Option<u32>,
     ) -> Result<Pipelines> {
-        let bindings: Vec<_> = (0..MATMUL_BINDINGS)
-            .map(|b| {
-                vk::DescriptorSetLayoutBinding::default()
-                    .binding(b)
-                    .descriptor_type(vk::DescriptorType::STORAGE_BUFFER)
-                    .descriptor_count(1)
-                    .stage_flags(vk::ShaderStageFlags::COMPUTE)
-            })
-            .collect();
-        let info = vk::DescriptorSetLayoutCreateInfo::default().bindings(&bindings);
-        // SAFETY: valid create infos on a live device.
-        let set_layout = unsafe { device.create_descriptor_set_layout(&info, None) }
-            .call("vkCreateDescriptorSetLayout")?;
+        let set_layout = storage_set_layout(device, MATMUL_BINDINGS)?;
         let ranges = [vk::PushConstantRange::default()
             .stage_flags(vk::ShaderStageFlags::COMPUTE)
             .size(std::mem::size_of::<Params>() as u32)];

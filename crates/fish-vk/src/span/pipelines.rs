@@ -2,7 +2,7 @@
 //! PUSH_WORDS words of push constants) shared by every span module.
 
 use crate::error::{Result, VkCall, VkError};
-use crate::pipeline::module_bytes;
+use crate::pipeline::{module_bytes, storage_set_layout};
 use ash::vk;
 
 /// Push-constant words every span kernel may use.
@@ -66,19 +66,7 @@ pub(crate) struct SpanPipelines {
 
 impl SpanPipelines {
     pub fn new(device: &ash::Device) -> Result<SpanPipelines> {
-        let bindings: Vec<_> = (0..SPAN_BINDINGS)
-            .map(|b| {
-                vk::DescriptorSetLayoutBinding::default()
-                    .binding(b)
-                    .descriptor_type(vk::DescriptorType::STORAGE_BUFFER)
-                    .descriptor_count(1)
-                    .stage_flags(vk::ShaderStageFlags::COMPUTE)
-            })
-            .collect();
-        let info = vk::DescriptorSetLayoutCreateInfo::default().bindings(&bindings);
-        // SAFETY: valid create infos on a live device.
-        let set_layout = unsafe { device.create_descriptor_set_layout(&info, None) }
-            .call("vkCreateDescriptorSetLayout")?;
+        let set_layout = storage_set_layout(device, SPAN_BINDINGS)?;
         let mut out = SpanPipelines {
             set_layout,
             layout: vk::PipelineLayout::null(),
