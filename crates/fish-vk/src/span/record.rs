@@ -98,20 +98,26 @@ pub(crate) fn plan_chunks(
             });
             continue;
         }
-        let decode = n <= MATVEC_MAX_TOKENS;
+        let batch_kernel = cooperative_batch_kernel(gpu, layout, n);
+        let decode = n <= MATVEC_MAX_TOKENS && batch_kernel.is_none();
+        let matmul_kernel = batch_kernel.unwrap_or(Kernel::Auto);
         let down_kernel = match gated_act {
             Some(act) if decode => Kernel::MatvecGated(act),
-            _ => Kernel::Auto,
+            _ => matmul_kernel,
         };
         let mut matmuls = Vec::with_capacity(bindings.layers.len());
         let mut inputs = Vec::with_capacity(bindings.layers.len());
         for ls in &bindings.layers {
-            let (qkv_plan, qkv_input) = ls.qkv_group().plan(gpu, n, decode, tok0 == 0)?;
-            let (gate_up_plan, gate_up_input) =
-                ls.gate_up_group().plan(gpu, n, decode, tok0 == 0)?;
+            let mode = PlanMode {
+                decode,
+                first: tok0 == 0,
+                kernel: matmul_kernel,
+            };
+            let (qkv_plan, qkv_input) = ls.qkv_group().plan(gpu, n, mode)?;
+            let (gate_up_plan, gate_up_input) = ls.gate_up_group().plan(gpu, n, mode)?;
             matmuls.push([
                 qkv_plan,
-                plan_group(gpu, &ls.wo, n, Kernel::Auto)?,
+                plan_group(gpu, &ls.wo, n, matmul_kernel)?,
                 gate_up_plan,
                 plan_group(gpu, &ls.down, n, down_kernel)?,
             ]);
@@ -122,7 +128,7 @@ pub(crate) fn plan_chunks(
             n,
             matmuls,
             inputs,
-            gated: down_kernel != Kernel::Auto,
+            gated: matches!(down_kernel, Kernel::MatvecGated(_)),
             prefetch: prefetch.filter(|_| decode),
             rope_in_attention: n == 1 && rope_fusable(shape),
             tiled_attention: attends_tiled(shape, layout, n),
@@ -202,6 +208,34 @@ fn gated_activation(gpu: &Gpu, shape: &SpanShape) -> Option<GatedActivation> {
 }
 
 /// The set variants of a matmul group that follows a layer norm.
+/// How a chunk's normed groups are planned: decode-sized (matvec kernels,
+/// int8 or fused-norm inputs where the group has them), whether it is the
+/// forward's first chunk, and the kernel of the float path.
+#[derive(Clone, Copy)]
+struct PlanMode {
+    decode: bool,
+    first: bool,
+    kernel: Kernel,
+}
+
+/// With `FISH_GPU_BATCH_COOPMAT=1` (read once per process; a measurement
+/// knob, off until measured on the H200), batched forwards of 2 to
+/// MATVEC_MAX_TOKENS rows multiply on the cooperative-matrix kernel, one
+/// partial token tile per weight pass, instead of the matvec, whose
+/// per-token products bound batched decode. Batched rows need only the 2%
+/// bound, not the bits of a one-token call (speculative verification, a
+/// plain forward, keeps the matvec).
+fn cooperative_batch_kernel(gpu: &Gpu, layout: TokenLayout, n: usize) -> Option<Kernel> {
+    static ENABLED: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    let enabled =
+        *ENABLED.get_or_init(|| std::env::var("FISH_GPU_BATCH_COOPMAT").as_deref() == Ok("1"));
+    (enabled
+        && layout == TokenLayout::PerRow
+        && (2..=MATVEC_MAX_TOKENS).contains(&n)
+        && gpu.coopmat_tile_in_use().is_some())
+    .then_some(Kernel::CoopMat)
+}
+
 pub(crate) struct NormedGroup<'a> {
     pub float: &'a MatmulSets,
     pub int8: &'a Option<MatmulSets>,
@@ -216,9 +250,13 @@ impl NormedGroup<'_> {
         &self,
         gpu: &Gpu,
         n_tok: usize,
-        decode: bool,
-        first: bool,
+        mode: PlanMode,
     ) -> Result<(Vec<Dispatch>, NormedInput)> {
+        let PlanMode {
+            decode,
+            first,
+            kernel,
+        } = mode;
         match (self.int8, self.fused) {
             (Some(q), _) if decode => Ok((
                 plan_group(gpu, q, n_tok, Kernel::MatvecInt8Prequantised)?,
@@ -229,7 +267,7 @@ impl NormedGroup<'_> {
                 NormedInput::Fused,
             )),
             _ => Ok((
-                plan_group(gpu, self.float, n_tok, Kernel::Auto)?,
+                plan_group(gpu, self.float, n_tok, kernel)?,
                 NormedInput::Float,
             )),
         }
