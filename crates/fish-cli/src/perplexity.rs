@@ -71,6 +71,9 @@ pub fn run(args: &PerplexityArgs) -> Result<()> {
         eprint!("[{}]{:.4} ", c + 1, (sum / count as f64).exp());
     }
     eprintln!();
+    if let Some(gpu) = loaded.model.gpu_describe() {
+        eprintln!("gpu: {gpu}");
+    }
     println!("PPL = {:.4}", (sum / count as f64).exp());
     Ok(())
 }
