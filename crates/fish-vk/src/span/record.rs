@@ -207,7 +207,6 @@ fn gated_activation(gpu: &Gpu, shape: &SpanShape) -> Option<GatedActivation> {
     (wanted && gpu.info.subgroup_arithmetic).then_some(act)
 }
 
-/// The set variants of a matmul group that follows a layer norm.
 /// How a chunk's normed groups are planned: decode-sized (matvec kernels,
 /// int8 or fused-norm inputs where the group has them), whether it is the
 /// forward's first chunk, and the kernel of the float path.
@@ -236,6 +235,7 @@ fn cooperative_batch_kernel(gpu: &Gpu, layout: TokenLayout, n: usize) -> Option<
     .then_some(Kernel::CoopMat)
 }
 
+/// The set variants of a matmul group that follows a layer norm.
 pub(crate) struct NormedGroup<'a> {
     pub float: &'a MatmulSets,
     pub int8: &'a Option<MatmulSets>,
