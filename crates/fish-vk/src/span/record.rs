@@ -228,11 +228,14 @@ fn cooperative_batch_kernel(gpu: &Gpu, layout: TokenLayout, n: usize) -> Option<
     static ENABLED: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     let enabled =
         *ENABLED.get_or_init(|| std::env::var("FISH_GPU_BATCH_COOPMAT").as_deref() == Ok("1"));
-    (enabled
-        && layout == TokenLayout::PerRow
-        && (2..=MATVEC_MAX_TOKENS).contains(&n)
-        && gpu.coopmat_tile_in_use().is_some())
-    .then_some(Kernel::CoopMat)
+    (enabled && gpu.coopmat_tile_in_use().is_some() && batch_takes_coopmat(layout, n))
+        .then_some(Kernel::CoopMat)
+}
+
+/// The forwards `cooperative_batch_kernel` may take: batched (per-row
+/// slots) and of matvec size, more than one row.
+fn batch_takes_coopmat(layout: TokenLayout, n: usize) -> bool {
+    layout == TokenLayout::PerRow && (2..=MATVEC_MAX_TOKENS).contains(&n)
 }
 
 /// The set variants of a matmul group that follows a layer norm.
@@ -773,6 +776,23 @@ mod tests {
             attn_scale: 1.0 / (head_dim as f32).sqrt(),
             n_ctx: 4096,
         }
+    }
+
+    #[test]
+    fn only_batched_forwards_of_matvec_size_may_take_the_cooperative_kernel() {
+        // Plain forwards (decode, verification pieces, prefill chunks) keep
+        // their kernels: verification shares the bits of one-token decode.
+        for n in [1, 2, 8, 64] {
+            assert!(!batch_takes_coopmat(TokenLayout::Consecutive, n), "{n}");
+        }
+        assert!(!batch_takes_coopmat(TokenLayout::PerRow, 1));
+        for n in 2..=MATVEC_MAX_TOKENS {
+            assert!(batch_takes_coopmat(TokenLayout::PerRow, n), "{n}");
+        }
+        assert!(!batch_takes_coopmat(
+            TokenLayout::PerRow,
+            MATVEC_MAX_TOKENS + 1
+        ));
     }
 
     #[test]
