@@ -11,8 +11,9 @@
 //! The emulated variant (plain code in place of the matrix instructions) runs
 //! on every device, lavapipe included; the real one where the device has
 //! cooperative matrices (the H200), and FISH_REQUIRE_COOPMAT=1 makes its
-//! absence a failure. Both are run with either staging (synchronous and
-//! software-pipelined), which must give the same bits.
+//! absence a failure. Both are run with every staging (synchronous,
+//! software-pipelined, and direct input: on the emulation for one type
+//! only), which must give the same bits.
 
 mod common;
 
@@ -244,7 +245,7 @@ fn every_staging_handles_odd_step_counts_single_steps_and_unaligned_rows() {
 }
 
 #[test]
-fn fq3_weights_match_the_cpu_under_both_stagings() {
+fn fq3_weights_match_the_cpu_under_every_staging() {
     // FQ3 is no GGUF type: the references use the rows fish-quant decodes
     // (as F32 weights), which the kernel rounds to f16 as it does any type.
     let Some(gpu) = gpu_or_skip() else { return };
