@@ -117,24 +117,17 @@ fn check_one(
     (w_seed, x_seed): (u64, u64),
     (direct_emulated, what): (bool, &str),
 ) {
-    let w = synthetic_weights(ty, n_in, n_out, w_seed);
-    let h = gpu.upload(ty, &w, n_in, n_out).expect("upload");
-    let weights = Weights {
-        ty,
-        bytes: &w,
-        n_in,
-        n_out,
-    };
-    multiply_and_check(
-        gpu,
-        kernel,
-        h,
-        &weights,
-        (n_tok, x_seed),
-        direct_emulated,
-        what,
-    );
-    gpu.free(h).expect("free");
+    with_uploaded(gpu, ty, (n_in, n_out), w_seed, |weights, h| {
+        multiply_and_check(
+            gpu,
+            kernel,
+            h,
+            weights,
+            (n_tok, x_seed),
+            direct_emulated,
+            what,
+        );
+    });
 }
 
 fn check_every_type(gpu: &Gpu, kernel: Kernel) {
@@ -301,10 +294,7 @@ fn prefill_uses_the_plain_tile_exactly_without_cooperative_matrices() {
     // matmul() picks the prefill kernel above the matvec batch sizes, with
     // results identical to asking for that kernel.
     let auto = gpu.matmul(h, &x, n_tok).expect("auto");
-    let chosen = gpu
-        .matmul_group_with(&[h], &x, n_tok, expected)
-        .expect("chosen")
-        .remove(0);
+    let chosen = matmul_one(gpu, h, &x, n_tok, expected);
     assert!(
         auto.iter()
             .zip(&chosen)

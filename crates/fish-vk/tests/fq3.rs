@@ -74,10 +74,7 @@ fn check_kernel(gpu: &Gpu, h: TensorHandle, w: &[f32], kernel: Kernel, n_tok_set
     let n_in = h.n_in();
     for &n_tok in n_tok_set {
         let x = random_values(n_in * n_tok, 31 + n_tok as u64);
-        let y = gpu
-            .matmul_group_with(&[h], &x, n_tok, kernel)
-            .expect("matmul")
-            .remove(0);
+        let y = matmul_one(gpu, h, &x, n_tok, kernel);
         let what = format!("FQ3 {n_in}x{} {kernel:?} n_tok={n_tok}", h.n_out());
         if runs_int8(gpu, kernel, WeightFormat::Fq3, n_tok) {
             check_int8_decoded(w, n_in, &x, n_tok, &y, &what);

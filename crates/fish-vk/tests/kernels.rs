@@ -40,10 +40,7 @@ fn every_kernel_variant_matches_at_every_batch_size() {
         for kernel in [Kernel::Matvec, Kernel::MatvecSharedReduce, Kernel::Tiled] {
             for n_tok in [1usize, 3, 37] {
                 let x = random_values(N_IN * n_tok, 11 + n_tok as u64);
-                let y = gpu
-                    .matmul_group_with(&[h], &x, n_tok, kernel)
-                    .expect("matmul")
-                    .remove(0);
+                let y = matmul_one(gpu, h, &x, n_tok, kernel);
                 let what = format!("{:?} {kernel:?} n_tok={n_tok}", w.ty);
                 check_against_cpu(w, &x, n_tok, &y, &what);
             }
@@ -61,15 +58,9 @@ fn batched_matvec_gives_each_token_the_bits_of_a_single_token_call() {
     for_each_kernel_type(gpu, N_IN, N_OUT, 300, |w, h| {
         for n_tok in [5usize, 8] {
             let x = random_values(N_IN * n_tok, 21 + n_tok as u64);
-            let batched = gpu
-                .matmul_group_with(&[h], &x, n_tok, Kernel::Matvec)
-                .expect("matmul")
-                .remove(0);
+            let batched = matmul_one(gpu, h, &x, n_tok, Kernel::Matvec);
             for t in 0..n_tok {
-                let single = gpu
-                    .matmul_group_with(&[h], &x[t * N_IN..(t + 1) * N_IN], 1, Kernel::Matvec)
-                    .expect("matmul")
-                    .remove(0);
+                let single = matmul_one(gpu, h, &x[t * N_IN..(t + 1) * N_IN], 1, Kernel::Matvec);
                 let row = &batched[t * N_OUT..(t + 1) * N_OUT];
                 assert!(
                     row.iter()
@@ -93,10 +84,7 @@ fn long_rows_match_the_cpu_reference() {
     for_each_kernel_type(gpu, n_in, N_OUT, 400, |w, h| {
         for n_tok in [1usize, 3] {
             let x = random_values(n_in * n_tok, 17 + n_tok as u64);
-            let y = gpu
-                .matmul_group_with(&[h], &x, n_tok, Kernel::Matvec)
-                .expect("matmul")
-                .remove(0);
+            let y = matmul_one(gpu, h, &x, n_tok, Kernel::Matvec);
             let what = format!("{:?} n_in={n_in} n_tok={n_tok}", w.ty);
             check_against_cpu(w, &x, n_tok, &y, &what);
         }
@@ -137,10 +125,7 @@ fn gated_matvec_applies_the_activation_as_it_reads_x() {
                     .iter()
                     .map(|v| 4.0 * v)
                     .collect();
-                let y = gpu
-                    .matmul_group_with(&[h], &gate_up, n_tok, Kernel::MatvecGated(act))
-                    .expect("gated matvec")
-                    .remove(0);
+                let y = matmul_one(gpu, h, &gate_up, n_tok, Kernel::MatvecGated(act));
                 let what = format!("{:?} gated {act:?} n_tok={n_tok}", w.ty);
                 check_against_cpu(w, &gated_reference(&gate_up, act), n_tok, &y, &what);
             }
@@ -256,29 +241,14 @@ fn int8_matvec_matches_the_product_with_int8_activations() {
     for (i, ty) in quantised.enumerate() {
         for (n_in, n_out, batches) in [(N_IN, N_OUT, &[1usize, 3, 37][..]), (14336, 9, &[1, 2][..])]
         {
-            let w = synthetic_weights(ty, n_in, n_out, 300 + i as u64);
-            let h = gpu.upload(ty, &w, n_in, n_out).expect("upload");
-            for &n_tok in batches {
-                let x = random_values(n_in * n_tok, 13 + n_tok as u64);
-                let y = gpu
-                    .matmul_group_with(&[h], &x, n_tok, Kernel::MatvecInt8)
-                    .expect("matmul")
-                    .remove(0);
-                let weights = Weights {
-                    ty,
-                    bytes: &w,
-                    n_in,
-                    n_out,
-                };
-                check_int8_product(
-                    &weights,
-                    &x,
-                    n_tok,
-                    &y,
-                    &format!("{ty:?} int8 {n_in} n_tok={n_tok}"),
-                );
-            }
-            gpu.free(h).expect("free");
+            with_uploaded(gpu, ty, (n_in, n_out), 300 + i as u64, |weights, h| {
+                for &n_tok in batches {
+                    let x = random_values(n_in * n_tok, 13 + n_tok as u64);
+                    let y = matmul_one(gpu, h, &x, n_tok, Kernel::MatvecInt8);
+                    let what = format!("{ty:?} int8 {n_in} n_tok={n_tok}");
+                    check_int8_product(weights, &x, n_tok, &y, &what);
+                }
+            });
         }
     }
     assert_no_validation_messages(gpu);

@@ -19,10 +19,7 @@ fn pipelines_report_statistics_when_asked() {
     let w = common::synthetic_weights(GgmlType::Q4_K, n_in, n_out, 3);
     let h = gpu.upload(GgmlType::Q4_K, &w, n_in, n_out).expect("upload");
     let x = common::random_values(n_in * n_tok, 4);
-    let y = gpu
-        .matmul_group_with(&[h], &x, n_tok, Kernel::Matvec)
-        .expect("matmul")
-        .remove(0);
+    let y = common::matmul_one(&gpu, h, &x, n_tok, Kernel::Matvec);
     let weights = common::Weights {
         ty: GgmlType::Q4_K,
         bytes: &w,

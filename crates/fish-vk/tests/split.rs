@@ -23,10 +23,7 @@ fn split_tensors_compute_like_whole_ones_and_drop_releases_all() {
     assert_eq!(gpu.chunk_count(h), Some(2));
     for (kernel, n_tok) in [(Kernel::Matvec, 2usize), (Kernel::Tiled, 70)] {
         let x = common::random_values(n_in * n_tok, 9);
-        let y = gpu
-            .matmul_group_with(&[h], &x, n_tok, kernel)
-            .expect("matmul")
-            .remove(0);
+        let y = common::matmul_one(&gpu, h, &x, n_tok, kernel);
         common::check_against_cpu(
             &common::Weights {
                 ty: GgmlType::Q4_1,

@@ -2,7 +2,7 @@
 #![allow(dead_code)]
 
 use fish_gguf::GgmlType;
-use fish_vk::{Gpu, TensorHandle};
+use fish_vk::{Gpu, Kernel, TensorHandle};
 use rand::{Rng, SeedableRng};
 
 /// The GGUF types with matmul kernels (FQ3, not a GGUF type, has its own tests).
@@ -77,6 +77,28 @@ pub struct Weights<'a> {
     pub n_out: usize,
 }
 
+/// Runs `f` on synthetic weights of `ty` (seed `seed`) uploaded to `gpu`,
+/// and frees them after.
+pub fn with_uploaded<R>(
+    gpu: &Gpu,
+    ty: GgmlType,
+    (n_in, n_out): (usize, usize),
+    seed: u64,
+    f: impl FnOnce(&Weights<'_>, TensorHandle) -> R,
+) -> R {
+    let bytes = synthetic_weights(ty, n_in, n_out, seed);
+    let h = gpu.upload(ty, &bytes, n_in, n_out).expect("upload");
+    let weights = Weights {
+        ty,
+        bytes: &bytes,
+        n_in,
+        n_out,
+    };
+    let result = f(&weights, h);
+    gpu.free(h).expect("free");
+    result
+}
+
 /// Runs `f` once per kernel type on synthetic weights (seed `seed` plus the
 /// type's index in KERNEL_TYPES) uploaded to `gpu`, and frees them after.
 pub fn for_each_kernel_type(
@@ -87,17 +109,16 @@ pub fn for_each_kernel_type(
     mut f: impl FnMut(&Weights<'_>, TensorHandle),
 ) {
     for (i, ty) in KERNEL_TYPES.into_iter().enumerate() {
-        let bytes = synthetic_weights(ty, n_in, n_out, seed + i as u64);
-        let h = gpu.upload(ty, &bytes, n_in, n_out).expect("upload");
-        let weights = Weights {
-            ty,
-            bytes: &bytes,
-            n_in,
-            n_out,
-        };
-        f(&weights, h);
-        gpu.free(h).expect("free");
+        with_uploaded(gpu, ty, (n_in, n_out), seed + i as u64, &mut f);
     }
+}
+
+/// The product of the resident tensor `h` with `n_tok` rows of `x` through
+/// `kernel`.
+pub fn matmul_one(gpu: &Gpu, h: TensorHandle, x: &[f32], n_tok: usize, kernel: Kernel) -> Vec<f32> {
+    gpu.matmul_group_with(&[h], x, n_tok, kernel)
+        .unwrap_or_else(|e| panic!("{kernel:?} matmul of {n_tok} tokens: {e}"))
+        .remove(0)
 }
 
 /// Checks y against the f32 product of the dequantised weights with x, per
