@@ -26,13 +26,6 @@
 // writers from their readers. The staged values and the order of the
 // products are those of PIPELINE = 0, so the results are the same bits.
 //
-// With PIPELINE = 2 the weights are pipelined as with 1, but no B tile is
-// staged: each subgroup loads its input fragments straight from x as f32
-// fragments and converts them to f16 (load_b_direct), so no invocation
-// loads, converts or stores x for the workgroup and the step's staging is
-// the weights alone. A token tile past the last token is staged through the
-// subgroup's output slot with zeros beyond the end.
-//
 // Bindings and push constants are those of the other matmul kernels
 // (common.glsl), so a dispatch can swap matmul_tiled for this one.
 //
@@ -64,8 +57,7 @@ layout(constant_id = 8) const uint LANES = 32u;
 layout(local_size_x_id = 9) in;
 // Values per staging step.
 layout(constant_id = 10) const uint BK = 32u;
-// 0: stage each step, then multiply (one tile); 1: pipelined (two tiles);
-// 2: pipelined weights, input fragments straight from x.
+// 0: stage each step, then multiply (one tile); 1: pipelined (two tiles).
 layout(constant_id = 11) const uint PIPELINE = 0u;
 
 #include "common.glsl"
@@ -80,19 +72,15 @@ const uint BM = WARPS_M * FM * TM;
 const uint BN = WARPS_N * FN * TN;
 const uint THREADS = WARPS_M * WARPS_N * LANES;
 
-const bool PIPELINED = PIPELINE != 0u;
-const bool B_DIRECT = PIPELINE == 2u;
-// Staged tiles: one, or two halves when pipelined; with direct input one
-// unused B row, as an array cannot be empty (the host's budget check,
-// Staging::a_tiles and b_rows, counts the same).
-const uint STAGES = PIPELINED ? 2u : 1u;
+// Staged tiles: one, or two halves when pipelined (the host's budget check
+// counts the same).
+const uint STAGES = 1u + PIPELINE;
 const uint A_TILE = BM * STRIDE;
 const uint B_TILE = BN * STRIDE;
-const uint B_ROWS = B_DIRECT ? 1u : STAGES * BN;
 // Row r of a tile: values 2j, 2j+1 of the step in dword r * STRIDE + j,
 // i.e. component j % 4 of element (r * STRIDE + j) / 4.
 shared uvec4 buf_a[STAGES * A_TILE / 4u];
-shared uvec4 buf_b[B_ROWS * STRIDE / 4u];
+shared uvec4 buf_b[STAGES * B_TILE / 4u];
 // One TM x TN fragment per subgroup on its way out, column-major.
 shared float buf_c[WARPS_M * WARPS_N * TM * TN];
 
@@ -100,10 +88,8 @@ shared float buf_c[WARPS_M * WARPS_N * TM * TN];
 #define EMU_ELEMS 8u
 // A fragment is where it lies in shared memory; the product reads it there
 // before the next barrier, as the real fragment would have been read.
-// A B fragment is (offset in buf_b, 0), or with direct input (k, first
-// token) of its values in x.
 #define FRAG_A uint
-#define FRAG_B uvec2
+#define FRAG_B uint
 struct Acc {
     float v[EMU_ELEMS];
 };
@@ -111,31 +97,14 @@ struct Acc {
 #define LANE_ID (gl_LocalInvocationIndex % 32u)
 #define ACC_ZERO(c) for (uint j_ = 0u; j_ < EMU_ELEMS; j_++) { c.v[j_] = 0.0; }
 #define LOAD_A(dst, off) dst = (off)
-#define LOAD_B(dst, off) dst = uvec2((off), 0u)
-#define LOAD_B_DIRECT(dst, k, tok_first) dst = uvec2((k), (tok_first))
+#define LOAD_B(dst, off) dst = (off)
 #define MUL_ADD(c, a, b) emu_mul_add(c, a, b, lane)
 #define STORE_C(c, base) for (uint j_ = 0u; j_ < EMU_ELEMS; j_++) { buf_c[(base) + lane + 32u * j_] = c.v[j_]; }
 // The logical subgroup spans several real ones on narrow devices.
 #define SUBGROUP_SYNC() barrier()
 
-// Values 2 k2, 2 k2 + 1 of column n of B fragment b, rounded to f16 as
-// staged (direct input: zero past the last token or the row's end).
-vec2 emu_b_pair(uvec2 b, uint n, uint k2) {
-    if (B_DIRECT) {
-        uint tok = b.y + n;
-        uint k = b.x + 2u * k2;
-        if (tok >= p.n_tok || k >= p.n_in) {
-            return vec2(0.0);
-        }
-        vec4 v = x[(tok * p.n_in + k) / 4u];
-        return unpackHalf2x16(packHalf2x16(k % 4u == 0u ? v.xy : v.zw));
-    }
-    uint ib = b.x + n * STRIDE + k2;
-    return unpackHalf2x16(buf_b[ib / 4u][ib % 4u]);
-}
-
 // Lane l owns elements e = l + 32 j of the 16 x 16 fragment, (m, n) = (e % 16, e / 16).
-void emu_mul_add(inout Acc c, uint a_off, uvec2 b_frag, uint lane) {
+void emu_mul_add(inout Acc c, uint a_off, uint b_off, uint lane) {
     for (uint j = 0u; j < EMU_ELEMS; j++) {
         uint e = lane + 32u * j;
         uint m = e % 16u;
@@ -143,8 +112,9 @@ void emu_mul_add(inout Acc c, uint a_off, uvec2 b_frag, uint lane) {
         float s = 0.0;
         for (uint k2 = 0u; k2 < 8u; k2++) {
             uint ia = a_off + m * STRIDE + k2;
+            uint ib = b_off + n * STRIDE + k2;
             vec2 a = unpackHalf2x16(buf_a[ia / 4u][ia % 4u]);
-            vec2 b = emu_b_pair(b_frag, n, k2);
+            vec2 b = unpackHalf2x16(buf_b[ib / 4u][ib % 4u]);
             s += a.x * b.x + a.y * b.y;
         }
         c.v[j] += s;
@@ -163,39 +133,6 @@ void emu_mul_add(inout Acc c, uint a_off, uvec2 b_frag, uint lane) {
 #define MUL_ADD(c, a, b) c = coopMatMulAdd(a, b, c)
 #define STORE_C(c, base) coopMatStore(c, buf_c, base, TM, gl_CooperativeMatrixLayoutColumnMajor)
 #define SUBGROUP_SYNC() subgroupBarrier()
-#define LOAD_B_DIRECT(dst, k, tok_first) load_b_direct(dst, k, tok_first, warp * TM * TN, lane)
-#define FRAG_B_F32 coopmat<float, gl_ScopeSubgroup, TK, TN, gl_MatrixUseB>
-
-// Input values k .. k + TK - 1 of tokens tok_first .. tok_first + TN - 1
-// as an f16 B fragment, loaded from x as f32 and converted in registers.
-// A tile past the last token is staged, zero-filled, in the subgroup's
-// output slot (TK <= TM, Staging::DirectInput); steps past the row's end
-// (whole fragments, as n_in is a multiple of 32) are zero.
-void load_b_direct(out FRAG_B dst, uint k, uint tok_first, uint slot, uint lane) {
-    if (k >= p.n_in) {
-        dst = FRAG_B(float16_t(0.0));
-        return;
-    }
-    FRAG_B_F32 wide;
-    if (tok_first + TN <= p.n_tok) {
-        coopMatLoad(wide, x, (tok_first * p.n_in + k) / 4u, p.n_in / 4u, gl_CooperativeMatrixLayoutColumnMajor);
-    } else {
-        for (uint e = lane; e < TK * TN; e += LANES) {
-            uint tok = tok_first + e / TK;
-            uint kk = k + e % TK;
-            float v = 0.0;
-            if (tok < p.n_tok) {
-                v = x[(tok * p.n_in + kk) / 4u][kk % 4u];
-            }
-            buf_c[slot + e] = v;
-        }
-        subgroupMemoryBarrierShared();
-        subgroupBarrier();
-        coopMatLoad(wide, buf_c, slot, TK, gl_CooperativeMatrixLayoutColumnMajor);
-        subgroupBarrier();
-    }
-    dst = FRAG_B(wide);
-}
 #endif
 
 // Eight values as one 16-byte element of f16 pairs.
@@ -268,7 +205,7 @@ void fetch_step(uint k0) {
     }
     [[unroll]] for (uint t = 0u; t < B_TASKS; t++) {
         uint task = gl_LocalInvocationIndex + t * THREADS;
-        if (!B_DIRECT && task < BN * (BK / 8u)) {
+        if (task < BN * (BK / 8u)) {
             uint n = task / (BK / 8u);
             uint kg = task % (BK / 8u);
             raw_b_lo[t] = input_vec4(k0, n, 2u * kg);
@@ -294,7 +231,7 @@ void store_step(uint k0, uint stage) {
     }
     [[unroll]] for (uint t = 0u; t < B_TASKS; t++) {
         uint task = gl_LocalInvocationIndex + t * THREADS;
-        if (!B_DIRECT && task < BN * (BK / 8u)) {
+        if (task < BN * (BK / 8u)) {
             put_b(stage * B_TILE, task / (BK / 8u), task % (BK / 8u), raw_b_lo[t], raw_b_hi[t]);
         }
     }
@@ -337,7 +274,7 @@ void main() {
     }
 
     uint n_steps = (p.n_in + BK - 1u) / BK;
-    if (PIPELINED) {
+    if (PIPELINE != 0u) {
         fetch_step(0u);
         store_step(0u, 0u);
         barrier();
@@ -365,11 +302,7 @@ void main() {
                 LOAD_A(a[fm], a_base + ((warp_m * FM + fm) * TM) * STRIDE + kk / 2u);
             }
             [[unroll]] for (uint fn = 0u; fn < FN; fn++) {
-                if (B_DIRECT) {
-                    LOAD_B_DIRECT(b[fn], k0 + kk, gl_WorkGroupID.y * BN + (warp_n * FN + fn) * TN);
-                } else {
-                    LOAD_B(b[fn], b_base + ((warp_n * FN + fn) * TN) * STRIDE + kk / 2u);
-                }
+                LOAD_B(b[fn], b_base + ((warp_n * FN + fn) * TN) * STRIDE + kk / 2u);
             }
             [[unroll]] for (uint fm = 0u; fm < FM; fm++) {
                 [[unroll]] for (uint fn = 0u; fn < FN; fn++) {
@@ -380,7 +313,7 @@ void main() {
         // The other half was last read in the step before, behind the
         // previous barrier; this barrier publishes it to the next step and
         // keeps this step's readers of `cur` ahead of its next writers.
-        if (PIPELINED && has_next) {
+        if (PIPELINE != 0u && has_next) {
             store_step(k0 + BK, cur ^ 1u);
         }
         barrier();

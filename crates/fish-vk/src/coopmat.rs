@@ -32,42 +32,20 @@ pub enum Staging {
     /// this step multiplies, then go into the other of two A/B tiles; one
     /// barrier per step. Same results, bit for bit.
     Pipelined,
-    /// The weights pipelined as above; the input fragments are loaded by
-    /// each subgroup straight from x (f32) and converted to f16 in
-    /// registers, so no B tile is staged and no thread loads or converts x
-    /// for the workgroup. A token tile that runs past the last token goes
-    /// through the subgroup's output slot, zero-filled. Same bits where the
-    /// device's f32 -> f16 conversion rounds to nearest even, as
-    /// packHalf2x16 does.
-    DirectInput,
 }
 
 impl Staging {
-    /// A tiles the shader declares.
-    fn a_tiles(self) -> u32 {
+    /// A/B tiles the shader declares.
+    fn tiles(self) -> u32 {
         match self {
             Staging::Synchronous => 1,
-            Staging::Pipelined | Staging::DirectInput => 2,
-        }
-    }
-
-    /// Padded B rows the shader declares for `tokens` tokens per tile (one
-    /// unused row with direct input: an array cannot be empty).
-    fn b_rows(self, tokens: u32) -> u32 {
-        match self {
-            Staging::Synchronous => tokens,
-            Staging::Pipelined => 2 * tokens,
-            Staging::DirectInput => 1,
+            Staging::Pipelined => 2,
         }
     }
 
     /// The PIPELINE specialisation constant.
     fn spec(self) -> u32 {
-        match self {
-            Staging::Synchronous => 0,
-            Staging::Pipelined => 1,
-            Staging::DirectInput => 2,
-        }
+        self.tiles() - 1
     }
 }
 
@@ -163,11 +141,7 @@ pub struct TileLimits {
 impl CoopMatTile {
     /// Every staging, synchronous first (for A/B runs through
     /// `Gpu::with_coopmat_staging`).
-    pub const STAGINGS: [Staging; 3] = [
-        Staging::Synchronous,
-        Staging::Pipelined,
-        Staging::DirectInput,
-    ];
+    pub const STAGINGS: [Staging; 2] = [Staging::Synchronous, Staging::Pipelined];
 
     /// The tile for fragment shape (tm, tn, tk), `lanes` per subgroup and
     /// `warps`, with its stride padded by `rule`; refused when the shared
@@ -235,9 +209,10 @@ impl CoopMatTile {
     /// A and B tiles (2 x BM and 2 x BN padded rows), direct input doubles A
     /// and declares one unused B row; the output staging stays single.
     pub fn shared_layout(&self) -> SharedLayout {
+        let tiles = self.staging.tiles();
         SharedLayout {
-            a_rows: self.staging.a_tiles() * self.rows(),
-            b_rows: self.staging.b_rows(self.tokens()),
+            a_rows: tiles * self.rows(),
+            b_rows: tiles * self.tokens(),
             stride: self.stride,
             c_values: self.warps_m * self.warps_n * self.tm * self.tn,
         }
@@ -245,14 +220,6 @@ impl CoopMatTile {
 
     /// The tile with its shared-memory size, if that fits.
     fn checked(self, max_shared_bytes: u32) -> std::result::Result<CoopMatTile, String> {
-        // A partial token tile of direct input is staged in the subgroup's
-        // output slot (TM x TN values), which must hold a TK x TN fragment.
-        if self.staging == Staging::DirectInput && self.tk > self.tm {
-            return Err(format!(
-                "direct input needs fragments no deeper than tall ({}x{}x{})",
-                self.tm, self.tn, self.tk
-            ));
-        }
         let shared_bytes = self.shared_layout().check(max_shared_bytes)?;
         Ok(CoopMatTile {
             shared_bytes,
@@ -392,7 +359,6 @@ fn env_warps() -> WarpLayout {
     let staging = match std::env::var("FISH_VK_COOPMAT_PIPELINE").as_deref() {
         Ok("1" | "on" | "true" | "yes") => Staging::Pipelined,
         Ok("0" | "off" | "false" | "no") => Staging::Synchronous,
-        Ok("direct") => Staging::DirectInput,
         _ => warps.staging,
     };
     WarpLayout {
@@ -559,7 +525,7 @@ impl crate::gpu::Gpu {
 
     /// Runs `f` with every cooperative-matrix kernel (real and emulated)
     /// that this thread plans staged as `staging`, whatever
-    /// FISH_VK_COOPMAT_PIPELINE says, so that one process can compare the
+    /// FISH_VK_COOPMAT_PIPELINE says, so that one process can compare both
     /// stagings (tests, benches). Plans are made on the calling thread;
     /// spans recorded inside `f` keep the staging they were recorded with.
     /// `CoopMatTile::STAGINGS` lists the choices.
@@ -715,27 +681,6 @@ mod tests {
         )
         .unwrap_err();
         assert!(err.contains("256 + 256 rows"), "{err}");
-    }
-
-    #[test]
-    fn direct_input_stages_no_b_tile_and_needs_shallow_fragments() {
-        let direct = WarpLayout {
-            staging: Staging::DirectInput,
-            ..DEFAULT_WARPS
-        };
-        let t = CoopMatTile::new((16, 16, 16), 32, direct, PaddingRule::default(), limits())
-            .expect("fits");
-        // Two 64-row A halves and one unused B row of 20 dwords, plus the
-        // four subgroups' 16 x 16 output slots.
-        assert_eq!(t.shared_bytes, (2 * 64 + 1) * 20 * 4 + 4 * 4 * 256);
-        assert_eq!(t.spec()[11], 2);
-        let piped = t.with_staging(Staging::Pipelined, u32::MAX).unwrap();
-        assert_eq!(piped.shared_bytes, (2 * 64 + 2 * 64) * 20 * 4 + 4 * 4 * 256);
-        assert_eq!(piped.spec()[11], 1);
-        // A partial token tile is staged in a TM x TN slot: TK must not exceed TM.
-        let err = CoopMatTile::new((8, 16, 16), 32, direct, PaddingRule::default(), limits())
-            .unwrap_err();
-        assert!(err.contains("no deeper than tall"), "{err}");
     }
 
     #[test]

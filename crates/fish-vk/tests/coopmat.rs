@@ -11,16 +11,15 @@
 //! The emulated variant (plain code in place of the matrix instructions) runs
 //! on every device, lavapipe included; the real one where the device has
 //! cooperative matrices (the H200), and FISH_REQUIRE_COOPMAT=1 makes its
-//! absence a failure. Both are run with every staging (synchronous,
-//! software-pipelined, and direct input: on the emulation for one type
-//! only), which must give the same bits.
+//! absence a failure. Both are run with both stagings (synchronous and
+//! software-pipelined), which must give the same bits.
 
 mod common;
 
 use common::*;
 use fish_gguf::GgmlType;
 use fish_quant::fq3::{dequant_row_fq3, quantize_row_fq3, FQ3_BLOCK_BYTES, FQ3_BLOCK_VALUES};
-use fish_vk::{CoopMatTile, Gpu, Kernel, Staging, TensorHandle, VkError, WeightFormat};
+use fish_vk::{CoopMatTile, Gpu, Kernel, TensorHandle, VkError, WeightFormat};
 
 /// 512 values: two K-quant super-blocks, sixteen 32-value steps.
 const N_IN: usize = 512;
@@ -42,35 +41,22 @@ fn tile_overridden() -> bool {
         .any(|v| std::env::var_os(v).is_some())
 }
 
-/// The stagings a test runs: all of them on the matrix units; on the
-/// emulation the direct input (one global load per value pair, several
-/// times slower to compile on lavapipe) only where `direct_emulated`, i.e.
-/// for one type in the test of odd step counts and partial tiles.
-fn stagings(kernel: Kernel, direct_emulated: bool) -> Vec<Staging> {
-    CoopMatTile::STAGINGS
-        .into_iter()
-        .filter(|&s| {
-            s != Staging::DirectInput || kernel != Kernel::CoopMatEmulated || direct_emulated
-        })
-        .collect()
-}
-
 /// Multiplies `n_tok` random inputs (seeded by `x_seed`) by the resident
-/// copy `h` of `weights` with `kernel` under each staging of `stagings`
-/// (above), checks each result against both references and the stagings
-/// against each other bit for bit.
+/// copy `h` of `weights` with `kernel` under each staging, checks each
+/// result against both references and the stagings against each other bit
+/// for bit.
 fn multiply_and_check(
     gpu: &Gpu,
     kernel: Kernel,
     h: TensorHandle,
     weights: &Weights<'_>,
-    (n_tok, x_seed): (usize, u64),
-    direct_emulated: bool,
+    n_tok: usize,
+    x_seed: u64,
     what: &str,
 ) {
     let x = random_values(weights.n_in * n_tok, x_seed);
     let mut first: Option<Vec<f32>> = None;
-    for staging in stagings(kernel, direct_emulated) {
+    for staging in CoopMatTile::STAGINGS {
         let what = format!("{what} {kernel:?} {staging:?}");
         let y = match gpu
             .with_coopmat_staging(staging, || gpu.matmul_group_with(&[h], &x, n_tok, kernel))
@@ -106,8 +92,7 @@ fn assert_same_bits(reference: &[f32], y: &[f32], what: &str) {
     }
 }
 
-/// One synthetic matrix of `ty` uploaded, checked at `n_tok` tokens, freed
-/// (`direct_emulated` as in `stagings`).
+/// One synthetic matrix of `ty` uploaded, checked at `n_tok` tokens, freed.
 fn check_one(
     gpu: &Gpu,
     kernel: Kernel,
@@ -115,18 +100,10 @@ fn check_one(
     (n_in, n_out): (usize, usize),
     n_tok: usize,
     (w_seed, x_seed): (u64, u64),
-    (direct_emulated, what): (bool, &str),
+    what: &str,
 ) {
     with_uploaded(gpu, ty, (n_in, n_out), w_seed, |weights, h| {
-        multiply_and_check(
-            gpu,
-            kernel,
-            h,
-            weights,
-            (n_tok, x_seed),
-            direct_emulated,
-            what,
-        );
+        multiply_and_check(gpu, kernel, h, weights, n_tok, x_seed, what);
     });
 }
 
@@ -134,7 +111,7 @@ fn check_every_type(gpu: &Gpu, kernel: Kernel) {
     for_each_kernel_type(gpu, N_IN, N_OUT, 500, |w, h| {
         for n_tok in TOKENS {
             let what = format!("{:?} n_tok={n_tok}", w.ty);
-            multiply_and_check(gpu, kernel, h, w, (n_tok, 40 + n_tok as u64), false, &what);
+            multiply_and_check(gpu, kernel, h, w, n_tok, 40 + n_tok as u64, &what);
         }
     });
     assert_no_validation_messages(gpu);
@@ -173,7 +150,7 @@ fn wide_rows_stay_within_the_f16_bounds() {
     };
     for ty in [GgmlType::Q4_K, GgmlType::F16] {
         let what = format!("{ty:?} 4096 wide");
-        check_one(gpu, kernel, ty, (4096, 136), 37, (900, 901), (false, &what));
+        check_one(gpu, kernel, ty, (4096, 136), 37, (900, 901), &what);
     }
     assert_no_validation_messages(gpu);
 }
@@ -190,14 +167,14 @@ fn rows_of_an_odd_number_of_32_value_steps_are_complete() {
     for kernel in kernels {
         for ty in [GgmlType::Q8_0, GgmlType::F16] {
             let what = format!("{ty:?} 544 wide");
-            check_one(gpu, kernel, ty, (544, 70), 19, (31, 32), (false, &what));
+            check_one(gpu, kernel, ty, (544, 70), 19, (31, 32), &what);
         }
     }
     assert_no_validation_messages(gpu);
 }
 
 #[test]
-fn every_staging_handles_odd_step_counts_single_steps_and_unaligned_rows() {
+fn both_stagings_handle_odd_step_counts_single_steps_and_unaligned_rows() {
     // The pipelined staging alternates between two tiles: 17 steps end on
     // the first one, a single step never fetches ahead, and 70 rows leave
     // a partial row tile. K-quant rows are whole 256-value blocks, so their
@@ -218,19 +195,7 @@ fn every_staging_handles_odd_step_counts_single_steps_and_unaligned_rows() {
             for &n_in in widths {
                 let what = format!("{ty:?} {n_in} wide");
                 let seeds = (1000 + i as u64, 2000 + n_in as u64);
-                // The input path does not depend on the weight type, and
-                // lavapipe takes ~30 s to compile each emulated direct-input
-                // pipeline: one type covers it there.
-                let direct_emulated = ty == GgmlType::Q8_0;
-                check_one(
-                    gpu,
-                    kernel,
-                    ty,
-                    (n_in, 70),
-                    41,
-                    seeds,
-                    (direct_emulated, &what),
-                );
+                check_one(gpu, kernel, ty, (n_in, 70), 41, seeds, &what);
             }
         }
     }
@@ -270,7 +235,7 @@ fn fq3_weights_match_the_cpu_under_every_staging() {
         kernels.push(Kernel::CoopMat);
     }
     for kernel in kernels {
-        multiply_and_check(gpu, kernel, h, &weights, (41, 3132), false, "FQ3 768 wide");
+        multiply_and_check(gpu, kernel, h, &weights, 41, 3132, "FQ3 768 wide");
     }
     gpu.free(h).expect("free");
     assert_no_validation_messages(gpu);
