@@ -27,6 +27,11 @@ layout(push_constant) uniform Params {
     // un-normed residual stream and the kernel normalises it on the fly.
     uint norm_off;
     float norm_eps;
+    // The deferred norm (matvec.comp RESNORM / PRENORMED): float offset of
+    // the per-workgroup sums of squares in the normed-input buffer, and how
+    // many there are per token (the RESNORM matvec's workgroups).
+    uint part_off;
+    uint parts;
 } p;
 
 // Stores one output element, added to what y holds when accumulating.

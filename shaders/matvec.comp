@@ -17,6 +17,13 @@
 // exactly one thread of the workgroup, the sum of squares comes from the
 // same loads: y = rsqrt(mean(x^2) + eps) * sum_i W_i (x_i * g_i).
 //
+// With RESNORM (a residual matvec: wo, down) and PRENORMED (the q/k/v or
+// gate/up matvec after it) the norm between them is deferred instead: the
+// first writes x * g and per-workgroup sums of squares beside the residual
+// stream, the second reads x * g and scales its sums by the norm's factor
+// (details at RESNORM below). Nothing is computed twice, unlike NORM,
+// where every workgroup scales every x value.
+//
 // With GATED it also applies the gated activation before it (the span's
 // act*mul, fused to save its dispatch and barrier in decode): x is the
 // gate/up matmul output, the gate values first and the up values
@@ -44,11 +51,69 @@ layout(std430, binding = 0) readonly buffer Weights4 { uvec4 w4[]; };
 #include "dequant.glsl"
 #include "matvec_units.glsl"
 
+#if defined(RESNORM)
+// The residual matvec that also prepares the next RMS norm (the deferred
+// norm): it adds its products into the residual stream y (accumulate is
+// set), writes each new value times its norm weight (binding 3 at
+// p.norm_off) to the normed-input buffer (binding 4, token-major, n_rows
+// values per token), and this workgroup's sum of the new values' squares
+// per token to that buffer at p.part_off + token * parts_stride() +
+// workgroup. The PRENORMED matvec after it sums those p.parts values in a
+// fixed order and applies the norm's scale to its outputs, so no norm
+// dispatch (and no barrier) runs between the two, and the result does not
+// depend on the order in which workgroups finish.
+layout(std430, binding = 3) readonly buffer NormWeights1 { float norm_w[]; };
+layout(std430, binding = 4) writeonly buffer NormedInput { float normed[]; };
+// The squares of the new values of item i = r * NT + t of store_sums.
+shared float residual_sq[ROWS * NT];
+
+void store_residual_and_normed(uint i, uint row, uint tok, float s) {
+    uint yi = tok * p.y_stride + p.y_offset + row;
+    float v = y[yi] + s;
+    y[yi] = v;
+    normed[tok * p.n_rows + row] = v * norm_w[p.norm_off + row];
+    residual_sq[i] = v * v;
+}
+#endif
+
+#if defined(RESNORM) || defined(PRENORMED)
+// Floats per token of the per-workgroup sums of squares: whole vec4s, the
+// padding zero, so the PRENORMED matvec reads them as vec4.
+uint parts_stride() {
+    return (p.parts + 3u) & ~3u;
+}
+#endif
+
+#if defined(RESNORM)
+// Rows in order, so the sum has the same bits for any pass width; the
+// workgroup with the last sum also zeroes its token's padding.
+void store_sums_of_squares(uint row0, uint t0) {
+    for (uint t = gl_LocalInvocationID.x; t < NT; t += WG) {
+        if (t0 + t < p.n_tok) {
+            float s = 0.0;
+            for (uint r = 0u; r < ROWS; r++) {
+                s += residual_sq[r * NT + t];
+            }
+            uint base = p.part_off + (t0 + t) * parts_stride();
+            uint wg = row0 / ROWS;
+            normed[base + wg] = s;
+            if (wg + 1u == p.parts) {
+                for (uint j = p.parts; j < parts_stride(); j++) {
+                    normed[base + j] = 0.0;
+                }
+            }
+        }
+    }
+}
+#endif
+
 #include "matvec_reduce.glsl"
 
 #if defined(NORM)
 // The norm weights, as vec4 (the offset and n_in are multiples of 4).
 layout(std430, binding = 3) readonly buffer NormWeights { vec4 norm_w4[]; };
+#endif
+#if defined(NORM) || defined(PRENORMED)
 // Per token: this thread's share of sum(x^2).
 float sumsq[NT];
 #endif
@@ -64,7 +129,7 @@ vec4 gated(uint xi) {
 }
 #endif
 
-#if defined(NORM)
+#if defined(NORM) || defined(PRENORMED)
 shared float norm_partial[NT][WG / 4u];
 
 // Multiplies every sum by its token's rsqrt(mean(x^2) + eps), the sums of
@@ -111,6 +176,20 @@ void main() {
 #if defined(NORM)
         for (uint t = 0u; t < NT; t++) {
             sumsq[t] = 0.0;
+        }
+#endif
+#if defined(PRENORMED)
+        // x already holds each value times its norm weight; the sums of
+        // squares are the RESNORM matvec's per-workgroup ones, this thread's
+        // share summed here as vec4 (loaded before the weights, off their path).
+        for (uint t = 0u; t < NT; t++) {
+            uint base4 = (p.part_off + min(t0 + t, p.n_tok - 1u) * parts_stride()) / 4u;
+            float s = 0.0;
+            for (uint j = tid; j < parts_stride() / 4u; j += WG) {
+                vec4 v = x[base4 + j];
+                s += (v.x + v.y) + (v.z + v.w);
+            }
+            sumsq[t] = s;
         }
 #endif
         for (uint u0 = tid; u0 < n_units; u0 += UNROLL * WG) {
@@ -174,7 +253,7 @@ void main() {
             }
         }
 
-#if defined(NORM)
+#if defined(NORM) || defined(PRENORMED)
         scale_by_norm();
 #endif
         store_sums(row0, t0);

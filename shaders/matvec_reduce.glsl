@@ -51,8 +51,18 @@ void store_sums(uint row0, uint t0) {
             for (uint j = 0u; j < n_partials; j++) {
                 s += partial[i][j];
             }
+#if defined(RESNORM)
+            store_residual_and_normed(i, row0 + r, t0 + t, s);
+        } else {
+            residual_sq[i] = 0.0;
+#else
             store_y((t0 + t) * p.y_stride + p.y_offset + row0 + r, s);
+#endif
         }
     }
     barrier();
+#if defined(RESNORM)
+    store_sums_of_squares(row0, t0);
+    barrier();
+#endif
 }

@@ -104,6 +104,20 @@ const TYPE_VARIANTS: &[TypeVariant] = &[
         quantised_only: false,
     },
     TypeVariant {
+        prefix: "matvec_resnorm",
+        source: "matvec.comp",
+        defines: &["USE_SUBGROUP", "RESNORM"],
+        compiler: ShaderCompiler::Glslc,
+        quantised_only: false,
+    },
+    TypeVariant {
+        prefix: "matvec_prenormed",
+        source: "matvec.comp",
+        defines: &["USE_SUBGROUP", "PRENORMED"],
+        compiler: ShaderCompiler::Glslc,
+        quantised_only: false,
+    },
+    TypeVariant {
         prefix: "matvec_gated",
         source: "matvec.comp",
         defines: &["USE_SUBGROUP", "GATED"],

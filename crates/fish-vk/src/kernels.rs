@@ -56,6 +56,18 @@ pub enum Kernel {
     /// NORM): x is the raw residual stream, the norm weights are at
     /// binding 3 (`Params::norm_off`). Needs subgroup arithmetic.
     MatvecNorm,
+    /// A residual matvec (accumulate) that prepares the deferred RMS norm of
+    /// the matvec after it (shaders/matvec.comp RESNORM): it also writes
+    /// each new residual value times its norm weight (binding 3 at
+    /// `Params::norm_off`) to the normed-input buffer at binding 4, and per
+    /// workgroup and token the sum of the new values' squares at
+    /// `Params::part_off` there. Needs subgroup arithmetic.
+    MatvecResNorm,
+    /// The matvec on the normed input a `MatvecResNorm` wrote (shaders/
+    /// matvec.comp PRENORMED): sums the `Params::parts` sums of squares per
+    /// token at `Params::part_off` of x and scales its results by the norm's
+    /// factor. Needs subgroup arithmetic.
+    MatvecPrenormed,
     /// The matvec with the gated activation before it fused in
     /// (shaders/matvec.comp GATED): x is the gate/up output, gate values
     /// first and up values `Params::norm_off` floats later, and each x value
@@ -270,6 +282,8 @@ impl Gpu {
             Kernel::MatvecInt8 => format!("matvec_i8_{suffix}"),
             Kernel::MatvecInt8Prequantised => format!("matvec_i8x_{suffix}"),
             Kernel::MatvecNorm => format!("matvec_norm_{suffix}"),
+            Kernel::MatvecResNorm => format!("matvec_resnorm_{suffix}"),
+            Kernel::MatvecPrenormed => format!("matvec_prenormed_{suffix}"),
             Kernel::MatvecGated(_) => format!("matvec_gated_{suffix}"),
             Kernel::Tiled | Kernel::Auto => format!("tiled_{suffix}"),
             Kernel::CoopMat => format!("coopmat_{suffix}"),
@@ -302,6 +316,12 @@ impl Gpu {
         kernel: Kernel,
     ) -> Result<Vec<Vec<f32>>> {
         let n_in = check_group(handles, n_tok)?;
+        if matches!(kernel, Kernel::MatvecResNorm | Kernel::MatvecPrenormed) {
+            // They bind the span's parameters and normed-input buffer.
+            return Err(VkError::Input(format!(
+                "{kernel:?} runs only inside a span"
+            )));
+        }
         // The gated matvec reads gate and up values: two per input.
         let x_per_input = match kernel {
             Kernel::MatvecGated(_) => 2,
@@ -518,9 +538,14 @@ impl Gpu {
             let (kernel, matvec) =
                 self.matvec_choice(requested, kernel, h.ty(), h.n_in(), n_tok)?;
             let spec: Vec<u32> = match (kernel, coop_tile) {
-                (Kernel::Matvec | Kernel::MatvecSharedReduce | Kernel::MatvecNorm, _) => {
-                    matvec.spec().to_vec()
-                }
+                (
+                    Kernel::Matvec
+                    | Kernel::MatvecSharedReduce
+                    | Kernel::MatvecNorm
+                    | Kernel::MatvecResNorm
+                    | Kernel::MatvecPrenormed,
+                    _,
+                ) => matvec.spec().to_vec(),
                 (Kernel::MatvecGated(act), _) => {
                     let mut spec = matvec.spec().to_vec();
                     spec.push(act.selector());
@@ -577,6 +602,8 @@ impl Gpu {
                             _ => 0,
                         },
                         norm_eps: 0.0,
+                        part_off: 0,
+                        parts: 0,
                     },
                     groups,
                     weights: c.buffer.raw,
@@ -623,9 +650,17 @@ impl Gpu {
                     ))
                 })
             }
-            Kernel::MatvecNorm | Kernel::MatvecGated(_) if !self.info.subgroup_arithmetic => Err(
-                VkError::Input("the fused-norm and gated matvecs need subgroup arithmetic".into()),
-            ),
+            Kernel::MatvecNorm
+            | Kernel::MatvecResNorm
+            | Kernel::MatvecPrenormed
+            | Kernel::MatvecGated(_)
+                if !self.info.subgroup_arithmetic =>
+            {
+                Err(VkError::Input(
+                    "the fused-norm, deferred-norm and gated matvecs need subgroup arithmetic"
+                        .into(),
+                ))
+            }
             Kernel::Matvec if requested == Kernel::Auto && self.int8_matvec(ty) => {
                 Ok(int8().map_or((kernel, shape), |s| (Kernel::MatvecInt8, s)))
             }

@@ -39,10 +39,15 @@ pub(crate) struct Params {
     /// float offset of the up values after the gate values in x.
     pub norm_off: u32,
     pub norm_eps: f32,
+    /// The deferred norm (`Kernel::MatvecResNorm` / `MatvecPrenormed`):
+    /// float offset of the per-workgroup sums of squares in the normed-input
+    /// buffer, and how many there are per token.
+    pub part_off: u32,
+    pub parts: u32,
 }
 
 impl Params {
-    pub fn bytes(&self) -> [u8; 40] {
+    pub fn bytes(&self) -> [u8; 48] {
         let words = [
             self.n_in,
             self.n_rows,
@@ -54,8 +59,10 @@ impl Params {
             self.accumulate,
             self.norm_off,
             self.norm_eps.to_bits(),
+            self.part_off,
+            self.parts,
         ];
-        let mut out = [0u8; 40];
+        let mut out = [0u8; 48];
         for (chunk, w) in out.chunks_exact_mut(4).zip(words) {
             chunk.copy_from_slice(&w.to_le_bytes());
         }
@@ -63,13 +70,13 @@ impl Params {
     }
 }
 
-/// Storage buffers of a matmul descriptor set; only the NORM matvec uses
-/// the fourth (stage 1 leaves it unwritten).
-pub(crate) const MATMUL_BINDINGS: u32 = 4;
+/// Storage buffers of a matmul descriptor set: weights, x, y, then the
+/// norm weights of the NORM and RESNORM matvecs and the normed-input buffer
+/// the RESNORM matvec writes (stage 1 leaves the last two unwritten).
+pub(crate) const MATMUL_BINDINGS: u32 = 5;
 
 pub(crate) struct Pipelines {
-    /// Storage buffers: weights, x, y, and the norm weights of the NORM
-    /// matvec (MATMUL_BINDINGS).
+    /// Storage buffers: MATMUL_BINDINGS.
     pub set_layout: vk::DescriptorSetLayout,
     pub layout: vk::PipelineLayout,
     built: Mutex<HashMap<String, (vk::ShaderModule, vk::Pipeline)>>,

@@ -18,7 +18,8 @@ pub(crate) struct Arena {
     /// Residual stream: `x_tokens` x n_embd f32.
     pub x: Buffer,
     pub x_tokens: usize,
-    /// Normed input of the q/k/v and gate/up matmuls: chunk x n_embd.
+    /// Normed input of the q/k/v and gate/up matmuls: chunk x n_embd, then
+    /// room for the deferred norms' sums of squares (`norm_parts_offset`).
     pub xn: Buffer,
     /// q | k | v of a chunk, each block token-major.
     pub qkv: Buffer,
@@ -40,6 +41,14 @@ pub(crate) struct Arena {
     pub step_upload: Buffer,
 }
 
+/// Float offset in xn of the sums of squares a `Kernel::MatvecResNorm`
+/// leaves for the deferred norm after it, past a chunk of normed rows:
+/// MATVEC_MAX_TOKENS tokens of up to n_embd sums (one per workgroup of at
+/// least one row), each token's padded to whole vec4s (shaders/matvec.comp).
+pub(crate) fn norm_parts_offset(shape: &SpanShape) -> u32 {
+    (span_chunk_tokens() * shape.n_embd).next_multiple_of(4) as u32
+}
+
 fn f32_bytes(n: usize) -> u64 {
     (n as u64 * 4).next_multiple_of(16)
 }
@@ -50,7 +59,11 @@ fn sizes(shape: &SpanShape, n_ff: usize) -> [(usize, MemoryKind); 11] {
     let int8_values = (MATVEC_MAX_TOKENS * int8_token_bytes(shape.n_embd)).div_ceil(4);
     [
         (INITIAL_TOKENS * shape.n_embd, MemoryKind::Device),
-        (c * shape.n_embd, MemoryKind::Device),
+        (
+            norm_parts_offset(shape) as usize
+                + MATVEC_MAX_TOKENS * shape.n_embd.next_multiple_of(4),
+            MemoryKind::Device,
+        ),
         (
             c * (shape.q_dim() + shape.k_dim() + shape.v_dim()),
             MemoryKind::Device,

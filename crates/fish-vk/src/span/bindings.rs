@@ -35,6 +35,11 @@ pub(crate) struct LayerSets {
     /// fusion is off (`fused_norm_wanted`).
     pub qkv_norm: Option<MatmulSets>,
     pub gate_up_norm: Option<MatmulSets>,
+    /// wo and down preparing the deferred norm of the matvec after them
+    /// (`Kernel::MatvecResNorm`: weights, input, x, parameters, xn); None
+    /// with a post-norm or where deferring is off (`deferred_norm_wanted`).
+    pub wo_resnorm: Option<MatmulSets>,
+    pub down_resnorm: Option<MatmulSets>,
     /// qkv, K, V, params.
     pub rope: vk::DescriptorSet,
     /// qkv, K, V, attn.
@@ -119,9 +124,14 @@ impl Bindings {
         let n_matmul: usize =
             weights.iter().flatten().map(Vec::len).sum::<usize>() + output_weights.len();
         let n_span = 5 + 2 * layers.len();
-        // Room for the int8 and fused-norm copies of the q/k/v and gate/up sets.
+        // Room for the int8 and fused-norm copies of the q/k/v and gate/up
+        // sets and the deferred-norm copies of the wo and down sets.
         let n_normed: usize = weights.iter().map(|w| w[0].len() + w[2].len()).sum();
-        let pool = create_pool(gpu, n_matmul + output_weights.len() + 2 * n_normed + n_span)?;
+        let n_residual: usize = weights.iter().map(|w| w[1].len() + w[3].len()).sum();
+        let pool = create_pool(
+            gpu,
+            n_matmul + output_weights.len() + 2 * n_normed + n_residual + n_span,
+        )?;
         let built = Self::write(
             gpu,
             pool,
@@ -155,20 +165,18 @@ impl Bindings {
             write_set(gpu, set, &[b[0], b[1], b[2], b[3], a.step.raw]);
             Ok(set)
         };
+        // Weights, x, y, then what the kernel variant binds after them.
         let sets_binding = |handles: &[TensorHandle],
                             w: &[vk::Buffer],
                             x: vk::Buffer,
                             y: vk::Buffer,
-                            norm: Option<vk::Buffer>|
+                            extra: &[vk::Buffer]|
          -> Result<MatmulSets> {
             let sets = w
                 .iter()
                 .map(|&wb| {
                     let set = allocate(gpu, pool, gpu.pipelines.set_layout)?;
-                    match norm {
-                        Some(n) => write_set(gpu, set, &[wb, x, y, n]),
-                        None => write_set(gpu, set, &[wb, x, y]),
-                    }
+                    write_set(gpu, set, &[&[wb, x, y][..], extra].concat());
                     Ok(set)
                 })
                 .collect::<Result<_>>()?;
@@ -178,8 +186,9 @@ impl Bindings {
             })
         };
         let matmul_sets =
-            |handles: &[TensorHandle], w: &[vk::Buffer], x, y| sets_binding(handles, w, x, y, None);
+            |handles: &[TensorHandle], w: &[vk::Buffer], x, y| sets_binding(handles, w, x, y, &[]);
         let fuse_norm = fused_norm_wanted(gpu);
+        let defer_norm = deferred_norm_wanted(gpu);
         let mut layers = Vec::with_capacity(groups.len());
         for (il, (g, w)) in groups.iter().zip(weights).enumerate() {
             let (k, v) = (bufs.kv.k[il].raw, bufs.kv.v[il].raw);
@@ -197,7 +206,16 @@ impl Bindings {
             };
             let norm_sets = |handles: &[TensorHandle], w: &[vk::Buffer], y: vk::Buffer| {
                 fuse_norm
-                    .then(|| sets_binding(handles, w, a.x.raw, y, Some(p)))
+                    .then(|| sets_binding(handles, w, a.x.raw, y, &[p]))
+                    .transpose()
+            };
+            // Only where the projection adds straight into x.
+            let resnorm_sets = |handles: &[TensorHandle],
+                                w: &[vk::Buffer],
+                                input: vk::Buffer,
+                                post_norm: Option<u32>| {
+                (defer_norm && post_norm.is_none())
+                    .then(|| sets_binding(handles, w, input, a.x.raw, &[p, a.xn.raw]))
                     .transpose()
             };
             layers.push(LayerSets {
@@ -205,6 +223,8 @@ impl Bindings {
                 gate_up_int8: int8_sets(&g[2], &w[2], a.gate_up.raw)?,
                 qkv_norm: norm_sets(&g[0], &w[0], a.qkv.raw)?,
                 gate_up_norm: norm_sets(&g[2], &w[2], a.gate_up.raw)?,
+                wo_resnorm: resnorm_sets(&g[1], &w[1], a.attn.raw, lp.post_attn_norm)?,
+                down_resnorm: resnorm_sets(&g[3], &w[3], a.gate_up.raw, lp.post_ffn_norm)?,
                 qkv: matmul_sets(&g[0], &w[0], a.xn.raw, a.qkv.raw)?,
                 wo: matmul_sets(&g[1], &w[1], a.attn.raw, residual_target(lp.post_attn_norm))?,
                 gate_up: matmul_sets(&g[2], &w[2], a.xn.raw, a.gate_up.raw)?,
@@ -238,7 +258,7 @@ impl Bindings {
                 output_weights,
                 a.x.raw,
                 o.logits.raw,
-                Some(p),
+                &[p],
             )?),
             _ => None,
         };
@@ -268,6 +288,15 @@ impl Bindings {
 /// (docs/BENCHMARKS.md).
 fn fused_norm_wanted(gpu: &Gpu) -> bool {
     gpu.info.subgroup_arithmetic && std::env::var("FISH_GPU_FUSE_NORM").as_deref() == Ok("1")
+}
+
+/// Whether spans defer the attention and feed-forward norms of decode
+/// steps into the residual matvecs before them (`Kernel::MatvecResNorm`
+/// then `Kernel::MatvecPrenormed`; no norm dispatch and no barrier between
+/// them): on unless `FISH_GPU_DEFER_NORM=0`, where the device has subgroup
+/// arithmetic.
+fn deferred_norm_wanted(gpu: &Gpu) -> bool {
+    gpu.info.subgroup_arithmetic && std::env::var("FISH_GPU_DEFER_NORM").as_deref() != Ok("0")
 }
 
 fn create_pool(gpu: &Gpu, n_sets: usize) -> Result<vk::DescriptorPool> {

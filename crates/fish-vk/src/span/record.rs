@@ -2,6 +2,7 @@
 //! at most SPAN_CHUNK_TOKENS tokens, the stages of a transformer layer with
 //! a compute->compute barrier only between dependent stages.
 
+use super::arena::norm_parts_offset;
 use super::bindings::{Bindings, MatmulSets};
 use super::desc::{LayerTensors, SpanActivation, SpanRope, SpanShape};
 use super::params::{LayerParams, Params};
@@ -36,6 +37,9 @@ pub(crate) struct Chunk {
     /// Chunks of at least `TILED_ATTENTION_MIN_TOKENS` tokens of a plain
     /// forward attend with `SpanKernel::AttentionTiled`.
     pub tiled_attention: bool,
+    /// Per layer: whether wo and down prepare the next norm
+    /// (`Kernel::MatvecResNorm`, whose sets they then use).
+    pub resnorm: Vec<[bool; 2]>,
 }
 
 /// Where the tokens of a forward sit, as far as recording cares (recordings
@@ -65,6 +69,33 @@ pub(crate) enum NormedInput {
     /// no norm dispatch). Only for a forward's first chunk, which starts at
     /// token 0 of x.
     Fused,
+    /// xn as the residual matvec before it left it: each value times its
+    /// norm weight, with that many sums of squares per token
+    /// (`Kernel::MatvecPrenormed` after `Kernel::MatvecResNorm`; no norm
+    /// dispatch).
+    Deferred(DeferredNorm),
+}
+
+/// Where a `Kernel::MatvecResNorm` leaves the sums of squares of a deferred
+/// norm: `parts` per token at float `part_off` of the normed-input buffer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct DeferredNorm {
+    pub part_off: u32,
+    pub parts: u32,
+}
+
+impl DeferredNorm {
+    /// `plan` reading or writing these sums.
+    fn apply(self, plan: &[Dispatch]) -> Vec<Dispatch> {
+        plan.iter()
+            .map(|d| {
+                let mut d = *d;
+                d.params.part_off = self.part_off;
+                d.params.parts = self.parts;
+                d
+            })
+            .collect()
+    }
 }
 
 /// Plans the matmuls of every chunk; the dispatches must match the sets
@@ -91,6 +122,7 @@ pub(crate) fn plan_chunks(
                 n,
                 matmuls,
                 inputs,
+                resnorm: same.resnorm.clone(),
                 gated: same.gated,
                 prefetch: same.prefetch,
                 rope_in_attention: same.rope_in_attention,
@@ -105,22 +137,52 @@ pub(crate) fn plan_chunks(
             Some(act) if decode => Kernel::MatvecGated(act),
             _ => matmul_kernel,
         };
-        let mut matmuls = Vec::with_capacity(bindings.layers.len());
-        let mut inputs = Vec::with_capacity(bindings.layers.len());
-        for ls in &bindings.layers {
+        let n_layers = bindings.layers.len();
+        let mut matmuls = Vec::with_capacity(n_layers);
+        let mut inputs = Vec::with_capacity(n_layers);
+        let mut resnorm = Vec::with_capacity(n_layers);
+        // Norms are deferred only within a forward of one chunk: layers are
+        // recorded outermost, so a later chunk would overwrite xn between a
+        // down projection and the next layer's q/k/v. And only in plain
+        // forwards (decode steps and speculative verification, which must
+        // give the same bits as each other): batched forwards lost ~10% with
+        // it on the H200 (each pass of tokens re-reads the sums of squares).
+        let defer = (decode && n == n_tok && layout == TokenLayout::Consecutive)
+            .then(|| norm_parts_offset(shape));
+        // The sums of squares the previous layer's down projection left.
+        let mut qkv_parts = None;
+        for (il, ls) in bindings.layers.iter().enumerate() {
             let mode = PlanMode {
                 decode,
                 first: tok0 == 0,
                 kernel: matmul_kernel,
             };
-            let (qkv_plan, qkv_input) = ls.qkv_group().plan(gpu, n, mode)?;
-            let (gate_up_plan, gate_up_input) = ls.gate_up_group().plan(gpu, n, mode)?;
-            matmuls.push([
-                qkv_plan,
-                plan_group(gpu, &ls.wo, n, matmul_kernel)?,
-                gate_up_plan,
-                plan_group(gpu, &ls.down, n, down_kernel)?,
-            ]);
+            let (qkv_plan, qkv_input) = ls.qkv_group().plan(gpu, n, mode, qkv_parts, shape)?;
+            let wo = residual_plan(
+                gpu,
+                &ls.wo,
+                ls.wo_resnorm.as_ref(),
+                n,
+                matmul_kernel,
+                defer.filter(|_| ls.gate_up_int8.is_none()),
+            )?;
+            let (gate_up_plan, gate_up_input) =
+                ls.gate_up_group().plan(gpu, n, mode, wo.1, shape)?;
+            let next_reads_xn = bindings
+                .layers
+                .get(il + 1)
+                .is_some_and(|next| next.qkv_int8.is_none());
+            let down = residual_plan(
+                gpu,
+                &ls.down,
+                ls.down_resnorm.as_ref(),
+                n,
+                down_kernel,
+                defer.filter(|_| next_reads_xn),
+            )?;
+            qkv_parts = down.1;
+            resnorm.push([wo.1.is_some(), down.1.is_some()]);
+            matmuls.push([qkv_plan, wo.0, gate_up_plan, down.0]);
             inputs.push([qkv_input, gate_up_input]);
         }
         chunks.push(Chunk {
@@ -132,9 +194,42 @@ pub(crate) fn plan_chunks(
             prefetch: prefetch.filter(|_| decode),
             rope_in_attention: n == 1 && rope_fusable(shape),
             tiled_attention: attends_tiled(shape, layout, n),
+            resnorm,
         });
     }
     Ok(chunks)
+}
+
+/// The plan of a residual projection (wo, down) and, when it prepares the
+/// next norm (`Kernel::MatvecResNorm` on the `writer` sets, its sums of
+/// squares at float `part_off` of xn), where it leaves them: one sum per
+/// workgroup and token, so only plans of one dispatch on a one-row grid
+/// qualify. The gated down matvec keeps its kernel (it cannot also
+/// prepare the norm).
+fn residual_plan(
+    gpu: &Gpu,
+    plain: &MatmulSets,
+    writer: Option<&MatmulSets>,
+    n: usize,
+    kernel: Kernel,
+    part_off: Option<u32>,
+) -> Result<(Vec<Dispatch>, Option<DeferredNorm>)> {
+    if matches!(kernel, Kernel::MatvecGated(_)) {
+        return Ok((plan_group(gpu, plain, n, kernel)?, None));
+    }
+    if let (Some(w), Some(part_off)) = (writer, part_off) {
+        let plan = plan_group(gpu, w, n, Kernel::MatvecResNorm)?;
+        if let [d] = plan.as_slice() {
+            if d.groups.1 == 1 {
+                let norm = DeferredNorm {
+                    part_off,
+                    parts: d.groups.0,
+                };
+                return Ok((norm.apply(&plan), Some(norm)));
+            }
+        }
+    }
+    Ok((plan_group(gpu, plain, n, kernel)?, None))
 }
 
 /// Whether single-token chunks run RoPE and the KV store inside the
@@ -254,6 +349,8 @@ impl NormedGroup<'_> {
         gpu: &Gpu,
         n_tok: usize,
         mode: PlanMode,
+        deferred: Option<DeferredNorm>,
+        shape: &SpanShape,
     ) -> Result<(Vec<Dispatch>, NormedInput)> {
         let PlanMode {
             decode,
@@ -265,6 +362,14 @@ impl NormedGroup<'_> {
                 plan_group(gpu, q, n_tok, Kernel::MatvecInt8Prequantised)?,
                 NormedInput::Int8,
             )),
+            _ if deferred.is_some() => {
+                let norm = deferred.expect("checked");
+                let plan = plan_group(gpu, self.float, n_tok, Kernel::MatvecPrenormed)?;
+                let mut plan = norm.apply(&plan);
+                plan.iter_mut()
+                    .for_each(|d| d.params.norm_eps = shape.rms_eps);
+                Ok((plan, NormedInput::Deferred(norm)))
+            }
             (_, Some(f)) if decode && first => Ok((
                 plan_group(gpu, f, n_tok, Kernel::MatvecNorm)?,
                 NormedInput::Fused,
@@ -278,7 +383,7 @@ impl NormedGroup<'_> {
 
     fn sets(&self, input: NormedInput) -> &[vk::DescriptorSet] {
         let chosen = match input {
-            NormedInput::Float => None,
+            NormedInput::Float | NormedInput::Deferred(_) => None,
             NormedInput::Int8 => self.int8.as_ref(),
             NormedInput::Fused => self.fused.as_ref(),
         };
@@ -607,13 +712,19 @@ impl Recording<'_> {
         r.dispatch(attention_kernel, sets.attention, &push, attention_groups);
         self.prefetch(r, chunk, &chunk.matmuls[il][1], &sets.wo.sets);
         r.end(SpanStage::Attention);
+        let [wo_prepares, down_prepares] = chunk.resnorm[il];
+        let (wo_sets, wo_next) = match &sets.wo_resnorm {
+            Some(w) if wo_prepares => (&w.sets, Some(lp.ffn_norm)),
+            _ => (&sets.wo.sets, None),
+        };
         self.residual_matmul(
             r,
             n,
             &chunk.matmuls[il][1],
-            &sets.wo.sets,
+            wo_sets,
             x_off,
             lp.post_attn_norm,
+            wo_next,
         );
 
         // Feed-forward block.
@@ -628,13 +739,19 @@ impl Recording<'_> {
             self.prefetch(r, chunk, &chunk.matmuls[il][3], &sets.down.sets);
             r.end(SpanStage::ActMul);
         }
+        let next_layer = self.params.layers.get(il + 1);
+        let (down_sets, down_next) = match (&sets.down_resnorm, next_layer) {
+            (Some(d), Some(next)) if down_prepares => (&d.sets, Some(next.attn_norm)),
+            _ => (&sets.down.sets, None),
+        };
         self.residual_matmul(
             r,
             n,
             &chunk.matmuls[il][3],
-            &sets.down.sets,
+            down_sets,
             x_off,
             lp.post_ffn_norm,
+            down_next,
         );
     }
 
@@ -653,19 +770,26 @@ impl Recording<'_> {
         let s = self.shape;
         let x_off = (chunk.tok0 * s.n_embd) as u32;
         let out = match input {
-            NormedInput::Float => Some(NormOut::Set),
-            NormedInput::Int8 => Some(NormOut::SetAndInt8),
-            NormedInput::Fused => None,
+            NormedInput::Float => NormOut::Set,
+            NormedInput::Int8 => NormOut::SetAndInt8,
+            NormedInput::Fused => {
+                self.matmul(r, &with_norm(plan, norm, s.rms_eps), group.sets(input));
+                r.end(SpanStage::Matvec);
+                return;
+            }
+            // The residual matvec before it prepared xn (its plan carries
+            // where the sums of squares are).
+            NormedInput::Deferred(_) => {
+                self.matmul(r, plan, group.sets(input));
+                r.end(SpanStage::Matvec);
+                return;
+            }
         };
-        if let Some(out) = out {
-            let set = self.bindings.norm_x;
-            self.norm(r, set, chunk.n, s.n_embd, x_off, 0, norm, out);
-            self.prefetch(r, chunk, plan, group.sets(input));
-            r.end(SpanStage::RmsNorm);
-            self.matmul(r, plan, group.sets(input));
-        } else {
-            self.matmul(r, &with_norm(plan, norm, s.rms_eps), group.sets(input));
-        }
+        let set = self.bindings.norm_x;
+        self.norm(r, set, chunk.n, s.n_embd, x_off, 0, norm, out);
+        self.prefetch(r, chunk, plan, group.sets(input));
+        r.end(SpanStage::RmsNorm);
+        self.matmul(r, plan, group.sets(input));
         r.end(SpanStage::Matvec);
     }
 
@@ -673,6 +797,9 @@ impl Recording<'_> {
     /// post-norm the matmul adds its products into x itself (its sets bind
     /// x as y), so no add kernel and no extra barrier; with one, it writes o
     /// and the norm adds norm(o) * w into x.
+    /// With `next_norm` (the plan is a `Kernel::MatvecResNorm` on `sets`) it
+    /// also prepares the norm at that float offset for the matvec after it.
+    #[allow(clippy::too_many_arguments)]
     unsafe fn residual_matmul(
         &self,
         r: &mut Recorder<'_>,
@@ -681,6 +808,7 @@ impl Recording<'_> {
         sets: &[vk::DescriptorSet],
         x_off: u32,
         post_norm: Option<u32>,
+        next_norm: Option<u32>,
     ) {
         match post_norm {
             None => {
@@ -690,6 +818,9 @@ impl Recording<'_> {
                         let mut d = *d;
                         d.params.y_offset += x_off;
                         d.params.accumulate = 1;
+                        if let Some(norm) = next_norm {
+                            d.params.norm_off = norm;
+                        }
                         d
                     })
                     .collect();
