@@ -2,9 +2,11 @@
 // Causal grouped-query attention over the device f16 KV cache, one
 // workgroup per (head, token), every accumulation f32.
 //
-// Keys are taken in blocks of WG. Scoring gives each thread one key and reads
-// its row with 16-byte loads, all issued before the arithmetic, so a block
-// costs one round of load latency instead of one per dimension. The block's
+// Keys are taken in blocks of WG. Scoring spreads each key row's 16-byte
+// words over consecutive threads (whole rows per subgroup, so the loads
+// coalesce; eight rows' loads in flight per thread) and sums each key's
+// partial products in word order; rows that are not whole 16-byte words
+// give each thread one key, read a pair at a time. The block's
 // weights go through shared memory into an online softmax. The weighted sum
 // of values spreads the row's 16-byte words (eight f16 values; f16 pairs
 // where the widths are not multiples of 8) over the threads, consecutive
@@ -155,39 +157,68 @@ float block_reduce(float v, bool is_max) {
     return r;
 }
 
-// Dot product of q with key j (16-byte loads when `wide`).
-float key_dot(uint j, uint k_head_word, bool wide) {
+// Dot product of q with key j, one f16 pair at a time (rows whose widths
+// are not multiples of 8).
+float key_dot(uint j, uint k_head_word) {
     uint kw = j * (p.k_dim / 2u) + k_head_word;
     float d = 0.0;
-    if (wide) {
-        uint n4 = p.head_dim / 8u;
-        uint base = kw / 4u;
-        // Load every word of the row first: they are in flight together.
-        uvec4 row[MAX_HEAD_DIM / 8u];
-        for (uint i = 0u; i < MAX_HEAD_DIM / 8u; i++) {
-            if (i < n4) {
-                row[i] = kc4[base + i];
-            }
-        }
-        for (uint i = 0u; i < MAX_HEAD_DIM / 8u; i++) {
-            if (i < n4) {
-                vec4 qa = q4[2u * i];
-                vec4 qb = q4[2u * i + 1u];
-                vec2 k0 = unpackHalf2x16(row[i].x);
-                vec2 k1 = unpackHalf2x16(row[i].y);
-                vec2 k2 = unpackHalf2x16(row[i].z);
-                vec2 k3 = unpackHalf2x16(row[i].w);
-                d += dot(qa, vec4(k0, k1)) + dot(qb, vec4(k2, k3));
-            }
-        }
-    } else {
-        for (uint e2 = 0u; e2 < p.head_dim / 2u; e2++) {
-            vec2 kk = unpackHalf2x16(kc[kw + e2]);
-            vec4 qq = q4[e2 / 2u];
-            d += (e2 & 1u) == 0u ? dot(qq.xy, kk) : dot(qq.zw, kk);
-        }
+    for (uint e2 = 0u; e2 < p.head_dim / 2u; e2++) {
+        vec2 kk = unpackHalf2x16(kc[kw + e2]);
+        vec4 qq = q4[e2 / 2u];
+        d += (e2 & 1u) == 0u ? dot(qq.xy, kk) : dot(qq.zw, kk);
     }
     return d;
+}
+
+// Partial dot products of the block's keys, one per 16-byte word of a row.
+shared float key_part[WG][MAX_HEAD_DIM / 8u];
+
+// The scaled scores of keys key_row0 .. key_row0 + n_keys - 1 (thread i
+// returns key i's; -inf past the end) when rows are whole 16-byte words:
+// a row's words go to consecutive threads, so a subgroup reads whole rows
+// (the loads coalesce) and eight passes' loads are in flight at a time;
+// each key's partial products are then summed in word order, the order of
+// a one-thread dot product. Every thread must call it (it has a barrier).
+float wide_scores(uint key_row0, uint n_keys, uint k_head_word) {
+    uint tid = gl_LocalInvocationID.x;
+    uint n4 = p.head_dim / 8u;
+    uint per_pass = WG / n4;
+    uint c = tid % n4;
+    uint kq = tid / n4;
+    bool in_pass = kq < per_pass;
+    vec4 qa = q4[2u * c];
+    vec4 qb = q4[2u * c + 1u];
+    uint row4 = p.k_dim / 8u;
+    uint head4 = k_head_word / 4u + c;
+    uint n_pass = (n_keys + per_pass - 1u) / per_pass;
+    for (uint pass0 = 0u; pass0 < n_pass; pass0 += 8u) {
+        uvec4 r[8];
+        for (uint i = 0u; i < 8u; i++) {
+            uint k = (pass0 + i) * per_pass + kq;
+            if (in_pass && k < n_keys) {
+                r[i] = kc4[(key_row0 + k) * row4 + head4];
+            }
+        }
+        for (uint i = 0u; i < 8u; i++) {
+            uint k = (pass0 + i) * per_pass + kq;
+            if (in_pass && k < n_keys) {
+                vec2 k0 = unpackHalf2x16(r[i].x);
+                vec2 k1 = unpackHalf2x16(r[i].y);
+                vec2 k2 = unpackHalf2x16(r[i].z);
+                vec2 k3 = unpackHalf2x16(r[i].w);
+                key_part[k][c] = dot(qa, vec4(k0, k1)) + dot(qb, vec4(k2, k3));
+            }
+        }
+    }
+    barrier();
+    if (tid >= n_keys) {
+        return -1.0 / 0.0;
+    }
+    float d = 0.0;
+    for (uint j = 0u; j < n4; j++) {
+        d += key_part[tid][j];
+    }
+    return d * p.scale;
 }
 
 
@@ -245,8 +276,10 @@ void main() {
     for (uint key0 = first; key0 < end; key0 += WG) {
         uint n_keys = min(WG, end - key0);
         float s = -1.0 / 0.0;
-        if (tid < n_keys) {
-            s = key_dot(row0 + key0 + tid, k_head_word, wide) * p.scale;
+        if (wide) {
+            s = wide_scores(row0 + key0, n_keys, k_head_word);
+        } else if (tid < n_keys) {
+            s = key_dot(row0 + key0 + tid, k_head_word) * p.scale;
         }
         float m_new = max(m, block_reduce(s, true));
         float e = tid < n_keys ? exp(s - m_new) : 0.0;

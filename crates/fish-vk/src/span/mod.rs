@@ -190,7 +190,7 @@ impl Gpu {
     /// KV; with `profile`, every forward records per-stage timestamps.
     pub fn span_create(&self, desc: &SpanDesc<'_>, profile: bool) -> Result<Span> {
         let layers = desc.validate()?;
-        let pipelines = SpanPipelines::new(&self.device)?;
+        let pipelines = SpanPipelines::new(&self.device, self.pipelines.stats.as_ref())?;
         let (params, arena, kv) = match self.span_memory(desc, &layers) {
             Ok(parts) => parts,
             Err(e) => {

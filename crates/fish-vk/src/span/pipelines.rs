@@ -3,6 +3,7 @@
 
 use crate::error::{Result, VkCall, VkError};
 use crate::pipeline::{module_bytes, storage_set_layout};
+use crate::pipeline_stats::PipelineStats;
 use ash::vk;
 
 /// Push-constant words every span kernel may use.
@@ -65,7 +66,9 @@ pub(crate) struct SpanPipelines {
 }
 
 impl SpanPipelines {
-    pub fn new(device: &ash::Device) -> Result<SpanPipelines> {
+    /// With `stats` (FISH_VK_PIPELINE_STATS=1) each pipeline's statistics
+    /// are captured and printed with the matmul pipelines'.
+    pub fn new(device: &ash::Device, stats: Option<&PipelineStats>) -> Result<SpanPipelines> {
         let set_layout = storage_set_layout(device, SPAN_BINDINGS)?;
         let mut out = SpanPipelines {
             set_layout,
@@ -92,7 +95,7 @@ impl SpanPipelines {
             }
         }
         for k in SpanKernel::ALL {
-            if let Err(e) = out.build(device, k) {
+            if let Err(e) = out.build(device, k, stats) {
                 out.destroy(device);
                 return Err(e);
             }
@@ -100,7 +103,12 @@ impl SpanPipelines {
         Ok(out)
     }
 
-    fn build(&mut self, device: &ash::Device, kernel: SpanKernel) -> Result<()> {
+    fn build(
+        &mut self,
+        device: &ash::Device,
+        kernel: SpanKernel,
+        stats: Option<&PipelineStats>,
+    ) -> Result<()> {
         let name = kernel.module();
         let bytes = module_bytes(name).ok_or_else(|| VkError::Shader(name.to_string()))?;
         let code = ash::util::read_spv(&mut std::io::Cursor::new(bytes))
@@ -114,7 +122,13 @@ impl SpanPipelines {
             .stage(vk::ShaderStageFlags::COMPUTE)
             .module(module)
             .name(c"main");
+        let flags = if stats.is_some() {
+            vk::PipelineCreateFlags::CAPTURE_STATISTICS_KHR
+        } else {
+            vk::PipelineCreateFlags::empty()
+        };
         let create = [vk::ComputePipelineCreateInfo::default()
+            .flags(flags)
             .stage(stage)
             .layout(self.layout)];
         // SAFETY: as above.
@@ -124,6 +138,9 @@ impl SpanPipelines {
                     call: "vkCreateComputePipelines",
                     result,
                 })?[0];
+        if let Some(stats) = stats {
+            stats.capture(pipeline, name, &[]);
+        }
         self.pipelines.push(pipeline);
         Ok(())
     }
