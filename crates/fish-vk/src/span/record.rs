@@ -141,14 +141,7 @@ pub(crate) fn plan_chunks(
         let mut matmuls = Vec::with_capacity(n_layers);
         let mut inputs = Vec::with_capacity(n_layers);
         let mut resnorm = Vec::with_capacity(n_layers);
-        // Norms are deferred only within a forward of one chunk: layers are
-        // recorded outermost, so a later chunk would overwrite xn between a
-        // down projection and the next layer's q/k/v. And only in plain
-        // forwards (decode steps and speculative verification, which must
-        // give the same bits as each other): batched forwards lost ~10% with
-        // it on the H200 (each pass of tokens re-reads the sums of squares).
-        let defer = (decode && n == n_tok && layout == TokenLayout::Consecutive)
-            .then(|| norm_parts_offset(shape));
+        let defer = defers_norms(decode, n, n_tok, layout).then(|| norm_parts_offset(shape));
         // The sums of squares the previous layer's down projection left.
         let mut qkv_parts = None;
         for (il, ls) in bindings.layers.iter().enumerate() {
@@ -198,6 +191,18 @@ pub(crate) fn plan_chunks(
         });
     }
     Ok(chunks)
+}
+
+/// Whether a chunk of `n` of a forward's `n_tok` tokens defers its norms
+/// into the residual matvecs (`Kernel::MatvecResNorm` / `MatvecPrenormed`):
+/// only a decode-sized chunk that is the whole forward, as layers are
+/// recorded outermost and a later chunk would overwrite xn between a down
+/// projection and the next layer's q/k/v; and only in plain forwards
+/// (decode steps and speculative verification, which must give the same
+/// bits as each other): batched forwards lost ~10% with it on the H200
+/// (each pass of tokens re-reads the sums of squares).
+fn defers_norms(decode: bool, n: usize, n_tok: usize, layout: TokenLayout) -> bool {
+    decode && n == n_tok && layout == TokenLayout::Consecutive
 }
 
 /// The plan of a residual projection (wo, down) and, when it prepares the
@@ -907,6 +912,19 @@ mod tests {
             attn_scale: 1.0 / (head_dim as f32).sqrt(),
             n_ctx: 4096,
         }
+    }
+
+    #[test]
+    fn only_whole_plain_decode_forwards_defer_their_norms() {
+        // Decode steps and verification pieces (one chunk) defer alike.
+        for n in [1, 2, MATVEC_MAX_TOKENS] {
+            assert!(defers_norms(true, n, n, TokenLayout::Consecutive), "{n}");
+        }
+        // Batched forwards keep the norm dispatch, as do prefill chunks and
+        // a decode-sized last chunk of a longer forward.
+        assert!(!defers_norms(true, 4, 4, TokenLayout::PerRow));
+        assert!(!defers_norms(false, 64, 64, TokenLayout::Consecutive));
+        assert!(!defers_norms(true, 6, 70, TokenLayout::Consecutive));
     }
 
     #[test]
