@@ -123,6 +123,42 @@ fn assert_within(what: &str, a: &[Vec<f32>], b: &[Vec<f32>], bound: f32) {
     assert!(worst <= bound, "{what}: {:.3}%", worst * 100.0);
 }
 
+/// Batches of more rows than the decode matvec's 8 tokens (the matvec in
+/// passes, record.rs `batch_matvec_kernel`): 12 slots holding the three
+/// prompts four times each, every slot within the bound of its prompt's
+/// single run.
+#[test]
+fn span_batches_beyond_decode_size_equal_single_runs() {
+    let _device = device_lock();
+    let Some(gpu) = backend() else { return };
+    let model = placed(gpu.clone());
+    const SLOTS: usize = 12;
+    assert!(gpu.span_max_batch_rows() >= SLOTS);
+    let single: Vec<(Vec<u32>, Vec<Vec<f32>>)> = PROMPTS
+        .iter()
+        .map(|p| single_run(&model, p, STEPS))
+        .collect();
+    let prompts: Vec<&[u32]> = (0..SLOTS).map(|i| PROMPTS[i % PROMPTS.len()]).collect();
+    let mut batch = BatchSession::new(&model, SLOTS, N_CTX, 2).expect("batch");
+    let (tokens, logits) = batched_run(&mut batch, &prompts, STEPS);
+    for i in 0..SLOTS {
+        let s = &single[i % PROMPTS.len()];
+        assert_eq!(tokens[i], s.0[..STEPS], "slot {i}: greedy tokens");
+        assert_close(
+            &format!("slot {i}: batched span vs single"),
+            &logits[i],
+            &s.1,
+        );
+    }
+    let stats = batch.stats();
+    assert_eq!(
+        (stats.span_steps, stats.host_steps),
+        (STEPS, 0),
+        "{stats:?}"
+    );
+    assert!(batch.span_fallback_reason().is_none());
+}
+
 #[test]
 fn span_batched_decode_equals_single_runs_and_the_cpu_batch() {
     let _device = device_lock();

@@ -130,7 +130,8 @@ pub(crate) fn plan_chunks(
             });
             continue;
         }
-        let batch_kernel = cooperative_batch_kernel(gpu, layout, n);
+        let batch_kernel =
+            cooperative_batch_kernel(gpu, layout, n).or_else(|| batch_matvec_kernel(layout, n));
         let decode = n <= MATVEC_MAX_TOKENS && batch_kernel.is_none();
         let matmul_kernel = batch_kernel.unwrap_or(Kernel::Auto);
         let down_kernel = match gated_act {
@@ -330,6 +331,22 @@ fn cooperative_batch_kernel(gpu: &Gpu, layout: TokenLayout, n: usize) -> Option<
         *ENABLED.get_or_init(|| std::env::var("FISH_GPU_BATCH_COOPMAT").as_deref() == Ok("1"));
     (enabled && gpu.coopmat_tile_in_use().is_some() && batch_takes_coopmat(layout, n))
         .then_some(Kernel::CoopMat)
+}
+
+/// Most rows of a batched forward that multiply on the matvec (in passes
+/// of its token count) rather than the tiled kernel.
+const BATCH_MATVEC_MAX_ROWS: usize = 32;
+
+/// Batched forwards (per-row slots) of MATVEC_MAX_TOKENS + 1 to
+/// BATCH_MATVEC_MAX_ROWS rows take the matvec, whose passes of a few tokens
+/// each cost what they cost at 8 rows, instead of the tiled kernel, which
+/// is built for prompts: on the H200 (llama-8b) 8 rows on the matvec ran at
+/// 468 tok/s aggregate while 16 and 32 rows on the plain tile ran at 186 and
+/// 349 (64 rows, a whole cooperative tile, at 1205, keep the prefill rule).
+/// Plain forwards (prefill chunks, verification) keep `Kernel::Auto`.
+fn batch_matvec_kernel(layout: TokenLayout, n: usize) -> Option<Kernel> {
+    (layout == TokenLayout::PerRow && (MATVEC_MAX_TOKENS + 1..=BATCH_MATVEC_MAX_ROWS).contains(&n))
+        .then_some(Kernel::Matvec)
 }
 
 /// The forwards `cooperative_batch_kernel` may take: batched (per-row
@@ -912,6 +929,25 @@ mod tests {
             attn_scale: 1.0 / (head_dim as f32).sqrt(),
             n_ctx: 4096,
         }
+    }
+
+    #[test]
+    fn batches_beyond_decode_size_take_the_matvec_up_to_its_limit() {
+        for n in [MATVEC_MAX_TOKENS + 1, 16, BATCH_MATVEC_MAX_ROWS] {
+            assert_eq!(
+                batch_matvec_kernel(TokenLayout::PerRow, n),
+                Some(Kernel::Matvec),
+                "{n}"
+            );
+            // Prefill chunks of that size keep the prefill rule.
+            assert_eq!(batch_matvec_kernel(TokenLayout::Consecutive, n), None);
+        }
+        // Decode-sized batches plan as decode; larger ones as prefill.
+        assert_eq!(batch_matvec_kernel(TokenLayout::PerRow, 8), None);
+        assert_eq!(
+            batch_matvec_kernel(TokenLayout::PerRow, BATCH_MATVEC_MAX_ROWS + 1),
+            None
+        );
     }
 
     #[test]
