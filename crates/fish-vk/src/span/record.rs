@@ -364,8 +364,10 @@ pub(crate) struct NormedGroup<'a> {
 
 impl NormedGroup<'_> {
     /// The plan and input for a chunk of `n_tok` tokens: decode-sized chunks
-    /// read the int8 copy where the group has one, else (first chunk only)
-    /// fuse the norm where the group has those sets; the rest read xn.
+    /// read the int8 copy where the group has one, else the xn a residual
+    /// matvec prepared (`deferred`, set only where that matvec is planned
+    /// as `MatvecResNorm`), else (first chunk only) fuse the norm where the
+    /// group has those sets; the rest read xn after a norm dispatch.
     fn plan(
         &self,
         gpu: &Gpu,
@@ -379,20 +381,19 @@ impl NormedGroup<'_> {
             first,
             kernel,
         } = mode;
-        match (self.int8, self.fused) {
-            (Some(q), _) if decode => Ok((
+        match (self.int8, deferred, self.fused) {
+            (Some(q), _, _) if decode => Ok((
                 plan_group(gpu, q, n_tok, Kernel::MatvecInt8Prequantised)?,
                 NormedInput::Int8,
             )),
-            _ if deferred.is_some() => {
-                let norm = deferred.expect("checked");
+            (_, Some(norm), _) => {
                 let plan = plan_group(gpu, self.float, n_tok, Kernel::MatvecPrenormed)?;
                 let mut plan = norm.apply(&plan);
                 plan.iter_mut()
                     .for_each(|d| d.params.norm_eps = shape.rms_eps);
                 Ok((plan, NormedInput::Deferred(norm)))
             }
-            (_, Some(f)) if decode && first => Ok((
+            (_, _, Some(f)) if decode && first => Ok((
                 plan_group(gpu, f, n_tok, Kernel::MatvecNorm)?,
                 NormedInput::Fused,
             )),
