@@ -124,7 +124,7 @@ fn assert_within(what: &str, a: &[Vec<f32>], b: &[Vec<f32>], bound: f32) {
 }
 
 /// Batches of more rows than the decode matvec's 8 tokens (the matvec in
-/// passes, record.rs `batch_matvec_kernel`): 12 slots holding the three
+/// passes, record.rs `batch_kernel`): 12 slots holding the three
 /// prompts four times each, every slot within the bound of its prompt's
 /// single run.
 #[test]

@@ -109,6 +109,22 @@ pub const DEFAULT_WARPS: WarpLayout = WarpLayout {
     staging: Staging::Pipelined,
 };
 
+/// The tile for batched decode of 16 to 63 rows (one row per sequence):
+/// 4 x 1 subgroups of one fragment each, a 64-row x 16-token tile, 128-value
+/// steps, pipelined. On the H200 (llama-8b, `fish-cli bench --batch 16`,
+/// measured through FISH_VK_COOPMAT_TILE / FISH_VK_COOPMAT_BK) it ran 16 rows
+/// at 641.7 tok/s aggregate, against 535.0 at 32-value steps, 549.8 with one
+/// subgroup, 185.6 on the plain tile and 468 for 8 rows on the matvec; the
+/// 64 x 64 prefill tile ran 8 rows at 239 (docs/BENCHMARKS.md).
+pub const BATCH_WARPS: WarpLayout = WarpLayout {
+    warps_m: 4,
+    warps_n: 1,
+    frags_m: 1,
+    frags_n: 1,
+    k_step: 128,
+    staging: Staging::Pipelined,
+};
+
 impl WarpLayout {
     /// Parses "warps_m,warps_n,frags_m,frags_n" (each 1..=8).
     pub fn parse(text: &str) -> Option<WarpLayout> {
@@ -488,6 +504,22 @@ pub(crate) fn log_choice(choice: &std::result::Result<CoopMatTile, String>) {
     }
 }
 
+/// The batched-decode tile (BATCH_WARPS) with the prefill tile's fragment
+/// shape and subgroup width, where the device holds it.
+pub(crate) fn batch_tile(prefill: &CoopMatTile, info: &DeviceInfo) -> Option<CoopMatTile> {
+    CoopMatTile::new(
+        (prefill.tm, prefill.tn, prefill.tk),
+        prefill.lanes,
+        BATCH_WARPS,
+        env_rule(),
+        TileLimits {
+            max_shared_bytes: info.max_shared_memory,
+            max_threads: info.max_workgroup_threads,
+        },
+    )
+    .ok()
+}
+
 /// The tile of the emulated module (`Kernel::CoopMatEmulated`): 16x16x16
 /// fragments in logical subgroups of 32, any device.
 pub(crate) fn emulated_tile(info: &DeviceInfo) -> Result<CoopMatTile> {
@@ -523,6 +555,12 @@ impl crate::gpu::Gpu {
         self.info.cooperative_matrix
     }
 
+    /// The batched-decode tile (`Kernel::CoopMatBatch`), if the device has
+    /// cooperative matrices and holds it.
+    pub fn coopmat_batch_tile(&self) -> Option<CoopMatTile> {
+        self.info.cooperative_batch
+    }
+
     /// Runs `f` with every cooperative-matrix kernel (real and emulated)
     /// that this thread plans staged as `staging`, whatever
     /// FISH_VK_COOPMAT_PIPELINE says, so that one process can compare both
@@ -540,6 +578,12 @@ impl crate::gpu::Gpu {
             Kernel::CoopMat => self.info.cooperative_matrix.ok_or_else(|| {
                 VkError::KernelUnavailable(format!(
                     "{} has no usable cooperative matrices",
+                    self.info.name
+                ))
+            })?,
+            Kernel::CoopMatBatch => self.info.cooperative_batch.ok_or_else(|| {
+                VkError::KernelUnavailable(format!(
+                    "{} has no cooperative-matrix batch tile",
                     self.info.name
                 ))
             })?,
@@ -565,6 +609,21 @@ mod tests {
             max_shared_bytes: 48 * 1024,
             max_threads: 1024,
         }
+    }
+
+    #[test]
+    fn the_batch_tile_holds_16_tokens_and_fits_the_smallest_limits() {
+        let t = CoopMatTile::new(
+            (16, 16, 16),
+            32,
+            BATCH_WARPS,
+            PaddingRule::default(),
+            limits(),
+        )
+        .expect("batch tile");
+        assert_eq!((t.rows(), t.tokens(), t.k_step), (64, 16, 128));
+        assert_eq!(t.staging, Staging::Pipelined);
+        assert!(t.shared_bytes <= 48 * 1024, "{}", t.shared_bytes);
     }
 
     fn prop(

@@ -36,6 +36,9 @@ pub struct DeviceInfo {
     pub max_workgroup_threads: u32,
     /// The cooperative-matrix prefill tile; None: plain tiles (coopmat.rs).
     pub cooperative_matrix: Option<CoopMatTile>,
+    /// The cooperative-matrix tile of batched decode (coopmat.rs
+    /// BATCH_WARPS), where the prefill tile exists and the device holds it.
+    pub cooperative_batch: Option<CoopMatTile>,
     /// Packed int8 dot products (the int8-activation matvec, int8_dot.rs).
     pub int8_dot: Int8Dot,
     /// Pipeline statistics asked for (FISH_VK_PIPELINE_STATS=1) and offered
@@ -205,6 +208,7 @@ fn describe_physical(
         max_shared_memory: props.limits.max_compute_shared_memory_size,
         max_workgroup_threads: props.limits.max_compute_work_group_invocations,
         cooperative_matrix: None,
+        cooperative_batch: None,
         int8_dot,
         pipeline_stats,
         full_subgroups,

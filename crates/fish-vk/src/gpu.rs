@@ -77,6 +77,9 @@ impl Gpu {
             coopmat::log_choice(&prefill);
         }
         info.cooperative_matrix = prefill.ok();
+        info.cooperative_batch = info
+            .cooperative_matrix
+            .and_then(|t| coopmat::batch_tile(&t, &info));
         let (device, queue) = device::create_logical(&instance.raw, physical, &info)?;
         // From here on, failures must destroy what was created.
         let mut alloc_info = vk_mem::AllocatorCreateInfo::new(&instance.raw, &device, physical);

@@ -78,6 +78,9 @@ pub enum Kernel {
     /// The tiled kernel on cooperative matrices (coopmat.rs); an error on
     /// devices without them.
     CoopMat,
+    /// The same kernel with the batched-decode tile (coopmat.rs
+    /// BATCH_WARPS: 16 tokens per tile), for batches of 16 to 63 rows.
+    CoopMatBatch,
     /// The cooperative-matrix kernel's tiling with the matrix operations
     /// done by plain code, on any device: tests its staging paths; slow.
     CoopMatEmulated,
@@ -286,7 +289,7 @@ impl Gpu {
             Kernel::MatvecPrenormed => format!("matvec_prenormed_{suffix}"),
             Kernel::MatvecGated(_) => format!("matvec_gated_{suffix}"),
             Kernel::Tiled | Kernel::Auto => format!("tiled_{suffix}"),
-            Kernel::CoopMat => format!("coopmat_{suffix}"),
+            Kernel::CoopMat | Kernel::CoopMatBatch => format!("coopmat_{suffix}"),
             Kernel::CoopMatEmulated => format!("coopmat_emu_{suffix}"),
         }
     }
@@ -561,10 +564,9 @@ impl Gpu {
             };
             let module = self.module_name(h.ty(), kernel);
             let pipeline = match (kernel, coop_tile) {
-                (Kernel::CoopMat, Some(tile)) => {
-                    self.pipelines
-                        .get_cooperative(&self.device, &module, &spec, tile.threads())?
-                }
+                (Kernel::CoopMat | Kernel::CoopMatBatch, Some(tile)) => self
+                    .pipelines
+                    .get_cooperative(&self.device, &module, &spec, tile.threads())?,
                 _ => self.pipelines.get(&self.device, &module, &spec)?,
             };
             for c in &t.chunks {

@@ -137,6 +137,12 @@ fn coopmat_kernel_matches_the_cpu_for_every_type() {
         }
     }
     check_every_type(gpu, Kernel::CoopMat);
+    // The batched-decode tile (16 tokens, 128-value steps) on the same set.
+    let batch = gpu
+        .coopmat_batch_tile()
+        .expect("a device with the prefill tile holds the batch tile");
+    eprintln!("batch tile: {}", batch.describe());
+    check_every_type(gpu, Kernel::CoopMatBatch);
 }
 
 #[test]

@@ -130,8 +130,8 @@ pub(crate) fn plan_chunks(
             });
             continue;
         }
-        let batch_kernel =
-            cooperative_batch_kernel(gpu, layout, n).or_else(|| batch_matvec_kernel(layout, n));
+        let batch_kernel = cooperative_batch_kernel(gpu, layout, n)
+            .or_else(|| batch_kernel(layout, n, gpu.coopmat_batch_tile().is_some()));
         let decode = n <= MATVEC_MAX_TOKENS && batch_kernel.is_none();
         let matmul_kernel = batch_kernel.unwrap_or(Kernel::Auto);
         let down_kernel = match gated_act {
@@ -334,19 +334,31 @@ fn cooperative_batch_kernel(gpu: &Gpu, layout: TokenLayout, n: usize) -> Option<
 }
 
 /// Most rows of a batched forward that multiply on the matvec (in passes
-/// of its token count) rather than the tiled kernel.
+/// of its token count) where no batch tile takes them.
 const BATCH_MATVEC_MAX_ROWS: usize = 32;
 
-/// Batched forwards (per-row slots) of MATVEC_MAX_TOKENS + 1 to
-/// BATCH_MATVEC_MAX_ROWS rows take the matvec, whose passes of a few tokens
-/// each cost what they cost at 8 rows, instead of the tiled kernel, which
-/// is built for prompts: on the H200 (llama-8b) 8 rows on the matvec ran at
-/// 468 tok/s aggregate while 16 and 32 rows on the plain tile ran at 186 and
-/// 349 (64 rows, a whole cooperative tile, at 1205, keep the prefill rule).
-/// Plain forwards (prefill chunks, verification) keep `Kernel::Auto`.
-fn batch_matvec_kernel(layout: TokenLayout, n: usize) -> Option<Kernel> {
-    (layout == TokenLayout::PerRow && (MATVEC_MAX_TOKENS + 1..=BATCH_MATVEC_MAX_ROWS).contains(&n))
-        .then_some(Kernel::Matvec)
+/// Fewest rows of a batched forward for the cooperative batch tile (one
+/// whole 16-token tile).
+const BATCH_TILE_MIN_ROWS: usize = 16;
+
+/// The kernel of a batched forward (per-row slots) above the decode size:
+/// from BATCH_TILE_MIN_ROWS rows to one short of a prefill tile the
+/// cooperative batch tile where the device has it (`Kernel::CoopMatBatch`,
+/// coopmat.rs BATCH_WARPS), else up to BATCH_MATVEC_MAX_ROWS rows the
+/// matvec, whose passes of a few tokens each cost what they cost at 8 rows;
+/// the prefill rule otherwise. On the H200 (llama-8b) 16 rows ran at 641.7
+/// tok/s aggregate on the batch tile and 185.6 on the plain tile, 32 rows
+/// at 348.6 on the plain tile, 8 rows at 468 on the matvec. Plain forwards
+/// (prefill chunks, verification) keep `Kernel::Auto`.
+fn batch_kernel(layout: TokenLayout, n: usize, batch_tile: bool) -> Option<Kernel> {
+    const PREFILL_TILE_TOKENS: usize = 64;
+    if layout != TokenLayout::PerRow || n <= MATVEC_MAX_TOKENS {
+        return None;
+    }
+    if batch_tile && (BATCH_TILE_MIN_ROWS..PREFILL_TILE_TOKENS).contains(&n) {
+        return Some(Kernel::CoopMatBatch);
+    }
+    (n <= BATCH_MATVEC_MAX_ROWS).then_some(Kernel::Matvec)
 }
 
 /// The forwards `cooperative_batch_kernel` may take: batched (per-row
@@ -933,22 +945,24 @@ mod tests {
     }
 
     #[test]
-    fn batches_beyond_decode_size_take_the_matvec_up_to_its_limit() {
-        for n in [MATVEC_MAX_TOKENS + 1, 16, BATCH_MATVEC_MAX_ROWS] {
-            assert_eq!(
-                batch_matvec_kernel(TokenLayout::PerRow, n),
-                Some(Kernel::Matvec),
-                "{n}"
-            );
-            // Prefill chunks of that size keep the prefill rule.
-            assert_eq!(batch_matvec_kernel(TokenLayout::Consecutive, n), None);
+    fn batches_beyond_decode_size_take_the_batch_tile_or_the_matvec() {
+        let per_row = |n, tile| batch_kernel(TokenLayout::PerRow, n, tile);
+        // Decode-sized batches plan as decode; plain forwards never here.
+        assert_eq!(per_row(MATVEC_MAX_TOKENS, true), None);
+        for n in [9, 16, 32, 63] {
+            assert_eq!(batch_kernel(TokenLayout::Consecutive, n, true), None, "{n}");
         }
-        // Decode-sized batches plan as decode; larger ones as prefill.
-        assert_eq!(batch_matvec_kernel(TokenLayout::PerRow, 8), None);
-        assert_eq!(
-            batch_matvec_kernel(TokenLayout::PerRow, BATCH_MATVEC_MAX_ROWS + 1),
-            None
-        );
+        // With the batch tile: the matvec below a whole tile, the tile up to
+        // a prefill tile's worth of rows.
+        assert_eq!(per_row(9, true), Some(Kernel::Matvec));
+        assert_eq!(per_row(15, true), Some(Kernel::Matvec));
+        assert_eq!(per_row(16, true), Some(Kernel::CoopMatBatch));
+        assert_eq!(per_row(63, true), Some(Kernel::CoopMatBatch));
+        assert_eq!(per_row(64, true), None);
+        // Without it: the matvec up to its limit, then the prefill rule.
+        assert_eq!(per_row(16, false), Some(Kernel::Matvec));
+        assert_eq!(per_row(BATCH_MATVEC_MAX_ROWS, false), Some(Kernel::Matvec));
+        assert_eq!(per_row(BATCH_MATVEC_MAX_ROWS + 1, false), None);
     }
 
     #[test]
