@@ -253,10 +253,10 @@ void main() {
 
     // Value layout: thread (group g, lane w) sums word w (two dims) of the
     // value rows of keys g, g + groups, ... of each block, or on the wide
-    // path 16-byte word w (eight dims): then a row takes a quarter of the
-    // threads and each thread a quarter of the keys (one round of load
-    // latency per 8 keys instead of per 4 x groups: the value sum was most
-    // of a decode step's attention on the H200).
+    // path 16-byte word w (eight dims): a row then takes a quarter as many
+    // threads, so there are four times as many groups and each thread sums
+    // a quarter as many keys, eight loads in flight at a time (the value
+    // sum grows with the context: +14% decode at 1024 positions on the H200).
     bool wide_v = (p.head_dim_v % 8u) == 0u && (p.v_dim % 8u) == 0u;
     uint words = p.head_dim_v / 2u;
     uint lanes = wide_v ? words / 4u : words;
