@@ -611,16 +611,15 @@ mod tests {
         }
     }
 
+    /// `warps` on 16x16x16 fragments, 32-lane subgroups, the default padding
+    /// and 48 KiB / 1024 invocations.
+    fn tile(warps: WarpLayout) -> std::result::Result<CoopMatTile, String> {
+        CoopMatTile::new((16, 16, 16), 32, warps, PaddingRule::default(), limits())
+    }
+
     #[test]
     fn the_batch_tile_holds_16_tokens_and_fits_the_smallest_limits() {
-        let t = CoopMatTile::new(
-            (16, 16, 16),
-            32,
-            BATCH_WARPS,
-            PaddingRule::default(),
-            limits(),
-        )
-        .expect("batch tile");
+        let t = tile(BATCH_WARPS).expect("batch tile");
         assert_eq!((t.rows(), t.tokens(), t.k_step), (64, 16, 128));
         assert_eq!(t.staging, Staging::Pipelined);
         assert!(t.shared_bytes <= 48 * 1024, "{}", t.shared_bytes);
@@ -663,14 +662,7 @@ mod tests {
 
     #[test]
     fn the_default_tile_is_64_square_and_fits_48_kib() {
-        let t = CoopMatTile::new(
-            (16, 16, 16),
-            32,
-            DEFAULT_WARPS,
-            PaddingRule::default(),
-            limits(),
-        )
-        .expect("fits");
+        let t = tile(DEFAULT_WARPS).expect("fits");
         assert_eq!((t.rows(), t.tokens(), t.threads()), (64, 64, 128));
         assert_eq!(t.stride.dwords(), 20);
         // Pipelined: two A and two B tiles of 64 rows at 80 bytes, one
@@ -692,8 +684,7 @@ mod tests {
             staging: Staging::Synchronous,
             ..DEFAULT_WARPS
         };
-        let sync = CoopMatTile::new((16, 16, 16), 32, single, PaddingRule::default(), limits())
-            .expect("fits");
+        let sync = tile(single).expect("fits");
         let piped = sync
             .with_staging(Staging::Pipelined, 48 * 1024)
             .expect("fits");
@@ -724,21 +715,13 @@ mod tests {
             k_step: 64,
             ..single
         };
-        let t = CoopMatTile::new((16, 16, 16), 32, big, PaddingRule::default(), limits())
-            .expect("fits once");
+        let t = tile(big).expect("fits once");
         assert_eq!(t.shared_bytes, 256 * 36 * 4 + 4 * 4 * 256);
         let piped_big = WarpLayout {
             staging: Staging::Pipelined,
             ..big
         };
-        let err = CoopMatTile::new(
-            (16, 16, 16),
-            32,
-            piped_big,
-            PaddingRule::default(),
-            limits(),
-        )
-        .unwrap_err();
+        let err = tile(piped_big).unwrap_err();
         assert!(err.contains("256 + 256 rows"), "{err}");
     }
 
@@ -751,7 +734,7 @@ mod tests {
             frags_n: 8,
             ..DEFAULT_WARPS
         };
-        let err = CoopMatTile::new((16, 16, 16), 32, big, PaddingRule::default(), limits());
+        let err = tile(big);
         assert!(err.is_err());
         let many = WarpLayout {
             warps_m: 8,
@@ -764,11 +747,8 @@ mod tests {
             k_step: 48,
             ..DEFAULT_WARPS
         };
-        assert!(
-            CoopMatTile::new((16, 16, 16), 32, odd_step, PaddingRule::default(), limits()).is_err()
-        );
-        let err =
-            CoopMatTile::new((16, 16, 16), 32, many, PaddingRule::default(), limits()).unwrap_err();
+        assert!(tile(odd_step).is_err());
+        let err = tile(many).unwrap_err();
         assert!(err.contains("2048 invocations"), "{err}");
         // The shader's fragment arrays hold at most 4 per side.
         let wide = WarpLayout {
@@ -778,16 +758,13 @@ mod tests {
             frags_n: 5,
             ..DEFAULT_WARPS
         };
-        let err =
-            CoopMatTile::new((16, 16, 16), 32, wide, PaddingRule::default(), limits()).unwrap_err();
+        let err = tile(wide).unwrap_err();
         assert!(err.contains("exceed the shader's 4 per side"), "{err}");
         let widest = WarpLayout {
             frags_n: MAX_FRAGS_PER_SIDE,
             ..wide
         };
-        assert!(
-            CoopMatTile::new((16, 16, 16), 32, widest, PaddingRule::default(), limits()).is_ok()
-        );
+        assert!(tile(widest).is_ok());
     }
 
     #[test]
