@@ -12,6 +12,7 @@ use super::profile::{Profiler, SpanStage};
 use crate::error::{Result, VkError};
 use crate::gpu::Gpu;
 use crate::kernels::{Dispatch, GatedActivation, Kernel, MATVEC_MAX_TOKENS};
+use crate::pipeline::Params as MatmulParams;
 use ash::vk;
 
 /// Workgroup width of the elementwise kernels (span_add, span_act).
@@ -87,14 +88,10 @@ pub(crate) struct DeferredNorm {
 impl DeferredNorm {
     /// `plan` reading or writing these sums.
     fn apply(self, plan: &[Dispatch]) -> Vec<Dispatch> {
-        plan.iter()
-            .map(|d| {
-                let mut d = *d;
-                d.params.part_off = self.part_off;
-                d.params.parts = self.parts;
-                d
-            })
-            .collect()
+        with_params(plan, |p| {
+            p.part_off = self.part_off;
+            p.parts = self.parts;
+        })
     }
 }
 
@@ -130,8 +127,12 @@ pub(crate) fn plan_chunks(
             });
             continue;
         }
+        let coop_tiles = gpu
+            .coopmat_batch_tile()
+            .zip(gpu.coopmat_tile_in_use())
+            .map(|(batch, prefill)| (batch.tokens() as usize, prefill.tokens() as usize));
         let batch_kernel = cooperative_batch_kernel(gpu, layout, n)
-            .or_else(|| batch_kernel(layout, n, gpu.coopmat_batch_tile().is_some()));
+            .or_else(|| batch_kernel(layout, n, coop_tiles));
         let decode = n <= MATVEC_MAX_TOKENS && batch_kernel.is_none();
         let matmul_kernel = batch_kernel.unwrap_or(Kernel::Auto);
         let down_kernel = match gated_act {
@@ -337,25 +338,25 @@ fn cooperative_batch_kernel(gpu: &Gpu, layout: TokenLayout, n: usize) -> Option<
 /// of its token count) where no batch tile takes them.
 const BATCH_MATVEC_MAX_ROWS: usize = 32;
 
-/// Fewest rows of a batched forward for the cooperative batch tile (one
-/// whole 16-token tile).
-const BATCH_TILE_MIN_ROWS: usize = 16;
-
 /// The kernel of a batched forward (per-row slots) above the decode size:
-/// from BATCH_TILE_MIN_ROWS rows to one short of a prefill tile the
-/// cooperative batch tile where the device has it (`Kernel::CoopMatBatch`,
-/// coopmat.rs BATCH_WARPS), else up to BATCH_MATVEC_MAX_ROWS rows the
+/// from one whole batch tile's tokens to one short of a prefill tile's the
+/// cooperative batch tile where the device has both (`coop_tiles`: the
+/// tokens of the batch tile, coopmat.rs BATCH_WARPS, and of the prefill
+/// tile; `Kernel::CoopMatBatch`), else up to BATCH_MATVEC_MAX_ROWS rows the
 /// matvec, whose passes of a few tokens each cost what they cost at 8 rows;
 /// the prefill rule otherwise. On the H200 (llama-8b) 16 rows ran at 641.7
 /// tok/s aggregate on the batch tile and 185.6 on the plain tile, 32 rows
 /// at 348.6 on the plain tile, 8 rows at 468 on the matvec. Plain forwards
 /// (prefill chunks, verification) keep `Kernel::Auto`.
-fn batch_kernel(layout: TokenLayout, n: usize, batch_tile: bool) -> Option<Kernel> {
-    const PREFILL_TILE_TOKENS: usize = 64;
+fn batch_kernel(
+    layout: TokenLayout,
+    n: usize,
+    coop_tiles: Option<(usize, usize)>,
+) -> Option<Kernel> {
     if layout != TokenLayout::PerRow || n <= MATVEC_MAX_TOKENS {
         return None;
     }
-    if batch_tile && (BATCH_TILE_MIN_ROWS..PREFILL_TILE_TOKENS).contains(&n) {
+    if coop_tiles.is_some_and(|(batch, prefill)| (batch..prefill).contains(&n)) {
         return Some(Kernel::CoopMatBatch);
     }
     (n <= BATCH_MATVEC_MAX_ROWS).then_some(Kernel::Matvec)
@@ -400,9 +401,7 @@ impl NormedGroup<'_> {
             )),
             (_, Some(norm), _) => {
                 let plan = plan_group(gpu, self.float, n_tok, Kernel::MatvecPrenormed)?;
-                let mut plan = norm.apply(&plan);
-                plan.iter_mut()
-                    .for_each(|d| d.params.norm_eps = shape.rms_eps);
+                let plan = with_params(&norm.apply(&plan), |p| p.norm_eps = shape.rms_eps);
                 Ok((plan, NormedInput::Deferred(norm)))
             }
             (_, _, Some(f)) if decode && first => Ok((
@@ -452,11 +451,18 @@ pub(crate) struct OutputRecording<'a> {
 
 /// `plan` (of `Kernel::MatvecNorm`) applying the norm at float offset `norm`.
 fn with_norm(plan: &[Dispatch], norm: u32, eps: f32) -> Vec<Dispatch> {
+    with_params(plan, |p| {
+        p.norm_off = norm;
+        p.norm_eps = eps;
+    })
+}
+
+/// `plan` with `set` applied to every dispatch's push constants.
+fn with_params(plan: &[Dispatch], set: impl Fn(&mut MatmulParams)) -> Vec<Dispatch> {
     plan.iter()
         .map(|d| {
             let mut d = *d;
-            d.params.norm_off = norm;
-            d.params.norm_eps = eps;
+            set(&mut d.params);
             d
         })
         .collect()
@@ -847,18 +853,13 @@ impl Recording<'_> {
     ) {
         match post_norm {
             None => {
-                let into_x: Vec<Dispatch> = plan
-                    .iter()
-                    .map(|d| {
-                        let mut d = *d;
-                        d.params.y_offset += x_off;
-                        d.params.accumulate = 1;
-                        if let Some(norm) = next_norm {
-                            d.params.norm_off = norm;
-                        }
-                        d
-                    })
-                    .collect();
+                let into_x = with_params(plan, |p| {
+                    p.y_offset += x_off;
+                    p.accumulate = 1;
+                    if let Some(norm) = next_norm {
+                        p.norm_off = norm;
+                    }
+                });
                 self.matmul(r, &into_x, sets);
                 r.end(SpanStage::Matvec);
             }
@@ -946,11 +947,17 @@ mod tests {
 
     #[test]
     fn batches_beyond_decode_size_take_the_batch_tile_or_the_matvec() {
-        let per_row = |n, tile| batch_kernel(TokenLayout::PerRow, n, tile);
+        // The H200's tiles: 16 tokens (batch), 64 (prefill).
+        const TILES: Option<(usize, usize)> = Some((16, 64));
+        let per_row = |n, tile: bool| batch_kernel(TokenLayout::PerRow, n, TILES.filter(|_| tile));
         // Decode-sized batches plan as decode; plain forwards never here.
         assert_eq!(per_row(MATVEC_MAX_TOKENS, true), None);
         for n in [9, 16, 32, 63] {
-            assert_eq!(batch_kernel(TokenLayout::Consecutive, n, true), None, "{n}");
+            assert_eq!(
+                batch_kernel(TokenLayout::Consecutive, n, TILES),
+                None,
+                "{n}"
+            );
         }
         // With the batch tile: the matvec below a whole tile, the tile up to
         // a prefill tile's worth of rows.
