@@ -25,9 +25,22 @@
 // registers into the other half; one barrier per step separates the halves'
 // writers from their readers. The staged values and the order of the
 // products are those of PIPELINE = 0, so the results are the same bits.
+// PIPELINE = 2 issues the loads two steps ahead instead of one (two register
+// sets, the step loop unrolled by two so that each set is named by a
+// literal): a step's loads then have two steps' products and stores to
+// arrive, which matters where steps are short (few tokens per tile, batched
+// decode). Same tiles, same products, same bits.
 //
 // Bindings and push constants are those of the other matmul kernels
 // (common.glsl), so a dispatch can swap matmul_tiled for this one.
+//
+// With WARPS_K > 1 the workgroup's subgroups also split each step along
+// n_in: WARPS_K groups of WARPS_M x WARPS_N subgroups stage the step
+// together and each group multiplies its BK / WARPS_K values into its own
+// accumulators, which are summed in group order through shared memory at
+// the end. Batched decode (16 tokens per tile) needs this: a tile of few
+// tokens has few workgroups, each walking all n_in / BK steps one after the
+// other, and the split makes the steps WARPS_K times longer and fewer.
 //
 // With EMULATE_COOPMAT defined, the fragment operations are plain code over
 // the same shared tiles (logical subgroups of 32 invocations, 16x16x16
@@ -53,12 +66,15 @@ layout(constant_id = 6) const uint FM = 4u;
 layout(constant_id = 7) const uint FN = 4u;
 // Invocations per subgroup (32 in the emulation).
 layout(constant_id = 8) const uint LANES = 32u;
-// WARPS_M * WARPS_N * LANES.
+// WARPS_M * WARPS_N * WARPS_K * LANES.
 layout(local_size_x_id = 9) in;
 // Values per staging step.
 layout(constant_id = 10) const uint BK = 32u;
-// 0: stage each step, then multiply (one tile); 1: pipelined (two tiles).
+// 0: stage each step, then multiply (one tile); 1: pipelined (two tiles);
+// 2: pipelined with the loads two steps ahead.
 layout(constant_id = 11) const uint PIPELINE = 0u;
+// Subgroup groups splitting each step along n_in (BK / WARPS_K values each).
+layout(constant_id = 12) const uint WARPS_K = 1u;
 
 #include "common.glsl"
 #include "dequant.glsl"
@@ -70,11 +86,14 @@ layout(constant_id = 11) const uint PIPELINE = 0u;
 
 const uint BM = WARPS_M * FM * TM;
 const uint BN = WARPS_N * FN * TN;
-const uint THREADS = WARPS_M * WARPS_N * LANES;
+const uint WARPS_MN = WARPS_M * WARPS_N;
+const uint THREADS = WARPS_MN * WARPS_K * LANES;
+// Values of a step each group of subgroups multiplies.
+const uint K_SLICE = BK / WARPS_K;
 
 // Staged tiles: one, or two halves when pipelined (the host's budget check
 // counts the same).
-const uint STAGES = 1u + PIPELINE;
+const uint STAGES = PIPELINE == 0u ? 1u : 2u;
 const uint A_TILE = BM * STRIDE;
 const uint B_TILE = BN * STRIDE;
 // Row r of a tile: values 2j, 2j+1 of the step in dword r * STRIDE + j,
@@ -82,7 +101,7 @@ const uint B_TILE = BN * STRIDE;
 shared uvec4 buf_a[STAGES * A_TILE / 4u];
 shared uvec4 buf_b[STAGES * B_TILE / 4u];
 // One TM x TN fragment per subgroup on its way out, column-major.
-shared float buf_c[WARPS_M * WARPS_N * TM * TN];
+shared float buf_c[WARPS_MN * WARPS_K * TM * TN];
 
 #if defined(EMULATE_COOPMAT)
 #define EMU_ELEMS 8u
@@ -186,21 +205,24 @@ void stage_step(uint k0) {
     }
 }
 
-// PIPELINE = 1: the tasks of one step per invocation and their registers.
+// PIPELINE >= 1: the tasks of one step per invocation and their registers,
+// one set per step in flight (set 1 only with PIPELINE = 2). Callers name
+// the set by a literal, so after inlining each access is to one array.
 const uint A_TASKS = (BM * (BK / 8u) + THREADS - 1u) / THREADS;
 const uint B_TASKS = (BN * (BK / 8u) + THREADS - 1u) / THREADS;
-RawGroup raw_a[A_TASKS];
-vec4 raw_b_lo[B_TASKS];
-vec4 raw_b_hi[B_TASKS];
+const uint SETS = PIPELINE == 2u ? 2u : 1u;
+RawGroup raw_a[SETS][A_TASKS];
+vec4 raw_b_lo[SETS][B_TASKS];
+vec4 raw_b_hi[SETS][B_TASKS];
 
-// Issues the global loads of the step at k0 into the registers.
-void fetch_step(uint k0) {
+// Issues the global loads of the step at k0 into register set `set`.
+void fetch_step(uint k0, uint set) {
     [[unroll]] for (uint t = 0u; t < A_TASKS; t++) {
         uint task = gl_LocalInvocationIndex + t * THREADS;
         uint r = task / (BK / 8u);
         uint kg = task % (BK / 8u);
         if (task < BM * (BK / 8u) && k0 + kg * 8u < p.n_in) {
-            raw_a[t] = raw_fetch(tile_row_byte(r), k0 / 8u + kg);
+            raw_a[set][t] = raw_fetch(tile_row_byte(r), k0 / 8u + kg);
         }
     }
     [[unroll]] for (uint t = 0u; t < B_TASKS; t++) {
@@ -208,14 +230,14 @@ void fetch_step(uint k0) {
         if (task < BN * (BK / 8u)) {
             uint n = task / (BK / 8u);
             uint kg = task % (BK / 8u);
-            raw_b_lo[t] = input_vec4(k0, n, 2u * kg);
-            raw_b_hi[t] = input_vec4(k0, n, 2u * kg + 1u);
+            raw_b_lo[set][t] = input_vec4(k0, n, 2u * kg);
+            raw_b_hi[set][t] = input_vec4(k0, n, 2u * kg + 1u);
         }
     }
 }
 
-// Decodes the registers fetched for the step at k0 into tile half `stage`.
-void store_step(uint k0, uint stage) {
+// Decodes register set `set`, fetched for the step at k0, into tile half `stage`.
+void store_step(uint k0, uint stage, uint set) {
     [[unroll]] for (uint t = 0u; t < A_TASKS; t++) {
         uint task = gl_LocalInvocationIndex + t * THREADS;
         uint r = task / (BK / 8u);
@@ -224,7 +246,7 @@ void store_step(uint k0, uint stage) {
             vec4 lo = vec4(0.0);
             vec4 hi = vec4(0.0);
             if (k0 + kg * 8u < p.n_in) {
-                raw_decode(raw_a[t], k0 / 8u + kg, lo, hi);
+                raw_decode(raw_a[set][t], k0 / 8u + kg, lo, hi);
             }
             put_a(stage * A_TILE, r, kg, lo, hi);
         }
@@ -232,7 +254,7 @@ void store_step(uint k0, uint stage) {
     [[unroll]] for (uint t = 0u; t < B_TASKS; t++) {
         uint task = gl_LocalInvocationIndex + t * THREADS;
         if (task < BN * (BK / 8u)) {
-            put_b(stage * B_TILE, task / (BK / 8u), task % (BK / 8u), raw_b_lo[t], raw_b_hi[t]);
+            put_b(stage * B_TILE, task / (BK / 8u), task % (BK / 8u), raw_b_lo[set][t], raw_b_hi[set][t]);
         }
     }
 }
@@ -256,11 +278,62 @@ void write_fragment(Acc c, uint f, uint c_base, uint lane, uint warp_m, uint war
     SUBGROUP_SYNC();
 }
 
+// write_fragment for WARPS_K > 1: every subgroup stores its partial
+// fragment f, then the first group's subgroups sum the groups' partials in
+// group order and write them. Every invocation must call it (barriers).
+void write_split_fragment(Acc c, uint f, uint warp, uint lane, uint warp_m, uint warp_n) {
+    uint fm = f / FN;
+    uint fn = f % FN;
+    uint row0 = gl_WorkGroupID.x * BM + (warp_m * FM + fm) * TM;
+    uint tok0 = gl_WorkGroupID.y * BN + (warp_n * FN + fn) * TN;
+    STORE_C(c, warp * TM * TN);
+    barrier();
+    if (warp < WARPS_MN) {
+        for (uint e = lane; e < TM * TN; e += LANES) {
+            uint row = row0 + e % TM;
+            uint tok = tok0 + e / TM;
+            float s = 0.0;
+            for (uint g = 0u; g < WARPS_K; g++) {
+                s += buf_c[(g * WARPS_MN + warp) * TM * TN + e];
+            }
+            if (row < p.n_rows && tok < p.n_tok) {
+                store_y(tok * p.y_stride + p.y_offset + row, s);
+            }
+        }
+    }
+    barrier();
+}
+
+// The fragment products of the step staged in tile half `cur` (a macro:
+// it accumulates into main's acc array, which must stay in registers).
+#define MULTIPLY_STEP(cur) { \
+        uint a_base_ = (cur) * A_TILE; \
+        uint b_base_ = (cur) * B_TILE; \
+        [[unroll]] for (uint j = 0u; j < K_SLICE; j += TK) { \
+            uint kk = warp_k * K_SLICE + j; \
+            FRAG_A a[MAX_FRAGS]; \
+            FRAG_B b[MAX_FRAGS]; \
+            [[unroll]] for (uint fm = 0u; fm < FM; fm++) { \
+                LOAD_A(a[fm], a_base_ + ((warp_m * FM + fm) * TM) * STRIDE + kk / 2u); \
+            } \
+            [[unroll]] for (uint fn = 0u; fn < FN; fn++) { \
+                LOAD_B(b[fn], b_base_ + ((warp_n * FN + fn) * TN) * STRIDE + kk / 2u); \
+            } \
+            [[unroll]] for (uint fm = 0u; fm < FM; fm++) { \
+                [[unroll]] for (uint fn = 0u; fn < FN; fn++) { \
+                    MUL_ADD(acc[fm * FN + fn], a[fm], b[fn]); \
+                } \
+            } \
+        } \
+    }
+
 void main() {
     uint warp = WARP_ID;
     uint lane = LANE_ID;
-    uint warp_m = warp % WARPS_M;
-    uint warp_n = warp / WARPS_M;
+    uint warp_mn = warp % WARPS_MN;
+    uint warp_k = warp / WARPS_MN;
+    uint warp_m = warp_mn % WARPS_M;
+    uint warp_n = warp_mn / WARPS_M;
 
     // The accumulators must stay in registers. Every loop over them has a
     // plain body and is unrolled, and the output names each fragment by a
@@ -275,48 +348,62 @@ void main() {
 
     uint n_steps = (p.n_in + BK - 1u) / BK;
     if (PIPELINE != 0u) {
-        fetch_step(0u);
-        store_step(0u, 0u);
+        fetch_step(0u, 0u);
+        store_step(0u, 0u, 0u);
         barrier();
     }
-    for (uint s = 0u; s < n_steps; s++) {
-        uint k0 = s * BK;
-        bool has_next = s + 1u < n_steps;
-        uint cur = 0u;
-        if (PIPELINE == 0u) {
-            stage_step(k0);
+    if (PIPELINE == 2u) {
+        // Step 1 in flight in set 1; each step below fetches two ahead.
+        if (n_steps > 1u) {
+            fetch_step(BK, 1u);
+        }
+        for (uint s = 0u; s < n_steps; s += 2u) {
+            // Even step: tile half 0; set 0 is free (its step was staged
+            // last step), set 1 holds step s + 1.
+            if (s + 2u < n_steps) {
+                fetch_step((s + 2u) * BK, 0u);
+            }
+            MULTIPLY_STEP(0u);
+            if (s + 1u < n_steps) {
+                store_step((s + 1u) * BK, 1u, 1u);
+            }
             barrier();
-        } else {
-            // Half `cur` was staged (and fenced) during the step before.
-            cur = s & 1u;
-            if (has_next) {
-                fetch_step(k0 + BK);
+            if (s + 1u < n_steps) {
+                // Odd step: tile half 1; set 1 is free, set 0 holds s + 2.
+                if (s + 3u < n_steps) {
+                    fetch_step((s + 3u) * BK, 1u);
+                }
+                MULTIPLY_STEP(1u);
+                if (s + 2u < n_steps) {
+                    store_step((s + 2u) * BK, 0u, 0u);
+                }
+                barrier();
             }
         }
-        uint a_base = cur * A_TILE;
-        uint b_base = cur * B_TILE;
-        [[unroll]] for (uint kk = 0u; kk < BK; kk += TK) {
-            FRAG_A a[MAX_FRAGS];
-            FRAG_B b[MAX_FRAGS];
-            [[unroll]] for (uint fm = 0u; fm < FM; fm++) {
-                LOAD_A(a[fm], a_base + ((warp_m * FM + fm) * TM) * STRIDE + kk / 2u);
-            }
-            [[unroll]] for (uint fn = 0u; fn < FN; fn++) {
-                LOAD_B(b[fn], b_base + ((warp_n * FN + fn) * TN) * STRIDE + kk / 2u);
-            }
-            [[unroll]] for (uint fm = 0u; fm < FM; fm++) {
-                [[unroll]] for (uint fn = 0u; fn < FN; fn++) {
-                    MUL_ADD(acc[fm * FN + fn], a[fm], b[fn]);
+    } else {
+        for (uint s = 0u; s < n_steps; s++) {
+            uint k0 = s * BK;
+            bool has_next = s + 1u < n_steps;
+            uint cur = 0u;
+            if (PIPELINE == 0u) {
+                stage_step(k0);
+                barrier();
+            } else {
+                // Half `cur` was staged (and fenced) during the step before.
+                cur = s & 1u;
+                if (has_next) {
+                    fetch_step(k0 + BK, 0u);
                 }
             }
+            MULTIPLY_STEP(cur);
+            // The other half was last read in the step before, behind the
+            // previous barrier; this barrier publishes it to the next step and
+            // keeps this step's readers of `cur` ahead of its next writers.
+            if (PIPELINE != 0u && has_next) {
+                store_step(k0 + BK, cur ^ 1u, 0u);
+            }
+            barrier();
         }
-        // The other half was last read in the step before, behind the
-        // previous barrier; this barrier publishes it to the next step and
-        // keeps this step's readers of `cur` ahead of its next writers.
-        if (PIPELINE != 0u && has_next) {
-            store_step(k0 + BK, cur ^ 1u);
-        }
-        barrier();
     }
 
     // Each fragment goes out through the subgroup's slot of buf_c, so that
@@ -325,7 +412,9 @@ void main() {
     // one the driver may leave rolled (its body holds barriers and a loop),
     // and one dynamic index puts the whole accumulator array in local memory.
     uint c_base = warp * TM * TN;
-#define WRITE_FRAGMENT(f) if ((f) < FM * FN) { write_fragment(acc[f], f, c_base, lane, warp_m, warp_n); }
+#define WRITE_FRAGMENT(f) if ((f) < FM * FN) { \
+        if (WARPS_K == 1u) { write_fragment(acc[f], f, c_base, lane, warp_m, warp_n); } \
+        else { write_split_fragment(acc[f], f, warp, lane, warp_m, warp_n); } }
     WRITE_FRAGMENT(0u) WRITE_FRAGMENT(1u) WRITE_FRAGMENT(2u) WRITE_FRAGMENT(3u)
     WRITE_FRAGMENT(4u) WRITE_FRAGMENT(5u) WRITE_FRAGMENT(6u) WRITE_FRAGMENT(7u)
     WRITE_FRAGMENT(8u) WRITE_FRAGMENT(9u) WRITE_FRAGMENT(10u) WRITE_FRAGMENT(11u)

@@ -268,7 +268,8 @@ fn bench_tiled(c: &mut Criterion) {
 
 /// The cooperative-matrix kernel where the device has one, at the same
 /// shape and batch as `tiled` on the 4096 x 14336 matrix (GFLOP/s as above),
-/// once per staging (ids `<type>/.../synchronous` and `.../pipelined`).
+/// once per staging (ids `<type>/.../synchronous`, `.../pipelined` and
+/// `.../twoahead`).
 /// FISH_VK_COOPMAT_TILE / FISH_VK_COOPMAT_BK / FISH_VK_COOPMAT_LOAD_DWORDS
 /// pick the tile (docs/GPU.md).
 fn bench_coopmat(c: &mut Criterion) {

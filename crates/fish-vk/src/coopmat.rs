@@ -32,6 +32,9 @@ pub enum Staging {
     /// this step multiplies, then go into the other of two A/B tiles; one
     /// barrier per step. Same results, bit for bit.
     Pipelined,
+    /// Pipelined with the global loads issued two steps ahead (two register
+    /// sets): each load has two steps to arrive. Same tiles and bits.
+    TwoAhead,
 }
 
 impl Staging {
@@ -39,13 +42,17 @@ impl Staging {
     fn tiles(self) -> u32 {
         match self {
             Staging::Synchronous => 1,
-            Staging::Pipelined => 2,
+            Staging::Pipelined | Staging::TwoAhead => 2,
         }
     }
 
     /// The PIPELINE specialisation constant.
     fn spec(self) -> u32 {
-        self.tiles() - 1
+        match self {
+            Staging::Synchronous => 0,
+            Staging::Pipelined => 1,
+            Staging::TwoAhead => 2,
+        }
     }
 }
 
@@ -62,6 +69,9 @@ pub struct CoopMatTile {
     /// Fragments per subgroup along rows and tokens.
     pub frags_m: u32,
     pub frags_n: u32,
+    /// Groups of warps_m x warps_n subgroups that split each step along
+    /// n_in (the shader's WARPS_K; 1 for prefill tiles).
+    pub warps_k: u32,
     /// Invocations per subgroup.
     pub lanes: u32,
     /// Values per staging step (BK, a multiple of STEP_VALUES).
@@ -90,6 +100,8 @@ pub struct WarpLayout {
     pub warps_n: u32,
     pub frags_m: u32,
     pub frags_n: u32,
+    /// Groups of subgroups splitting each step along n_in.
+    pub warps_k: u32,
     pub k_step: u32,
     pub staging: Staging,
 }
@@ -105,45 +117,54 @@ pub const DEFAULT_WARPS: WarpLayout = WarpLayout {
     warps_n: 2,
     frags_m: 2,
     frags_n: 2,
+    warps_k: 1,
     k_step: STEP_VALUES,
     staging: Staging::Pipelined,
 };
 
-/// The tile for batched decode of 16 to 63 rows (one row per sequence):
-/// 4 x 1 subgroups of one fragment each, a 64-row x 16-token tile, 128-value
-/// steps, pipelined. On the H200 (llama-8b, `fish-cli bench --batch 16`,
-/// measured through FISH_VK_COOPMAT_TILE / FISH_VK_COOPMAT_BK) it ran 16 rows
-/// at 641.7 tok/s aggregate, against 535.0 at 32-value steps, 549.8 with one
-/// subgroup, 185.6 on the plain tile and 468 for 8 rows on the matvec; the
-/// 64 x 64 prefill tile ran 8 rows at 239 (docs/BENCHMARKS.md).
+/// The tile for batched decode (one row per sequence): 2 x 1 subgroups of
+/// one fragment each, a 32-row x 16-token tile, 128-value steps split over
+/// 4 groups of subgroups (8 subgroups, 32 values each), loads two steps
+/// ahead. On the H200 (llama-8b, `fish-cli bench --batch B`, aggregate
+/// tok/s), loading one step ahead, it ran B = 16 at 922, B = 32 at 1173 and
+/// B = 48 at 1125, against 596 / 883 / 636 for the unsplit 64 x 16 tile
+/// (4,1,1,1) it replaced; 1,1,1,1,8 at 256-value steps was level at B = 16,
+/// the rest of the sweep slower. Two steps ahead: B = 16 1059 vs 930, B = 8
+/// 595 vs 532 (docs/BENCHMARKS.md).
 pub const BATCH_WARPS: WarpLayout = WarpLayout {
-    warps_m: 4,
+    warps_m: 2,
     warps_n: 1,
     frags_m: 1,
     frags_n: 1,
+    warps_k: 4,
     k_step: 128,
-    staging: Staging::Pipelined,
+    staging: Staging::TwoAhead,
 };
 
 impl WarpLayout {
-    /// Parses "warps_m,warps_n,frags_m,frags_n" (each 1..=8).
-    pub fn parse(text: &str) -> Option<WarpLayout> {
+    /// Parses "warps_m,warps_n,frags_m,frags_n[,warps_k]" (each 1..=8),
+    /// the rest taken from `base`.
+    pub fn parse(text: &str, base: WarpLayout) -> Option<WarpLayout> {
         let v: Vec<u32> = text
             .split(',')
             .map(|s| s.trim().parse().ok())
             .collect::<Option<_>>()?;
-        match v[..] {
-            [warps_m, warps_n, frags_m, frags_n] if v.iter().all(|x| (1..=8).contains(x)) => {
-                Some(WarpLayout {
-                    warps_m,
-                    warps_n,
-                    frags_m,
-                    frags_n,
-                    ..DEFAULT_WARPS
-                })
-            }
-            _ => None,
+        if !v.iter().all(|x| (1..=8).contains(x)) {
+            return None;
         }
+        let (warps_m, warps_n, frags_m, frags_n, warps_k) = match v[..] {
+            [m, n, fm, fn_] => (m, n, fm, fn_, 1),
+            [m, n, fm, fn_, k] => (m, n, fm, fn_, k),
+            _ => return None,
+        };
+        Some(WarpLayout {
+            warps_m,
+            warps_n,
+            frags_m,
+            frags_n,
+            warps_k,
+            ..base
+        })
     }
 }
 
@@ -157,7 +178,8 @@ pub struct TileLimits {
 impl CoopMatTile {
     /// Every staging, synchronous first (for A/B runs through
     /// `Gpu::with_coopmat_staging`).
-    pub const STAGINGS: [Staging; 2] = [Staging::Synchronous, Staging::Pipelined];
+    pub const STAGINGS: [Staging; 3] =
+        [Staging::Synchronous, Staging::Pipelined, Staging::TwoAhead];
 
     /// The tile for fragment shape (tm, tn, tk), `lanes` per subgroup and
     /// `warps`, with its stride padded by `rule`; refused when the shared
@@ -181,13 +203,19 @@ impl CoopMatTile {
                 "fragment {tm}x{tn}x{tk} does not fit {STEP_VALUES}-value steps"
             ));
         }
+        if warps.warps_k == 0 || !k_step.is_multiple_of(warps.warps_k * tk) {
+            return Err(format!(
+                "steps of {k_step} values do not split into {} whole {tk}-deep slices",
+                warps.warps_k
+            ));
+        }
         if warps.frags_m > MAX_FRAGS_PER_SIDE || warps.frags_n > MAX_FRAGS_PER_SIDE {
             return Err(format!(
                 "{}x{} fragments per subgroup exceed the shader's {MAX_FRAGS_PER_SIDE} per side",
                 warps.frags_m, warps.frags_n
             ));
         }
-        let threads = warps.warps_m * warps.warps_n * lanes;
+        let threads = warps.warps_m * warps.warps_n * warps.warps_k * lanes;
         if threads > limits.max_threads {
             return Err(format!(
                 "{threads} invocations exceed the device's {}",
@@ -202,6 +230,7 @@ impl CoopMatTile {
             warps_n: warps.warps_n,
             frags_m: warps.frags_m,
             frags_n: warps.frags_n,
+            warps_k: warps.warps_k,
             lanes,
             k_step,
             staging: warps.staging,
@@ -222,15 +251,15 @@ impl CoopMatTile {
     }
 
     /// The shared memory the shader declares: pipelined staging doubles the
-    /// A and B tiles (2 x BM and 2 x BN padded rows), direct input doubles A
-    /// and declares one unused B row; the output staging stays single.
+    /// A and B tiles (2 x BM and 2 x BN padded rows); the output staging
+    /// (one fragment per subgroup) stays single.
     pub fn shared_layout(&self) -> SharedLayout {
         let tiles = self.staging.tiles();
         SharedLayout {
             a_rows: tiles * self.rows(),
             b_rows: tiles * self.tokens(),
             stride: self.stride,
-            c_values: self.warps_m * self.warps_n * self.tm * self.tn,
+            c_values: self.subgroups() * self.tm * self.tn,
         }
     }
 
@@ -253,8 +282,13 @@ impl CoopMatTile {
         self.warps_n * self.frags_n * self.tn
     }
 
+    /// Subgroups per workgroup.
+    pub fn subgroups(&self) -> u32 {
+        self.warps_m * self.warps_n * self.warps_k
+    }
+
     pub fn threads(&self) -> u32 {
-        self.warps_m * self.warps_n * self.lanes
+        self.subgroups() * self.lanes
     }
 
     /// Specialisation constants in the shader's constant_id order.
@@ -272,6 +306,7 @@ impl CoopMatTile {
             self.threads(),
             self.k_step,
             self.staging.spec(),
+            self.warps_k,
         ]
     }
 
@@ -283,15 +318,16 @@ impl CoopMatTile {
     /// One line for logs and benchmark records.
     pub fn describe(&self) -> String {
         format!(
-            "{}x{}x{} f16 fragments, tile {}x{}x{} ({} subgroups of {}), {:?} staging, row stride {} dwords, {} B shared",
+            "{}x{}x{} f16 fragments, tile {}x{}x{} ({} subgroups of {}, step split {} ways), {:?} staging, row stride {} dwords, {} B shared",
             self.tm,
             self.tn,
             self.tk,
             self.rows(),
             self.tokens(),
             self.k_step,
-            self.warps_m * self.warps_n,
+            self.subgroups(),
             self.lanes,
+            self.warps_k,
             self.staging,
             self.stride.dwords(),
             self.shared_bytes
@@ -362,17 +398,40 @@ pub fn pick_shape(props: &[vk::CooperativeMatrixPropertiesKHR<'_>]) -> Option<(u
         .max_by_key(|&(m, n, k)| ((m, n, k) == (16, 16, 16), m * n * k))
 }
 
-/// Tuning overrides (docs/GPU.md), read at device open.
-fn env_warps() -> WarpLayout {
-    let warps = std::env::var("FISH_VK_COOPMAT_TILE")
+/// The environment variables that override one tile (docs/GPU.md).
+struct TileKnobs {
+    /// "warps_m,warps_n,frags_m,frags_n[,warps_k]".
+    layout: &'static str,
+    /// Values per step: 32, 64, 128, 256 or 512.
+    k_step: &'static str,
+    /// 2 loads two steps ahead, 1 pipelined, 0 synchronous.
+    pipeline: &'static str,
+}
+
+const PREFILL_KNOBS: TileKnobs = TileKnobs {
+    layout: "FISH_VK_COOPMAT_TILE",
+    k_step: "FISH_VK_COOPMAT_BK",
+    pipeline: "FISH_VK_COOPMAT_PIPELINE",
+};
+
+const BATCH_KNOBS: TileKnobs = TileKnobs {
+    layout: "FISH_VK_BATCH_TILE",
+    k_step: "FISH_VK_BATCH_BK",
+    pipeline: "FISH_VK_BATCH_PIPELINE",
+};
+
+/// `base` with the overrides of `knobs`, read at device open.
+fn env_warps(knobs: &TileKnobs, base: WarpLayout) -> WarpLayout {
+    let warps = std::env::var(knobs.layout)
         .ok()
-        .and_then(|v| WarpLayout::parse(&v))
-        .unwrap_or(DEFAULT_WARPS);
-    let k_step = std::env::var("FISH_VK_COOPMAT_BK")
+        .and_then(|v| WarpLayout::parse(&v, base))
+        .unwrap_or(base);
+    let k_step = std::env::var(knobs.k_step)
         .ok()
         .and_then(|v| v.parse().ok())
-        .filter(|k: &u32| [32, 64, 128].contains(k));
-    let staging = match std::env::var("FISH_VK_COOPMAT_PIPELINE").as_deref() {
+        .filter(|k: &u32| [32, 64, 128, 256, 512].contains(k));
+    let staging = match std::env::var(knobs.pipeline).as_deref() {
+        Ok("2") => Staging::TwoAhead,
         Ok("1" | "on" | "true" | "yes") => Staging::Pipelined,
         Ok("0" | "off" | "false" | "no") => Staging::Synchronous,
         _ => warps.staging,
@@ -463,6 +522,7 @@ pub(crate) unsafe fn probe(
     env_tile(
         shape,
         info.subgroup_size,
+        env_warps(&PREFILL_KNOBS, DEFAULT_WARPS),
         TileLimits {
             max_shared_bytes: limits.max_compute_shared_memory_size,
             max_threads: limits.max_compute_work_group_invocations,
@@ -470,15 +530,14 @@ pub(crate) unsafe fn probe(
     )
 }
 
-/// The tile the environment asks for (or the default); a pipelined or
-/// direct-input tile the device cannot hold (doubled A/B tiles beyond the
-/// shared memory, fragments deeper than tall) stays synchronous.
+/// The tile of `warps`; a pipelined tile the device cannot hold (doubled
+/// A/B tiles beyond the shared memory) stays synchronous.
 fn env_tile(
     shape: (u32, u32, u32),
     lanes: u32,
+    warps: WarpLayout,
     limits: TileLimits,
 ) -> std::result::Result<CoopMatTile, String> {
-    let warps = env_warps();
     CoopMatTile::new(shape, lanes, warps, env_rule(), limits).or_else(|e| {
         if warps.staging == Staging::Synchronous {
             return Err(e);
@@ -504,34 +563,35 @@ pub(crate) fn log_choice(choice: &std::result::Result<CoopMatTile, String>) {
     }
 }
 
-/// The batched-decode tile (BATCH_WARPS) with the prefill tile's fragment
-/// shape and subgroup width, where the device holds it.
+/// The batched-decode tile (BATCH_WARPS, or what FISH_VK_BATCH_TILE /
+/// _BK / _PIPELINE ask for) with the prefill tile's fragment shape and
+/// subgroup width, where the device holds it.
 pub(crate) fn batch_tile(prefill: &CoopMatTile, info: &DeviceInfo) -> Option<CoopMatTile> {
-    CoopMatTile::new(
+    env_tile(
         (prefill.tm, prefill.tn, prefill.tk),
         prefill.lanes,
-        BATCH_WARPS,
-        env_rule(),
-        TileLimits {
-            max_shared_bytes: info.max_shared_memory,
-            max_threads: info.max_workgroup_threads,
-        },
+        env_warps(&BATCH_KNOBS, BATCH_WARPS),
+        device_limits(info),
     )
     .ok()
 }
 
-/// The tile of the emulated module (`Kernel::CoopMatEmulated`): 16x16x16
+fn device_limits(info: &DeviceInfo) -> TileLimits {
+    TileLimits {
+        max_shared_bytes: info.max_shared_memory,
+        max_threads: info.max_workgroup_threads,
+    }
+}
+
+/// The tile of the emulated module (`Kernel::CoopMatEmulated`, the prefill
+/// tile; `Kernel::CoopMatBatchEmulated`, the batch tile): 16x16x16
 /// fragments in logical subgroups of 32, any device.
-pub(crate) fn emulated_tile(info: &DeviceInfo) -> Result<CoopMatTile> {
-    env_tile(
-        (16, 16, 16),
-        32,
-        TileLimits {
-            max_shared_bytes: info.max_shared_memory,
-            max_threads: info.max_workgroup_threads,
-        },
-    )
-    .map_err(VkError::KernelUnavailable)
+pub(crate) fn emulated_tile(info: &DeviceInfo, batch: bool) -> Result<CoopMatTile> {
+    let warps = match batch {
+        true => env_warps(&BATCH_KNOBS, BATCH_WARPS),
+        false => env_warps(&PREFILL_KNOBS, DEFAULT_WARPS),
+    };
+    env_tile((16, 16, 16), 32, warps, device_limits(info)).map_err(VkError::KernelUnavailable)
 }
 
 impl crate::gpu::Gpu {
@@ -587,7 +647,8 @@ impl crate::gpu::Gpu {
                     self.info.name
                 ))
             })?,
-            Kernel::CoopMatEmulated => emulated_tile(&self.info)?,
+            Kernel::CoopMatEmulated => emulated_tile(&self.info, false)?,
+            Kernel::CoopMatBatchEmulated => emulated_tile(&self.info, true)?,
             _ => return Ok(None),
         };
         match STAGING_OVERRIDE.with(Cell::get) {
@@ -620,8 +681,11 @@ mod tests {
     #[test]
     fn the_batch_tile_holds_16_tokens_and_fits_the_smallest_limits() {
         let t = tile(BATCH_WARPS).expect("batch tile");
-        assert_eq!((t.rows(), t.tokens(), t.k_step), (64, 16, 128));
-        assert_eq!(t.staging, Staging::Pipelined);
+        assert_eq!(
+            (t.rows(), t.tokens(), t.k_step, t.warps_k),
+            (32, 16, 128, 4)
+        );
+        assert_eq!(t.staging, Staging::TwoAhead);
         assert!(t.shared_bytes <= 48 * 1024, "{}", t.shared_bytes);
     }
 
@@ -670,7 +734,8 @@ mod tests {
         assert_eq!(t.staging, Staging::Pipelined);
         assert_eq!(t.shared_bytes, 2 * 128 * 80 + 4 * 4 * 256);
         let spec = t.spec();
-        assert_eq!(spec.len(), 12);
+        assert_eq!(spec.len(), 13);
+        assert_eq!(spec[12], 1);
         assert_eq!(spec[10], 32);
         assert_eq!(spec[11], 1);
         assert_eq!(spec[0], 20);
@@ -768,20 +833,72 @@ mod tests {
     }
 
     #[test]
-    fn warp_layouts_parse_from_four_numbers() {
+    fn warp_layouts_parse_from_four_or_five_numbers() {
         assert_eq!(
-            WarpLayout::parse("2,4,4,2"),
+            WarpLayout::parse("2,4,4,2", DEFAULT_WARPS),
             Some(WarpLayout {
                 warps_m: 2,
                 warps_n: 4,
                 frags_m: 4,
                 frags_n: 2,
+                warps_k: 1,
                 k_step: 32,
                 staging: DEFAULT_WARPS.staging,
             })
         );
-        assert_eq!(WarpLayout::parse("2,4,4"), None);
-        assert_eq!(WarpLayout::parse("2,4,0,2"), None);
-        assert_eq!(WarpLayout::parse("a,b,c,d"), None);
+        // The fifth number splits the steps; the rest comes from the base.
+        assert_eq!(
+            WarpLayout::parse("1,1,1,1,4", BATCH_WARPS),
+            Some(WarpLayout {
+                warps_m: 1,
+                warps_n: 1,
+                frags_m: 1,
+                frags_n: 1,
+                warps_k: 4,
+                ..BATCH_WARPS
+            })
+        );
+        assert_eq!(WarpLayout::parse("2,4,4", DEFAULT_WARPS), None);
+        assert_eq!(WarpLayout::parse("2,4,0,2", DEFAULT_WARPS), None);
+        assert_eq!(WarpLayout::parse("2,4,1,2,9", DEFAULT_WARPS), None);
+        assert_eq!(WarpLayout::parse("a,b,c,d", DEFAULT_WARPS), None);
+    }
+
+    #[test]
+    fn split_steps_multiply_the_subgroups_and_the_output_staging() {
+        let split = WarpLayout {
+            warps_m: 1,
+            warps_n: 1,
+            frags_m: 1,
+            frags_n: 1,
+            warps_k: 8,
+            k_step: 256,
+            staging: Staging::Pipelined,
+        };
+        let t = tile(split).expect("fits");
+        assert_eq!(
+            (t.rows(), t.tokens(), t.subgroups(), t.threads()),
+            (16, 16, 8, 256)
+        );
+        // Two A and two B tiles of 16 rows at 132 dwords, and one 16 x 16
+        // f32 fragment for each of the 8 subgroups.
+        assert_eq!(t.stride.dwords(), 132);
+        assert_eq!(t.shared_bytes, 2 * (16 + 16) * 132 * 4 + 8 * 256 * 4);
+        assert_eq!(t.spec()[12], 8);
+        assert_eq!(t.spec()[9], 256);
+        // Each group multiplies whole fragments: 256 / 8 = 32 values fit,
+        // 128-value steps split 16 ways (8 values each) do not.
+        let too_thin = WarpLayout {
+            k_step: 128,
+            warps_k: 16,
+            ..split
+        };
+        assert!(tile(too_thin).is_err());
+        let thin = WarpLayout {
+            k_step: 64,
+            ..split
+        };
+        let err = tile(thin).unwrap_err();
+        assert!(err.contains("8 whole 16-deep slices"), "{err}");
     }
 }

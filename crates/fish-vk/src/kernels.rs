@@ -84,6 +84,8 @@ pub enum Kernel {
     /// The cooperative-matrix kernel's tiling with the matrix operations
     /// done by plain code, on any device: tests its staging paths; slow.
     CoopMatEmulated,
+    /// The same with the batched-decode tile (its split steps included).
+    CoopMatBatchEmulated,
 }
 
 /// The activation of a gated feed-forward block (shaders/gated_act.glsl).
@@ -290,7 +292,9 @@ impl Gpu {
             Kernel::MatvecGated(_) => format!("matvec_gated_{suffix}"),
             Kernel::Tiled | Kernel::Auto => format!("tiled_{suffix}"),
             Kernel::CoopMat | Kernel::CoopMatBatch => format!("coopmat_{suffix}"),
-            Kernel::CoopMatEmulated => format!("coopmat_emu_{suffix}"),
+            Kernel::CoopMatEmulated | Kernel::CoopMatBatchEmulated => {
+                format!("coopmat_emu_{suffix}")
+            }
         }
     }
 

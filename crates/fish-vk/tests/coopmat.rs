@@ -15,11 +15,13 @@
 //! software-pipelined), which must give the same bits.
 
 mod common;
+mod coopmat_checks;
 
 use common::*;
+use coopmat_checks::*;
 use fish_gguf::GgmlType;
 use fish_quant::fq3::{dequant_row_fq3, quantize_row_fq3, FQ3_BLOCK_BYTES, FQ3_BLOCK_VALUES};
-use fish_vk::{CoopMatTile, Gpu, Kernel, TensorHandle, VkError, WeightFormat};
+use fish_vk::{Gpu, Kernel, WeightFormat};
 
 /// 512 values: two K-quant super-blocks, sixteen 32-value steps.
 const N_IN: usize = 512;
@@ -27,70 +29,6 @@ const N_IN: usize = 512;
 const N_OUT: usize = 300;
 /// 37: one partial token tile; 256: whole tiles of 128 (and 64).
 const TOKENS: [usize; 2] = [37, 256];
-
-fn require_coopmat() -> bool {
-    std::env::var("FISH_REQUIRE_COOPMAT").as_deref() == Ok("1")
-}
-
-/// A tile chosen through FISH_VK_COOPMAT_TILE / FISH_VK_COOPMAT_BK may fit
-/// the device's shared memory once but not twice (pipelined); the default
-/// tile must fit both ways.
-fn tile_overridden() -> bool {
-    ["FISH_VK_COOPMAT_TILE", "FISH_VK_COOPMAT_BK"]
-        .iter()
-        .any(|v| std::env::var_os(v).is_some())
-}
-
-/// Multiplies `n_tok` random inputs (seeded by `x_seed`) by the resident
-/// copy `h` of `weights` with `kernel` under each staging, checks each
-/// result against both references and the stagings against each other bit
-/// for bit.
-fn multiply_and_check(
-    gpu: &Gpu,
-    kernel: Kernel,
-    h: TensorHandle,
-    weights: &Weights<'_>,
-    n_tok: usize,
-    x_seed: u64,
-    what: &str,
-) {
-    let x = random_values(weights.n_in * n_tok, x_seed);
-    let mut first: Option<Vec<f32>> = None;
-    for staging in CoopMatTile::STAGINGS {
-        let what = format!("{what} {kernel:?} {staging:?}");
-        let y = match gpu
-            .with_coopmat_staging(staging, || gpu.matmul_group_with(&[h], &x, n_tok, kernel))
-        {
-            Ok(mut ys) => ys.remove(0),
-            Err(VkError::KernelUnavailable(why))
-                if tile_overridden() && why.contains("shared memory") =>
-            {
-                eprintln!("{what}: skipped, {why}");
-                continue;
-            }
-            Err(e) => panic!("{what}: {e}"),
-        };
-        check_f16_product(weights, &x, n_tok, &y, &what);
-        match &first {
-            None => first = Some(y),
-            Some(reference) => assert_same_bits(reference, &y, &what),
-        }
-    }
-}
-
-fn assert_same_bits(reference: &[f32], y: &[f32], what: &str) {
-    assert_eq!(reference.len(), y.len(), "{what}: length");
-    let differing = reference
-        .iter()
-        .zip(y)
-        .position(|(a, b)| a.to_bits() != b.to_bits());
-    if let Some(i) = differing {
-        panic!(
-            "{what}: output {i} is {} where the synchronous staging gave {}",
-            y[i], reference[i]
-        );
-    }
-}
 
 /// One synthetic matrix of `ty` uploaded, checked at `n_tok` tokens, freed.
 fn check_one(

@@ -4,7 +4,9 @@
 use super::bindings::{Bindings, SpanBuffers};
 use super::output::SpanOutput;
 use super::profile::Profiler;
-use super::record::{max_timestamps, plan_chunks, OutputRecording, Recording, TokenLayout};
+use super::record::{
+    max_timestamps, output_kernel, plan_chunks, OutputRecording, Recording, TokenLayout,
+};
 use super::step::{Placement, SpanRow, STEP_BYTES};
 use super::{span_chunk_tokens, Span};
 use crate::error::{Result, VkError};
@@ -297,7 +299,7 @@ fn output_recording<'a>(
         ),
         None => (
             &bindings.output.as_ref().ok_or_else(missing)?.sets,
-            gpu.plan_handles(&[o.weight], rows, Kernel::Auto)?,
+            gpu.plan_handles(&[o.weight], rows, output_kernel(gpu, rows))?,
             false,
         ),
     };

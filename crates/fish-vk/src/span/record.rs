@@ -127,12 +127,7 @@ pub(crate) fn plan_chunks(
             });
             continue;
         }
-        let coop_tiles = gpu
-            .coopmat_batch_tile()
-            .zip(gpu.coopmat_tile_in_use())
-            .map(|(batch, prefill)| (batch.tokens() as usize, prefill.tokens() as usize));
-        let batch_kernel = cooperative_batch_kernel(gpu, layout, n)
-            .or_else(|| batch_kernel(layout, n, coop_tiles));
+        let batch_kernel = batch_kernel(layout, n, batch_tile_limit(gpu));
         let decode = n <= MATVEC_MAX_TOKENS && batch_kernel.is_none();
         let matmul_kernel = batch_kernel.unwrap_or(Kernel::Auto);
         let down_kernel = match gated_act {
@@ -319,53 +314,50 @@ struct PlanMode {
     kernel: Kernel,
 }
 
-/// With `FISH_GPU_BATCH_COOPMAT=1` (read once per process; a measurement
-/// knob, off until measured on the H200), batched forwards of 2 to
-/// MATVEC_MAX_TOKENS rows multiply on the cooperative-matrix kernel, one
-/// partial token tile per weight pass, instead of the matvec, whose
-/// per-token products bound batched decode. Batched rows need only the 2%
-/// bound, not the bits of a one-token call (speculative verification, a
-/// plain forward, keeps the matvec).
-fn cooperative_batch_kernel(gpu: &Gpu, layout: TokenLayout, n: usize) -> Option<Kernel> {
-    static ENABLED: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    let enabled =
-        *ENABLED.get_or_init(|| std::env::var("FISH_GPU_BATCH_COOPMAT").as_deref() == Ok("1"));
-    (enabled && gpu.coopmat_tile_in_use().is_some() && batch_takes_coopmat(layout, n))
-        .then_some(Kernel::CoopMat)
+/// Where the device has the cooperative batch tile, the tokens of its
+/// prefill tile: batched forwards below that take the batch tile.
+fn batch_tile_limit(gpu: &Gpu) -> Option<usize> {
+    gpu.coopmat_batch_tile()
+        .and(gpu.coopmat_tile_in_use())
+        .map(|prefill| prefill.tokens() as usize)
 }
+
+/// The kernel of the output projection for `rows` logits rows: the rows are
+/// independent whatever the forward's layout, so they take the batched
+/// forwards' rule (`batch_kernel`) and `Kernel::Auto` where it has none.
+/// Before, 9 to 63 rows fell to the plain tile, the slowest kernel for few
+/// tokens (a vocabulary-wide matrix at every batched decode step).
+pub(crate) fn output_kernel(gpu: &Gpu, rows: usize) -> Kernel {
+    batch_kernel(TokenLayout::PerRow, rows, batch_tile_limit(gpu)).unwrap_or(Kernel::Auto)
+}
+
+/// Fewest rows of a batched forward that take the cooperative batch tile.
+/// On the H200 (llama-8b, aggregate tok/s, matvec vs tile): 8 rows 464 vs
+/// 595, 6 rows 367 vs 422 (loads one step ahead), 4 rows 418 vs 307.
+const BATCH_TILE_MIN_ROWS: usize = 6;
 
 /// Most rows of a batched forward that multiply on the matvec (in passes
 /// of its token count) where no batch tile takes them.
 const BATCH_MATVEC_MAX_ROWS: usize = 32;
 
-/// The kernel of a batched forward (per-row slots) above the decode size:
-/// from one whole batch tile's tokens to one short of a prefill tile's the
-/// cooperative batch tile where the device has both (`coop_tiles`: the
-/// tokens of the batch tile, coopmat.rs BATCH_WARPS, and of the prefill
-/// tile; `Kernel::CoopMatBatch`), else up to BATCH_MATVEC_MAX_ROWS rows the
-/// matvec, whose passes of a few tokens each cost what they cost at 8 rows;
-/// the prefill rule otherwise. On the H200 (llama-8b) 16 rows ran at 641.7
-/// tok/s aggregate on the batch tile and 185.6 on the plain tile, 32 rows
-/// at 348.6 on the plain tile, 8 rows at 468 on the matvec. Plain forwards
-/// (prefill chunks, verification) keep `Kernel::Auto`.
-fn batch_kernel(
-    layout: TokenLayout,
-    n: usize,
-    coop_tiles: Option<(usize, usize)>,
-) -> Option<Kernel> {
-    if layout != TokenLayout::PerRow || n <= MATVEC_MAX_TOKENS {
+/// The kernel of a batched forward (per-row slots): from
+/// BATCH_TILE_MIN_ROWS rows to one short of a prefill tile's tokens
+/// (`tile_limit`, where the device has the batch tile) the cooperative batch
+/// tile (`Kernel::CoopMatBatch`); else the decode plan up to
+/// MATVEC_MAX_TOKENS rows (None), the matvec in passes up to
+/// BATCH_MATVEC_MAX_ROWS, the prefill rule beyond. Batched rows need only
+/// the 2% bound, not the bits of a one-token call. On the H200 (llama-8b,
+/// `fish-cli bench --batch B`, aggregate tok/s) the batch tile ran B = 8 /
+/// 16 / 32 at 595 / 1059 / 1151, against 464 (matvec) / 186 and 349 (plain
+/// tile). Plain forwards (prefill chunks, verification) keep `Kernel::Auto`.
+fn batch_kernel(layout: TokenLayout, n: usize, tile_limit: Option<usize>) -> Option<Kernel> {
+    if layout != TokenLayout::PerRow {
         return None;
     }
-    if coop_tiles.is_some_and(|(batch, prefill)| (batch..prefill).contains(&n)) {
+    if tile_limit.is_some_and(|limit| (BATCH_TILE_MIN_ROWS..limit).contains(&n)) {
         return Some(Kernel::CoopMatBatch);
     }
-    (n <= BATCH_MATVEC_MAX_ROWS).then_some(Kernel::Matvec)
-}
-
-/// The forwards `cooperative_batch_kernel` may take: batched (per-row
-/// slots) and of matvec size, more than one row.
-fn batch_takes_coopmat(layout: TokenLayout, n: usize) -> bool {
-    layout == TokenLayout::PerRow && (2..=MATVEC_MAX_TOKENS).contains(&n)
+    (MATVEC_MAX_TOKENS < n && n <= BATCH_MATVEC_MAX_ROWS).then_some(Kernel::Matvec)
 }
 
 /// The set variants of a matmul group that follows a layer norm.
@@ -946,27 +938,28 @@ mod tests {
     }
 
     #[test]
-    fn batches_beyond_decode_size_take_the_batch_tile_or_the_matvec() {
-        // The H200's tiles: 16 tokens (batch), 64 (prefill).
-        const TILES: Option<(usize, usize)> = Some((16, 64));
-        let per_row = |n, tile: bool| batch_kernel(TokenLayout::PerRow, n, TILES.filter(|_| tile));
-        // Decode-sized batches plan as decode; plain forwards never here.
-        assert_eq!(per_row(MATVEC_MAX_TOKENS, true), None);
-        for n in [9, 16, 32, 63] {
+    fn batches_take_the_batch_tile_from_six_rows_or_the_matvec() {
+        // The H200's prefill tile: 64 tokens.
+        const LIMIT: Option<usize> = Some(64);
+        let per_row = |n, tile: bool| batch_kernel(TokenLayout::PerRow, n, LIMIT.filter(|_| tile));
+        // Plain forwards never take a batch rule.
+        for n in [1, 6, 9, 16, 32, 63] {
             assert_eq!(
-                batch_kernel(TokenLayout::Consecutive, n, TILES),
+                batch_kernel(TokenLayout::Consecutive, n, LIMIT),
                 None,
                 "{n}"
             );
         }
-        // With the batch tile: the matvec below a whole tile, the tile up to
-        // a prefill tile's worth of rows.
-        assert_eq!(per_row(9, true), Some(Kernel::Matvec));
-        assert_eq!(per_row(15, true), Some(Kernel::Matvec));
-        assert_eq!(per_row(16, true), Some(Kernel::CoopMatBatch));
-        assert_eq!(per_row(63, true), Some(Kernel::CoopMatBatch));
+        // With the batch tile: decode below BATCH_TILE_MIN_ROWS rows, the
+        // tile up to a prefill tile's worth of rows, then the prefill rule.
+        assert_eq!(per_row(BATCH_TILE_MIN_ROWS - 1, true), None);
+        for n in [BATCH_TILE_MIN_ROWS, MATVEC_MAX_TOKENS, 9, 16, 63] {
+            assert_eq!(per_row(n, true), Some(Kernel::CoopMatBatch), "{n}");
+        }
         assert_eq!(per_row(64, true), None);
-        // Without it: the matvec up to its limit, then the prefill rule.
+        // Without it: decode up to MATVEC_MAX_TOKENS, the matvec in passes
+        // up to its limit, then the prefill rule.
+        assert_eq!(per_row(MATVEC_MAX_TOKENS, false), None);
         assert_eq!(per_row(16, false), Some(Kernel::Matvec));
         assert_eq!(per_row(BATCH_MATVEC_MAX_ROWS, false), Some(Kernel::Matvec));
         assert_eq!(per_row(BATCH_MATVEC_MAX_ROWS + 1, false), None);
@@ -983,23 +976,6 @@ mod tests {
         assert!(!defers_norms(true, 4, 4, TokenLayout::PerRow));
         assert!(!defers_norms(false, 64, 64, TokenLayout::Consecutive));
         assert!(!defers_norms(true, 6, 70, TokenLayout::Consecutive));
-    }
-
-    #[test]
-    fn only_batched_forwards_of_matvec_size_may_take_the_cooperative_kernel() {
-        // Plain forwards (decode, verification pieces, prefill chunks) keep
-        // their kernels: verification shares the bits of one-token decode.
-        for n in [1, 2, 8, 64] {
-            assert!(!batch_takes_coopmat(TokenLayout::Consecutive, n), "{n}");
-        }
-        assert!(!batch_takes_coopmat(TokenLayout::PerRow, 1));
-        for n in 2..=MATVEC_MAX_TOKENS {
-            assert!(batch_takes_coopmat(TokenLayout::PerRow, n), "{n}");
-        }
-        assert!(!batch_takes_coopmat(
-            TokenLayout::PerRow,
-            MATVEC_MAX_TOKENS + 1
-        ));
     }
 
     #[test]
