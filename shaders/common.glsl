@@ -32,6 +32,13 @@ layout(push_constant) uniform Params {
     // many there are per token (the RESNORM matvec's workgroups).
     uint part_off;
     uint parts;
+    // The cooperative batch tile's steps split across workgroups
+    // (matmul_coopmat.comp, split_k.rs): ways (1: none), the uint offset of
+    // the dispatch's arrival counters and the float offset of its partial
+    // tiles in the scratch at binding 3.
+    uint split;
+    uint split_count_off;
+    uint split_part_off;
 } p;
 
 // Stores one output element, added to what y holds when accumulating.

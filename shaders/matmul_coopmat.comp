@@ -42,6 +42,12 @@
 // tokens has few workgroups, each walking all n_in / BK steps one after the
 // other, and the split makes the steps WARPS_K times longer and fewer.
 //
+// With p.split > 1 (the batch tile's small dispatches, split_k.rs) the
+// steps are also divided among p.split workgroups per output tile, which
+// are consecutive along y: each multiplies its share into a partial tile in
+// the scratch at binding 3 and counts itself in with an atomic; the last to
+// arrive sums the partials in split order, writes y and resets the counter.
+//
 // With EMULATE_COOPMAT defined, the fragment operations are plain code over
 // the same shared tiles (logical subgroups of 32 invocations, 16x16x16
 // fragments). That variant needs no matrix units, so the tiling, staging,
@@ -102,6 +108,17 @@ shared uvec4 buf_a[STAGES * A_TILE / 4u];
 shared uvec4 buf_b[STAGES * B_TILE / 4u];
 // One TM x TN fragment per subgroup on its way out, column-major.
 shared float buf_c[WARPS_MN * WARPS_K * TM * TN];
+
+// The split scratch (split_k.rs): arrival counters, then partial tiles,
+// coherent so that the last workgroup of a tile reads the others' writes.
+layout(std430, binding = 3) coherent buffer SplitCounts { uint split_count[]; };
+layout(std430, binding = 3) coherent buffer SplitParts { float split_part[]; };
+// Whether this workgroup arrived last at its tile (uniform after a barrier).
+shared uint split_last;
+
+// This workgroup's token tile and split, from y (main sets them).
+uint tile_y;
+uint split_z;
 
 #if defined(EMULATE_COOPMAT)
 #define EMU_ELEMS 8u
@@ -177,7 +194,7 @@ uint tile_row_byte(uint r) {
 // Input values 4k4 .. 4k4+3 of tile token n of the step at k0; zero past
 // the last token or the row's end.
 vec4 input_vec4(uint k0, uint n, uint k4) {
-    uint tok = gl_WorkGroupID.y * BN + n;
+    uint tok = tile_y * BN + n;
     if (tok < p.n_tok && k0 + k4 * 4u < p.n_in) {
         return x[tok * (p.n_in / 4u) + k0 / 4u + k4];
     }
@@ -259,20 +276,73 @@ void store_step(uint k0, uint stage, uint set) {
     }
 }
 
+// The output tile's index within the dispatch and the float index of
+// element e (column-major: e % BM the row, e / BM the token) of split z's
+// partial of it.
+uint tile_index() {
+    return tile_y * p.groups_x + gl_WorkGroupID.x;
+}
+uint partial_index(uint z, uint e) {
+    uint tiles = p.groups_x * (gl_NumWorkGroups.y / p.split);
+    return p.split_part_off + (z * tiles + tile_index()) * (BM * BN) + e;
+}
+
+// One finished value of y (row and tok inside the matrix): stored, or with
+// a split kept as this workgroup's partial.
+void emit(uint row, uint tok, float v) {
+    if (p.split > 1u) {
+        uint e = (tok - tile_y * BN) * BM + (row - gl_WorkGroupID.x * BM);
+        split_part[partial_index(split_z, e)] = v;
+    } else {
+        store_y(tok * p.y_stride + p.y_offset + row, v);
+    }
+}
+
+// After every partial is out: count this workgroup in; the last of the
+// tile's p.split sums the partials in split order and writes y. Every
+// invocation must call it (barriers).
+void finish_split() {
+    memoryBarrierBuffer();
+    barrier();
+    if (gl_LocalInvocationIndex == 0u) {
+        uint arrived = atomicAdd(split_count[p.split_count_off + tile_index()], 1u);
+        split_last = arrived + 1u == p.split ? 1u : 0u;
+    }
+    barrier();
+    if (split_last == 0u) {
+        return;
+    }
+    memoryBarrierBuffer();
+    for (uint e = gl_LocalInvocationIndex; e < BM * BN; e += THREADS) {
+        uint row = gl_WorkGroupID.x * BM + e % BM;
+        uint tok = tile_y * BN + e / BM;
+        if (row < p.n_rows && tok < p.n_tok) {
+            float s = 0.0;
+            for (uint z = 0u; z < p.split; z++) {
+                s += split_part[partial_index(z, e)];
+            }
+            store_y(tok * p.y_stride + p.y_offset + row, s);
+        }
+    }
+    if (gl_LocalInvocationIndex == 0u) {
+        split_count[p.split_count_off + tile_index()] = 0u;
+    }
+}
+
 // Writes accumulator fragment f (row block f / FN, token block f % FN of
 // the subgroup) to y through the subgroup's slot of buf_c at c_base.
 void write_fragment(Acc c, uint f, uint c_base, uint lane, uint warp_m, uint warp_n) {
     uint fm = f / FN;
     uint fn = f % FN;
     uint row0 = gl_WorkGroupID.x * BM + (warp_m * FM + fm) * TM;
-    uint tok0 = gl_WorkGroupID.y * BN + (warp_n * FN + fn) * TN;
+    uint tok0 = tile_y * BN + (warp_n * FN + fn) * TN;
     STORE_C(c, c_base);
     SUBGROUP_SYNC();
     for (uint e = lane; e < TM * TN; e += LANES) {
         uint row = row0 + e % TM;
         uint tok = tok0 + e / TM;
         if (row < p.n_rows && tok < p.n_tok) {
-            store_y(tok * p.y_stride + p.y_offset + row, buf_c[c_base + e]);
+            emit(row, tok, buf_c[c_base + e]);
         }
     }
     SUBGROUP_SYNC();
@@ -285,7 +355,7 @@ void write_split_fragment(Acc c, uint f, uint warp, uint lane, uint warp_m, uint
     uint fm = f / FN;
     uint fn = f % FN;
     uint row0 = gl_WorkGroupID.x * BM + (warp_m * FM + fm) * TM;
-    uint tok0 = gl_WorkGroupID.y * BN + (warp_n * FN + fn) * TN;
+    uint tok0 = tile_y * BN + (warp_n * FN + fn) * TN;
     STORE_C(c, warp * TM * TN);
     barrier();
     if (warp < WARPS_MN) {
@@ -297,7 +367,7 @@ void write_split_fragment(Acc c, uint f, uint warp, uint lane, uint warp_m, uint
                 s += buf_c[(g * WARPS_MN + warp) * TM * TN + e];
             }
             if (row < p.n_rows && tok < p.n_tok) {
-                store_y(tok * p.y_stride + p.y_offset + row, s);
+                emit(row, tok, s);
             }
         }
     }
@@ -334,6 +404,9 @@ void main() {
     uint warp_k = warp / WARPS_MN;
     uint warp_m = warp_mn % WARPS_M;
     uint warp_n = warp_mn / WARPS_M;
+    uint ways = max(p.split, 1u);
+    tile_y = gl_WorkGroupID.y / ways;
+    split_z = gl_WorkGroupID.y % ways;
 
     // The accumulators must stay in registers. Every loop over them has a
     // plain body and is unrolled, and the output names each fragment by a
@@ -346,43 +419,49 @@ void main() {
         ACC_ZERO(acc[f]);
     }
 
-    uint n_steps = (p.n_in + BK - 1u) / BK;
-    if (PIPELINE != 0u) {
-        fetch_step(0u, 0u);
-        store_step(0u, 0u, 0u);
+    // This workgroup's steps: all, or its split's consecutive share (the
+    // last share may be short or empty; an empty one adds zeros).
+    uint all_steps = (p.n_in + BK - 1u) / BK;
+    uint share = (all_steps + ways - 1u) / ways;
+    uint first_step = min(split_z * share, all_steps);
+    uint n_steps = min(share, all_steps - first_step);
+    uint k_base = first_step * BK;
+    if (PIPELINE != 0u && n_steps > 0u) {
+        fetch_step(k_base, 0u);
+        store_step(k_base, 0u, 0u);
         barrier();
     }
     if (PIPELINE == 2u) {
         // Step 1 in flight in set 1; each step below fetches two ahead.
         if (n_steps > 1u) {
-            fetch_step(BK, 1u);
+            fetch_step(k_base + BK, 1u);
         }
         for (uint s = 0u; s < n_steps; s += 2u) {
             // Even step: tile half 0; set 0 is free (its step was staged
             // last step), set 1 holds step s + 1.
             if (s + 2u < n_steps) {
-                fetch_step((s + 2u) * BK, 0u);
+                fetch_step(k_base + (s + 2u) * BK, 0u);
             }
             MULTIPLY_STEP(0u);
             if (s + 1u < n_steps) {
-                store_step((s + 1u) * BK, 1u, 1u);
+                store_step(k_base + (s + 1u) * BK, 1u, 1u);
             }
             barrier();
             if (s + 1u < n_steps) {
                 // Odd step: tile half 1; set 1 is free, set 0 holds s + 2.
                 if (s + 3u < n_steps) {
-                    fetch_step((s + 3u) * BK, 1u);
+                    fetch_step(k_base + (s + 3u) * BK, 1u);
                 }
                 MULTIPLY_STEP(1u);
                 if (s + 2u < n_steps) {
-                    store_step((s + 2u) * BK, 0u, 0u);
+                    store_step(k_base + (s + 2u) * BK, 0u, 0u);
                 }
                 barrier();
             }
         }
     } else {
         for (uint s = 0u; s < n_steps; s++) {
-            uint k0 = s * BK;
+            uint k0 = k_base + s * BK;
             bool has_next = s + 1u < n_steps;
             uint cur = 0u;
             if (PIPELINE == 0u) {
@@ -419,4 +498,7 @@ void main() {
     WRITE_FRAGMENT(4u) WRITE_FRAGMENT(5u) WRITE_FRAGMENT(6u) WRITE_FRAGMENT(7u)
     WRITE_FRAGMENT(8u) WRITE_FRAGMENT(9u) WRITE_FRAGMENT(10u) WRITE_FRAGMENT(11u)
     WRITE_FRAGMENT(12u) WRITE_FRAGMENT(13u) WRITE_FRAGMENT(14u) WRITE_FRAGMENT(15u)
+    if (p.split > 1u) {
+        finish_split();
+    }
 }

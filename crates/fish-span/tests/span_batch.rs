@@ -131,6 +131,27 @@ fn assert_within(what: &str, a: &[Vec<f32>], b: &[Vec<f32>], bound: f32) {
 fn span_batches_beyond_decode_size_equal_single_runs() {
     let _device = device_lock();
     let Some(gpu) = backend() else { return };
+    batches_of_12_equal_single_runs(gpu);
+}
+
+/// The same 12 slots through the cooperative batch tile, emulated where the
+/// device has no cooperative matrices (FISH_GPU_BATCH_EMULATED=1): its
+/// staging, the groups of subgroups that split each step, and the split of
+/// the down projection's 12 steps (1536 values) across workgroups, whose
+/// arrival counters the forward zeroes and the last arrival resets.
+#[test]
+fn span_batches_through_the_batch_tile_equal_single_runs() {
+    let _device = device_lock();
+    let Some(gpu) = backend() else { return };
+    std::env::set_var("FISH_GPU_BATCH_EMULATED", "1");
+    let result = std::panic::catch_unwind(|| batches_of_12_equal_single_runs(gpu));
+    std::env::remove_var("FISH_GPU_BATCH_EMULATED");
+    if let Err(panic) = result {
+        std::panic::resume_unwind(panic);
+    }
+}
+
+fn batches_of_12_equal_single_runs(gpu: Arc<VulkanBackend>) {
     let model = placed(gpu.clone());
     const SLOTS: usize = 12;
     assert!(gpu.span_max_batch_rows() >= SLOTS);

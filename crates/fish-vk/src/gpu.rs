@@ -31,16 +31,19 @@ pub(crate) struct Exec {
     pub y_dev: Option<Buffer>,
     /// Host-visible copy of the output.
     pub readback: Option<Buffer>,
+    /// The split scratch of the batch tile (split_k.rs), binding 3.
+    pub split: Option<Buffer>,
 }
 
 impl Exec {
-    /// Takes the scratch buffers (staging, x/y, readback) for release.
-    fn take_scratch(&mut self) -> [Option<Buffer>; 4] {
+    /// Takes the scratch buffers (staging, x/y, readback, split) for release.
+    fn take_scratch(&mut self) -> [Option<Buffer>; 5] {
         [
             self.staging.take(),
             self.x_dev.take(),
             self.y_dev.take(),
             self.readback.take(),
+            self.split.take(),
         ]
     }
 }
@@ -409,6 +412,7 @@ fn create_exec(device: &ash::Device, info: &DeviceInfo) -> Result<Exec> {
             x_dev: None,
             y_dev: None,
             readback: None,
+            split: None,
         })
     }
 }

@@ -6,6 +6,7 @@ use crate::error::{Result, VkCall, VkError};
 use crate::gpu::{Exec, Gpu};
 use crate::int8_dot::Int8Dot;
 use crate::pipeline::{Params, MATMUL_BINDINGS};
+use crate::split_k::{SplitK, SplitPlanner};
 use crate::upload::{ResidentTensor, TensorHandle};
 use crate::weight_format::WeightFormat;
 use ash::vk;
@@ -358,9 +359,10 @@ impl Gpu {
         let staging = exec.staging.as_mut().expect("prepared");
         staging.write_f32(&self.allocator, 0, x)?;
         let (stage, x_dev, y_dev, readback) = scratch_handles(&exec);
+        let split = split_handle(&exec);
         let pool = self.descriptor_pool(dispatches.len())?;
         let result = self
-            .bind_sets(pool, &dispatches, x_dev, x_bytes, y_dev, y_bytes)
+            .bind_sets(pool, &dispatches, x_dev, x_bytes, y_dev, y_bytes, split)
             .and_then(|sets| {
                 self.submit_and_wait(&exec, |cmd| unsafe {
                     let d = &self.device;
@@ -374,6 +376,7 @@ impl Gpu {
                             size: x_bytes,
                         }],
                     );
+                    d.cmd_fill_buffer(cmd, split, 0, self.split_counter_bytes(), 0);
                     barrier(
                         d,
                         cmd,
@@ -460,15 +463,19 @@ impl Gpu {
         let mut exec = self.lock_exec();
         self.prepare_scratch(&mut exec, x_bytes, y_bytes)?;
         let (_, x_dev, y_dev, _) = scratch_handles(&exec);
+        let split = split_handle(&exec);
         let queries = exec.timestamps;
         let pool = self.descriptor_pool(dispatches.len())?;
         let started = Instant::now();
+        // Repeats run without barriers, so split dispatches share their
+        // counters across repeats: the times hold, the values do not.
         let result = self
-            .bind_sets(pool, dispatches, x_dev, x_bytes, y_dev, y_bytes)
+            .bind_sets(pool, dispatches, x_dev, x_bytes, y_dev, y_bytes, split)
             .and_then(|sets| {
                 self.submit_and_wait(&exec, |cmd| unsafe {
                     let d = &self.device;
                     d.cmd_fill_buffer(cmd, x_dev, 0, x_bytes, 0);
+                    d.cmd_fill_buffer(cmd, split, 0, self.split_counter_bytes(), 0);
                     barrier(
                         d,
                         cmd,
@@ -538,6 +545,7 @@ impl Gpu {
         let kernel = kernel.resolve(n_tok, self.prefill_kernel(n_tok));
         let coop_tile = self.coopmat_tile(kernel)?;
         let max_x = self.info.max_workgroups_x.clamp(1, 65535);
+        let mut splits = SplitPlanner::new();
         let mut out = Vec::new();
         let mut y_base = 0u32;
         for t in tensors {
@@ -575,10 +583,15 @@ impl Gpu {
             };
             for c in &t.chunks {
                 let n_rows = c.n_rows as u32;
+                let mut split = SplitK::NONE;
                 let (groups, groups_x) = match (kernel, coop_tile) {
                     (_, Some(tile)) => {
-                        let groups = tile.groups(n_rows, n_tok as u32);
-                        (groups, groups.0)
+                        let (gx, gy) = tile.groups(n_rows, n_tok as u32);
+                        if matches!(kernel, Kernel::CoopMatBatch | Kernel::CoopMatBatchEmulated) {
+                            split = splits.split(&tile, gx * gy, h.n_in() as u32);
+                        }
+                        // The splits of a tile are consecutive along y.
+                        ((gx, gy * split.ways), gx)
                     }
                     (Kernel::Tiled, _) => {
                         let gx = n_rows.div_ceil(TILE_ROWS);
@@ -610,6 +623,9 @@ impl Gpu {
                         norm_eps: 0.0,
                         part_off: 0,
                         parts: 0,
+                        split: split.ways,
+                        split_count_off: split.count_off,
+                        split_part_off: split.part_off,
                     },
                     groups,
                     weights: c.buffer.raw,
@@ -711,6 +727,11 @@ impl Gpu {
         self.ensure(&mut exec.staging, x_bytes, MemoryKind::Upload)?;
         self.ensure(&mut exec.x_dev, x_bytes, MemoryKind::Device)?;
         self.ensure(&mut exec.y_dev, y_bytes, MemoryKind::Device)?;
+        self.ensure(
+            &mut exec.split,
+            self.split_scratch_bytes(),
+            MemoryKind::Device,
+        )?;
         self.ensure(&mut exec.readback, y_bytes, MemoryKind::Readback)
     }
 
@@ -734,6 +755,7 @@ impl Gpu {
         x_bytes: u64,
         y_dev: vk::Buffer,
         y_bytes: u64,
+        split: vk::Buffer,
     ) -> Result<Vec<vk::DescriptorSet>> {
         let layouts = vec![self.pipelines.set_layout; dispatches.len()];
         let info = vk::DescriptorSetAllocateInfo::default()
@@ -758,6 +780,11 @@ impl Gpu {
                     buffer: y_dev,
                     offset: 0,
                     range: y_bytes,
+                }],
+                [vk::DescriptorBufferInfo {
+                    buffer: split,
+                    offset: 0,
+                    range: vk::WHOLE_SIZE,
                 }],
             ];
             let writes: Vec<_> = infos
@@ -824,6 +851,11 @@ fn check_group(handles: &[TensorHandle], n_tok: usize) -> Result<usize> {
         )));
     }
     Ok(first.n_in())
+}
+
+/// The split scratch (binding 3 of every set; prepared with the others).
+fn split_handle(exec: &Exec) -> vk::Buffer {
+    exec.split.as_ref().map(|b| b.raw).unwrap_or_default()
 }
 
 fn scratch_handles(exec: &Exec) -> (vk::Buffer, vk::Buffer, vk::Buffer, vk::Buffer) {

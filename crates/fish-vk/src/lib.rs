@@ -21,6 +21,7 @@ mod loader;
 mod pipeline;
 mod pipeline_stats;
 pub mod span;
+mod split_k;
 mod status;
 mod tile_padding;
 mod upload;

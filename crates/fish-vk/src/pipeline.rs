@@ -44,10 +44,17 @@ pub(crate) struct Params {
     /// buffer, and how many there are per token.
     pub part_off: u32,
     pub parts: u32,
+    /// The cooperative batch tile's steps split across workgroups
+    /// (split_k.rs): ways (1: none), the uint offset of the dispatch's
+    /// arrival counters and the float offset of its partial tiles in the
+    /// scratch at binding 3.
+    pub split: u32,
+    pub split_count_off: u32,
+    pub split_part_off: u32,
 }
 
 impl Params {
-    pub fn bytes(&self) -> [u8; 48] {
+    pub fn bytes(&self) -> [u8; 60] {
         let words = [
             self.n_in,
             self.n_rows,
@@ -61,8 +68,11 @@ impl Params {
             self.norm_eps.to_bits(),
             self.part_off,
             self.parts,
+            self.split,
+            self.split_count_off,
+            self.split_part_off,
         ];
-        let mut out = [0u8; 48];
+        let mut out = [0u8; 60];
         for (chunk, w) in out.chunks_exact_mut(4).zip(words) {
             chunk.copy_from_slice(&w.to_le_bytes());
         }

@@ -1,5 +1,6 @@
 //! The batched-decode tile with its steps split over groups of subgroups
-//! (shaders/matmul_coopmat.comp WARPS_K), emulated so that it runs on any
+//! (shaders/matmul_coopmat.comp WARPS_K) and across workgroups (split_k.rs,
+//! where a dispatch has few tiles), emulated so that it runs on any
 //! device (lavapipe in CI), for every weight type against the CPU and bit
 //! for bit between the two stagings.
 //!
@@ -46,6 +47,13 @@ fn split_steps_match_the_cpu_for_every_type() {
         for_each_kernel_type(gpu, 768, 70, 700, |w, h| {
             let what = format!("{:?} split", w.ty);
             multiply_and_check(gpu, kernel, h, w, 19, 71, &what);
+        });
+        // 2048 values are 16 steps: with 10 output tiles (70 rows x 19
+        // tokens) each tile's steps are also split across 4 workgroups
+        // (split_k.rs), whose partials the last one sums.
+        for_each_kernel_type(gpu, 2048, 70, 710, |w, h| {
+            let what = format!("{:?} split across workgroups", w.ty);
+            multiply_and_check(gpu, kernel, h, w, 19, 72, &what);
         });
     }
     assert_no_validation_messages(gpu);

@@ -10,6 +10,7 @@ use crate::error::Result;
 use crate::gpu::Gpu;
 use crate::int8_dot::int8_token_bytes;
 use crate::kernels::MATVEC_MAX_TOKENS;
+use crate::split_k;
 
 /// Tokens the residual stream is first sized for (it grows on demand).
 const INITIAL_TOKENS: usize = 256;
@@ -39,6 +40,10 @@ pub(crate) struct Arena {
     /// attention), copied from `step_upload` at the start of every submit.
     pub step: Buffer,
     pub step_upload: Buffer,
+    /// The batch tile's split scratch (split_k.rs; binding 3 of the plain
+    /// matmul sets), its arrival counters zeroed at the start of every submit.
+    pub split: Buffer,
+    pub split_counter_bytes: u64,
 }
 
 /// Float offset in xn of the sums of squares a `Kernel::MatvecResNorm`
@@ -80,21 +85,27 @@ fn sizes(shape: &SpanShape, n_ff: usize) -> [(usize, MemoryKind); 11] {
 }
 
 impl Arena {
-    /// Device bytes `new` allocates for feed-forward width `n_ff`.
+    /// Device bytes `new` allocates for feed-forward width `n_ff` (the split
+    /// scratch counted for the default batch tile).
     pub fn initial_device_bytes(shape: &SpanShape, n_ff: usize) -> u64 {
         sizes(shape, n_ff)
             .iter()
             .filter(|(_, kind)| matches!(kind, MemoryKind::Device))
             .map(|&(n, _)| f32_bytes(n))
-            .sum()
+            .sum::<u64>()
+            + split_k::DEFAULT_SCRATCH_BYTES
     }
 
     pub fn new(gpu: &Gpu, shape: &SpanShape, layers: &[LayerTensors]) -> Result<Arena> {
         let n_ff = layers.iter().map(|l| l.n_ff).max().unwrap_or(0);
-        let sizes = sizes(shape, n_ff);
-        let mut bufs = Vec::with_capacity(sizes.len());
-        for (n, kind) in sizes {
-            match gpu.alloc(f32_bytes(n), kind) {
+        let split_bytes = gpu.split_scratch_bytes();
+        let sizes = sizes(shape, n_ff)
+            .into_iter()
+            .map(|(n, kind)| (f32_bytes(n), kind))
+            .chain([(split_bytes, MemoryKind::Device)]);
+        let mut bufs = Vec::new();
+        for (bytes, kind) in sizes {
+            match gpu.alloc(bytes, kind) {
                 Ok(b) => bufs.push(b),
                 Err(e) => {
                     bufs.into_iter().for_each(|b| gpu.release(b));
@@ -117,6 +128,8 @@ impl Arena {
             readback: next(),
             step: next(),
             step_upload: next(),
+            split: next(),
+            split_counter_bytes: gpu.split_counter_bytes(),
         })
     }
 
@@ -161,6 +174,7 @@ impl Arena {
             &self.gate_up,
             &self.xn_int8,
             &self.step,
+            &self.split,
         ]
         .iter()
         .map(|b| b.size)
@@ -180,6 +194,7 @@ impl Arena {
             self.readback,
             self.step,
             self.step_upload,
+            self.split,
         ] {
             gpu.release(b);
         }

@@ -185,8 +185,10 @@ impl Bindings {
                 sets,
             })
         };
-        let matmul_sets =
-            |handles: &[TensorHandle], w: &[vk::Buffer], x, y| sets_binding(handles, w, x, y, &[]);
+        // The plain sets bind the split scratch (the batch tile's, split_k.rs).
+        let matmul_sets = |handles: &[TensorHandle], w: &[vk::Buffer], x, y| {
+            sets_binding(handles, w, x, y, &[a.split.raw])
+        };
         let fuse_norm = fused_norm_wanted(gpu);
         let defer_norm = deferred_norm_wanted(gpu);
         let mut layers = Vec::with_capacity(groups.len());

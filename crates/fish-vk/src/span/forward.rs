@@ -133,6 +133,7 @@ impl Gpu {
             x_bytes,
             step_upload: span.arena.step_upload.raw,
             step: span.arena.step.raw,
+            split: (span.arena.split.raw, span.arena.split_counter_bytes),
             result: match (logit_rows, span.output.as_ref()) {
                 (Some(rows), Some(o)) => (
                     o.logits.raw,
@@ -261,6 +262,8 @@ struct Copies {
     x_bytes: u64,
     step_upload: vk::Buffer,
     step: vk::Buffer,
+    /// The split scratch and the bytes of its arrival counters, zeroed first.
+    split: (vk::Buffer, u64),
     result: (vk::Buffer, vk::Buffer, u64),
 }
 
@@ -336,6 +339,7 @@ unsafe fn record_forward(
     };
     d.cmd_copy_buffer(cmd, c.upload, c.x_dev, &region(c.x_bytes));
     d.cmd_copy_buffer(cmd, c.step_upload, c.step, &region(STEP_BYTES));
+    d.cmd_fill_buffer(cmd, c.split.0, 0, c.split.1, 0);
     barrier(
         d,
         cmd,

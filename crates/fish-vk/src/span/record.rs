@@ -127,7 +127,7 @@ pub(crate) fn plan_chunks(
             });
             continue;
         }
-        let batch_kernel = batch_kernel(layout, n, batch_tile_limit(gpu));
+        let batch_kernel = batch_kernel(layout, n, batch_tile(gpu));
         let decode = n <= MATVEC_MAX_TOKENS && batch_kernel.is_none();
         let matmul_kernel = batch_kernel.unwrap_or(Kernel::Auto);
         let down_kernel = match gated_act {
@@ -314,12 +314,22 @@ struct PlanMode {
     kernel: Kernel,
 }
 
-/// Where the device has the cooperative batch tile, the tokens of its
-/// prefill tile: batched forwards below that take the batch tile.
-fn batch_tile_limit(gpu: &Gpu) -> Option<usize> {
-    gpu.coopmat_batch_tile()
+/// The batch tile's kernel and the tokens of the prefill tile (batched
+/// forwards below that take the batch tile), where the device has both.
+/// With FISH_GPU_BATCH_EMULATED=1 (a test knob, read at each plan) a device
+/// without them takes the emulated batch tile up to 64 rows, so that the
+/// lavapipe tests run batched spans through the batch tile's staging,
+/// split and output paths.
+fn batch_tile(gpu: &Gpu) -> Option<(Kernel, usize)> {
+    let real = gpu
+        .coopmat_batch_tile()
         .and(gpu.coopmat_tile_in_use())
-        .map(|prefill| prefill.tokens() as usize)
+        .map(|prefill| (Kernel::CoopMatBatch, prefill.tokens() as usize));
+    let emulated = || {
+        (std::env::var("FISH_GPU_BATCH_EMULATED").as_deref() == Ok("1"))
+            .then_some((Kernel::CoopMatBatchEmulated, 64))
+    };
+    real.or_else(emulated)
 }
 
 /// The kernel of the output projection for `rows` logits rows: the rows are
@@ -328,7 +338,7 @@ fn batch_tile_limit(gpu: &Gpu) -> Option<usize> {
 /// Before, 9 to 63 rows fell to the plain tile, the slowest kernel for few
 /// tokens (a vocabulary-wide matrix at every batched decode step).
 pub(crate) fn output_kernel(gpu: &Gpu, rows: usize) -> Kernel {
-    batch_kernel(TokenLayout::PerRow, rows, batch_tile_limit(gpu)).unwrap_or(Kernel::Auto)
+    batch_kernel(TokenLayout::PerRow, rows, batch_tile(gpu)).unwrap_or(Kernel::Auto)
 }
 
 /// Fewest rows of a batched forward that take the cooperative batch tile.
@@ -342,20 +352,21 @@ const BATCH_MATVEC_MAX_ROWS: usize = 32;
 
 /// The kernel of a batched forward (per-row slots): from
 /// BATCH_TILE_MIN_ROWS rows to one short of a prefill tile's tokens
-/// (`tile_limit`, where the device has the batch tile) the cooperative batch
-/// tile (`Kernel::CoopMatBatch`); else the decode plan up to
+/// (`tile`: the batch tile's kernel and that limit, where the device has
+/// the batch tile) the cooperative batch tile (`Kernel::CoopMatBatch`); else the decode plan up to
 /// MATVEC_MAX_TOKENS rows (None), the matvec in passes up to
 /// BATCH_MATVEC_MAX_ROWS, the prefill rule beyond. Batched rows need only
 /// the 2% bound, not the bits of a one-token call. On the H200 (llama-8b,
 /// `fish-cli bench --batch B`, aggregate tok/s) the batch tile ran B = 8 /
 /// 16 / 32 at 595 / 1059 / 1151, against 464 (matvec) / 186 and 349 (plain
 /// tile). Plain forwards (prefill chunks, verification) keep `Kernel::Auto`.
-fn batch_kernel(layout: TokenLayout, n: usize, tile_limit: Option<usize>) -> Option<Kernel> {
+fn batch_kernel(layout: TokenLayout, n: usize, tile: Option<(Kernel, usize)>) -> Option<Kernel> {
     if layout != TokenLayout::PerRow {
         return None;
     }
-    if tile_limit.is_some_and(|limit| (BATCH_TILE_MIN_ROWS..limit).contains(&n)) {
-        return Some(Kernel::CoopMatBatch);
+    if let Some((kernel, _)) = tile.filter(|&(_, limit)| (BATCH_TILE_MIN_ROWS..limit).contains(&n))
+    {
+        return Some(kernel);
     }
     (MATVEC_MAX_TOKENS < n && n <= BATCH_MATVEC_MAX_ROWS).then_some(Kernel::Matvec)
 }
@@ -939,8 +950,8 @@ mod tests {
 
     #[test]
     fn batches_take_the_batch_tile_from_six_rows_or_the_matvec() {
-        // The H200's prefill tile: 64 tokens.
-        const LIMIT: Option<usize> = Some(64);
+        // The H200's batch tile and prefill tile (64 tokens).
+        const LIMIT: Option<(Kernel, usize)> = Some((Kernel::CoopMatBatch, 64));
         let per_row = |n, tile: bool| batch_kernel(TokenLayout::PerRow, n, LIMIT.filter(|_| tile));
         // Plain forwards never take a batch rule.
         for n in [1, 6, 9, 16, 32, 63] {

@@ -1,0 +1,199 @@
+//! Splitting the steps of a cooperative batch-tile matmul across
+//! workgroups (shaders/matmul_coopmat.comp, `Params::split`).
+//!
+//! A batched-decode matmul has one 16-token tile along the tokens, so a
+//! projection of 4096 rows runs 128 workgroups, each walking every step of
+//! n_in one after the other: on the H200 the step chain, not the weight
+//! bytes, set its time (a 16-token step cost what an 8-token one did). When
+//! a dispatch has fewer than SPLIT_TARGET_WORKGROUPS tiles, its steps are
+//! divided among `ways` workgroups per tile; each writes its partial tile to
+//! a scratch buffer and counts itself in with an atomic, and the last to
+//! arrive sums the partials in split order (so the result does not depend on
+//! the order in which workgroups finish) and writes y.
+//!
+//! The scratch (binding 3 of the plain matmul sets) holds SPLIT_REGIONS
+//! regions: arrival counters first (SPLIT_TARGET_WORKGROUPS per region, zero
+//! at the start of every submission and reset by each last arrival), then
+//! the partial tiles. A plan hands the regions to its splitting dispatches
+//! in order (dispatches of one plan run without barriers between them, so
+//! they need disjoint regions); a plan with more splitting dispatches than
+//! regions runs the rest unsplit. Plans of different groups are separated
+//! by barriers and reuse the regions.
+
+use crate::coopmat::CoopMatTile;
+
+/// Fewest workgroups a batch-tile dispatch should have; below this its steps
+/// are split (a few per multiprocessor of the H200's 132).
+const SPLIT_TARGET_WORKGROUPS: u32 = 512;
+/// Dispatches of one plan that may split.
+const SPLIT_REGIONS: u32 = 4;
+/// Most workgroups per tile.
+const SPLIT_MAX_WAYS: u32 = 8;
+/// Fewest steps each workgroup of a split keeps.
+const SPLIT_MIN_STEPS: u32 = 4;
+
+/// How one dispatch splits its steps: the push constants `split`,
+/// `split_count_off` (uint offset of its arrival counters in the scratch)
+/// and `split_part_off` (float offset of its partial tiles).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct SplitK {
+    pub ways: u32,
+    pub count_off: u32,
+    pub part_off: u32,
+}
+
+impl SplitK {
+    /// No split (what every other kernel gets).
+    pub const NONE: SplitK = SplitK {
+        ways: 1,
+        count_off: 0,
+        part_off: 0,
+    };
+}
+
+/// Words (uint counters, then f32 partials) of the scratch for `tile`.
+fn scratch_words(tile: &CoopMatTile) -> u64 {
+    let per_region = SPLIT_TARGET_WORKGROUPS as u64 * (1 + (tile.rows() * tile.tokens()) as u64);
+    SPLIT_REGIONS as u64 * per_region
+}
+
+/// Bytes of the scratch a batch tile needs (16 where there is none: the
+/// binding must still hold a buffer).
+pub(crate) fn scratch_bytes(tile: Option<&CoopMatTile>) -> u64 {
+    tile.map_or(16, |t| 4 * scratch_words(t))
+}
+
+/// Bytes of the arrival counters at the scratch's start, which every
+/// submission that may split zeroes first.
+pub(crate) fn counter_bytes(tile: Option<&CoopMatTile>) -> u64 {
+    tile.map_or(16, |_| 4 * (SPLIT_REGIONS * SPLIT_TARGET_WORKGROUPS) as u64)
+}
+
+/// Scratch bytes of the default batch tile (BATCH_WARPS on 16x16
+/// fragments: 32 x 16 tiles), counted in a span's footprint before its
+/// device is known.
+pub(crate) const DEFAULT_SCRATCH_BYTES: u64 =
+    4 * SPLIT_REGIONS as u64 * SPLIT_TARGET_WORKGROUPS as u64 * (1 + 32 * 16);
+
+impl crate::gpu::Gpu {
+    /// Scratch bytes for the batch tiles this device may plan: the real one
+    /// and the emulated one (`Kernel::CoopMatBatchEmulated`).
+    pub(crate) fn split_scratch_bytes(&self) -> u64 {
+        let real = scratch_bytes(self.info.cooperative_batch.as_ref());
+        let emulated = crate::coopmat::emulated_tile(&self.info, true)
+            .ok()
+            .map_or(16, |t| scratch_bytes(Some(&t)));
+        real.max(emulated)
+    }
+
+    /// Bytes of the arrival counters the same tiles use.
+    pub(crate) fn split_counter_bytes(&self) -> u64 {
+        counter_bytes(self.info.cooperative_batch.as_ref()).max(counter_bytes(
+            crate::coopmat::emulated_tile(&self.info, true)
+                .ok()
+                .as_ref(),
+        ))
+    }
+}
+
+/// Hands out the scratch regions of one plan.
+pub(crate) struct SplitPlanner {
+    next_region: u32,
+}
+
+impl SplitPlanner {
+    pub fn new() -> SplitPlanner {
+        SplitPlanner { next_region: 0 }
+    }
+
+    /// The split of a dispatch of `tiles` output tiles of `tile` over rows of
+    /// `n_in` values: enough ways to reach SPLIT_TARGET_WORKGROUPS (at most
+    /// SPLIT_MAX_WAYS, each keeping SPLIT_MIN_STEPS steps), while regions last.
+    pub fn split(&mut self, tile: &CoopMatTile, tiles: u32, n_in: u32) -> SplitK {
+        let steps = n_in.div_ceil(tile.k_step);
+        let ways = (SPLIT_TARGET_WORKGROUPS / tiles.max(1))
+            .min(SPLIT_MAX_WAYS)
+            .min(steps / SPLIT_MIN_STEPS)
+            .max(1);
+        if ways == 1 || self.next_region >= SPLIT_REGIONS {
+            return SplitK::NONE;
+        }
+        let r = self.next_region;
+        self.next_region += 1;
+        let tile_values = tile.rows() * tile.tokens();
+        SplitK {
+            ways,
+            count_off: r * SPLIT_TARGET_WORKGROUPS,
+            part_off: SPLIT_REGIONS * SPLIT_TARGET_WORKGROUPS
+                + r * SPLIT_TARGET_WORKGROUPS * tile_values,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::coopmat::BATCH_WARPS;
+    use crate::tile_padding::PaddingRule;
+
+    fn batch_tile() -> CoopMatTile {
+        CoopMatTile::new(
+            (16, 16, 16),
+            32,
+            BATCH_WARPS,
+            PaddingRule::default(),
+            crate::coopmat::TileLimits {
+                max_shared_bytes: 48 * 1024,
+                max_threads: 1024,
+            },
+        )
+        .expect("batch tile")
+    }
+
+    #[test]
+    fn small_dispatches_split_until_the_target_and_large_ones_do_not() {
+        let t = batch_tile();
+        let mut p = SplitPlanner::new();
+        // 4096 rows of 4096 (the llama-8b wo): 128 tiles, 32 steps -> 4 ways.
+        let wo = p.split(&t, 128, 4096);
+        assert_eq!(wo.ways, 4);
+        assert_eq!((wo.count_off, wo.part_off), (0, 4 * 512));
+        // 1024 rows (k, v): 32 tiles -> 16, capped at 8 ways (4 steps each).
+        let k = p.split(&t, 32, 4096);
+        assert_eq!(k.ways, 8);
+        assert_eq!(k.count_off, 512);
+        assert_eq!(k.part_off, 4 * 512 + 512 * 512);
+        // Every split stays within the region's counters and partials.
+        for s in [wo, k] {
+            assert!(s.ways * 128 <= 512 || s.ways * 32 <= 512);
+        }
+        // 896 tiles (gate/up of 14336 rows each) reach the target unsplit.
+        assert_eq!(p.split(&t, 896, 4096), SplitK::NONE);
+        // Short rows: 512 values are 4 steps, too few to split.
+        assert_eq!(p.split(&t, 16, 512), SplitK::NONE);
+        // Two more regions, then none left.
+        assert_ne!(p.split(&t, 64, 4096), SplitK::NONE);
+        assert_ne!(p.split(&t, 64, 4096), SplitK::NONE);
+        assert_eq!(p.split(&t, 64, 4096), SplitK::NONE);
+    }
+
+    #[test]
+    fn the_scratch_holds_every_region() {
+        let t = batch_tile();
+        let mut p = SplitPlanner::new();
+        let words = scratch_words(&t);
+        for tiles in [1u32, 7, 64, 100, 255] {
+            let s = p.split(&t, tiles, 1 << 14);
+            if s == SplitK::NONE {
+                continue;
+            }
+            let tile_values = t.rows() * t.tokens();
+            assert!(s.count_off + tiles <= SPLIT_REGIONS * SPLIT_TARGET_WORKGROUPS);
+            let end = s.part_off as u64 + (s.ways * tiles * tile_values) as u64;
+            assert!(end <= words, "{tiles} tiles: {end} > {words}");
+        }
+        assert_eq!(counter_bytes(Some(&t)), 4 * 4 * 512);
+        assert_eq!(scratch_bytes(None), 16);
+        assert_eq!(scratch_bytes(Some(&t)), DEFAULT_SCRATCH_BYTES);
+    }
+}
