@@ -362,7 +362,7 @@ impl Gpu {
         let split = split_handle(&exec);
         let pool = self.descriptor_pool(dispatches.len())?;
         let result = self
-            .bind_sets(pool, &dispatches, x_dev, x_bytes, y_dev, y_bytes, split)
+            .bind_sets(pool, &dispatches, &exec, x_bytes, y_bytes)
             .and_then(|sets| {
                 self.submit_and_wait(&exec, |cmd| unsafe {
                     let d = &self.device;
@@ -462,7 +462,7 @@ impl Gpu {
     ) -> Result<Duration> {
         let mut exec = self.lock_exec();
         self.prepare_scratch(&mut exec, x_bytes, y_bytes)?;
-        let (_, x_dev, y_dev, _) = scratch_handles(&exec);
+        let (_, x_dev, _, _) = scratch_handles(&exec);
         let split = split_handle(&exec);
         let queries = exec.timestamps;
         let pool = self.descriptor_pool(dispatches.len())?;
@@ -470,7 +470,7 @@ impl Gpu {
         // Repeats run without barriers, so split dispatches share their
         // counters across repeats: the times hold, the values do not.
         let result = self
-            .bind_sets(pool, dispatches, x_dev, x_bytes, y_dev, y_bytes, split)
+            .bind_sets(pool, dispatches, &exec, x_bytes, y_bytes)
             .and_then(|sets| {
                 self.submit_and_wait(&exec, |cmd| unsafe {
                     let d = &self.device;
@@ -751,12 +751,12 @@ impl Gpu {
         &self,
         pool: vk::DescriptorPool,
         dispatches: &[Dispatch],
-        x_dev: vk::Buffer,
+        exec: &Exec,
         x_bytes: u64,
-        y_dev: vk::Buffer,
         y_bytes: u64,
-        split: vk::Buffer,
     ) -> Result<Vec<vk::DescriptorSet>> {
+        let (_, x_dev, y_dev, _) = scratch_handles(exec);
+        let split = split_handle(exec);
         let layouts = vec![self.pipelines.set_layout; dispatches.len()];
         let info = vk::DescriptorSetAllocateInfo::default()
             .descriptor_pool(pool)
