@@ -80,7 +80,9 @@ pub enum Kernel {
     /// devices without them.
     CoopMat,
     /// The same kernel with the batched-decode tile (coopmat.rs
-    /// BATCH_WARPS: 16 tokens per tile), for batches of 16 to 63 rows.
+    /// BATCH_WARPS: 16 tokens per tile, steps split over groups of
+    /// subgroups, and across workgroups where a dispatch has few tiles,
+    /// split_k.rs), for batched forwards of 6 or more rows.
     CoopMatBatch,
     /// The cooperative-matrix kernel's tiling with the matrix operations
     /// done by plain code, on any device: tests its staging paths; slow.

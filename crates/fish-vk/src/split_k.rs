@@ -23,8 +23,20 @@
 use crate::coopmat::CoopMatTile;
 
 /// Fewest workgroups a batch-tile dispatch should have; below this its steps
-/// are split (a few per multiprocessor of the H200's 132).
+/// are split (a few per multiprocessor of the H200's 132). FISH_VK_SPLIT_TARGET
+/// overrides it (64..=8192, read once; the scratch grows with it).
 const SPLIT_TARGET_WORKGROUPS: u32 = 512;
+
+fn split_target() -> u32 {
+    static TARGET: std::sync::OnceLock<u32> = std::sync::OnceLock::new();
+    *TARGET.get_or_init(|| {
+        std::env::var("FISH_VK_SPLIT_TARGET")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .filter(|t| (64..=8192).contains(t))
+            .unwrap_or(SPLIT_TARGET_WORKGROUPS)
+    })
+}
 /// Dispatches of one plan that may split.
 const SPLIT_REGIONS: u32 = 4;
 /// Most workgroups per tile.
@@ -53,7 +65,7 @@ impl SplitK {
 
 /// Words (uint counters, then f32 partials) of the scratch for `tile`.
 fn scratch_words(tile: &CoopMatTile) -> u64 {
-    let per_region = SPLIT_TARGET_WORKGROUPS as u64 * (1 + (tile.rows() * tile.tokens()) as u64);
+    let per_region = split_target() as u64 * (1 + (tile.rows() * tile.tokens()) as u64);
     SPLIT_REGIONS as u64 * per_region
 }
 
@@ -66,7 +78,7 @@ pub(crate) fn scratch_bytes(tile: Option<&CoopMatTile>) -> u64 {
 /// Bytes of the arrival counters at the scratch's start, which every
 /// submission that may split zeroes first.
 pub(crate) fn counter_bytes(tile: Option<&CoopMatTile>) -> u64 {
-    tile.map_or(16, |_| 4 * (SPLIT_REGIONS * SPLIT_TARGET_WORKGROUPS) as u64)
+    tile.map_or(16, |_| 4 * (SPLIT_REGIONS * split_target()) as u64)
 }
 
 /// Scratch bytes of the default batch tile (BATCH_WARPS on 16x16
@@ -111,7 +123,8 @@ impl SplitPlanner {
     /// SPLIT_MAX_WAYS, each keeping SPLIT_MIN_STEPS steps), while regions last.
     pub fn split(&mut self, tile: &CoopMatTile, tiles: u32, n_in: u32) -> SplitK {
         let steps = n_in.div_ceil(tile.k_step);
-        let ways = (SPLIT_TARGET_WORKGROUPS / tiles.max(1))
+        let target = split_target();
+        let ways = (target / tiles.max(1))
             .min(SPLIT_MAX_WAYS)
             .min(steps / SPLIT_MIN_STEPS)
             .max(1);
@@ -123,9 +136,8 @@ impl SplitPlanner {
         let tile_values = tile.rows() * tile.tokens();
         SplitK {
             ways,
-            count_off: r * SPLIT_TARGET_WORKGROUPS,
-            part_off: SPLIT_REGIONS * SPLIT_TARGET_WORKGROUPS
-                + r * SPLIT_TARGET_WORKGROUPS * tile_values,
+            count_off: r * target,
+            part_off: SPLIT_REGIONS * target + r * target * tile_values,
         }
     }
 }

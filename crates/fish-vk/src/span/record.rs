@@ -314,20 +314,19 @@ struct PlanMode {
     kernel: Kernel,
 }
 
-/// The batch tile's kernel and the tokens of the prefill tile (batched
-/// forwards below that take the batch tile), where the device has both.
-/// With FISH_GPU_BATCH_EMULATED=1 (a test knob, read at each plan) a device
-/// without them takes the emulated batch tile up to 64 rows, so that the
-/// lavapipe tests run batched spans through the batch tile's staging,
-/// split and output paths.
-fn batch_tile(gpu: &Gpu) -> Option<(Kernel, usize)> {
+/// The batch tile's kernel, where the device has the batch and prefill
+/// tiles. With FISH_GPU_BATCH_EMULATED=1 (a test knob, read at each plan) a
+/// device without them takes the emulated batch tile, so that the lavapipe
+/// tests run batched spans through the batch tile's staging, split and
+/// output paths.
+fn batch_tile(gpu: &Gpu) -> Option<Kernel> {
     let real = gpu
         .coopmat_batch_tile()
         .and(gpu.coopmat_tile_in_use())
-        .map(|prefill| (Kernel::CoopMatBatch, prefill.tokens() as usize));
+        .map(|_| Kernel::CoopMatBatch);
     let emulated = || {
         (std::env::var("FISH_GPU_BATCH_EMULATED").as_deref() == Ok("1"))
-            .then_some((Kernel::CoopMatBatchEmulated, 64))
+            .then_some(Kernel::CoopMatBatchEmulated)
     };
     real.or_else(emulated)
 }
@@ -351,22 +350,24 @@ const BATCH_TILE_MIN_ROWS: usize = 6;
 const BATCH_MATVEC_MAX_ROWS: usize = 32;
 
 /// The kernel of a batched forward (per-row slots): from
-/// BATCH_TILE_MIN_ROWS rows to one short of a prefill tile's tokens
-/// (`tile`: the batch tile's kernel and that limit, where the device has
-/// the batch tile) the cooperative batch tile (`Kernel::CoopMatBatch`); else the decode plan up to
-/// MATVEC_MAX_TOKENS rows (None), the matvec in passes up to
-/// BATCH_MATVEC_MAX_ROWS, the prefill rule beyond. Batched rows need only
-/// the 2% bound, not the bits of a one-token call. On the H200 (llama-8b,
-/// `fish-cli bench --batch B`, aggregate tok/s) the batch tile ran B = 8 /
-/// 16 / 32 at 595 / 1059 / 1151, against 464 (matvec) / 186 and 349 (plain
-/// tile). Plain forwards (prefill chunks, verification) keep `Kernel::Auto`.
-fn batch_kernel(layout: TokenLayout, n: usize, tile: Option<(Kernel, usize)>) -> Option<Kernel> {
+/// BATCH_TILE_MIN_ROWS rows the cooperative batch tile (`tile`, where the
+/// device has it; a batched forward holds at most 64 rows,
+/// `span_max_batch_rows`); else the decode plan up to MATVEC_MAX_TOKENS rows
+/// (None), the matvec in passes up to BATCH_MATVEC_MAX_ROWS, the prefill
+/// rule beyond. Batched rows need only the 2% bound, not the bits of a
+/// one-token call. On the H200 (llama-8b, `fish-cli bench --batch B`,
+/// aggregate tok/s) the batch tile ran B = 8 / 16 / 32 / 64 at 660 / 1130 /
+/// 1149 / 1149, against 464 (matvec) / 186 and 349 (plain tile) / 1105 (the
+/// 64 x 64 prefill tile; llama-1b 2670 vs 2125). Plain forwards (prefill
+/// chunks, verification) keep `Kernel::Auto`.
+fn batch_kernel(layout: TokenLayout, n: usize, tile: Option<Kernel>) -> Option<Kernel> {
     if layout != TokenLayout::PerRow {
         return None;
     }
-    if let Some((kernel, _)) = tile.filter(|&(_, limit)| (BATCH_TILE_MIN_ROWS..limit).contains(&n))
-    {
-        return Some(kernel);
+    if n >= BATCH_TILE_MIN_ROWS {
+        if let Some(kernel) = tile {
+            return Some(kernel);
+        }
     }
     (MATVEC_MAX_TOKENS < n && n <= BATCH_MATVEC_MAX_ROWS).then_some(Kernel::Matvec)
 }
@@ -950,24 +951,23 @@ mod tests {
 
     #[test]
     fn batches_take_the_batch_tile_from_six_rows_or_the_matvec() {
-        // The H200's batch tile and prefill tile (64 tokens).
-        const LIMIT: Option<(Kernel, usize)> = Some((Kernel::CoopMatBatch, 64));
-        let per_row = |n, tile: bool| batch_kernel(TokenLayout::PerRow, n, LIMIT.filter(|_| tile));
+        // A device with the batch tile.
+        const TILE: Option<Kernel> = Some(Kernel::CoopMatBatch);
+        let per_row = |n, tile: bool| batch_kernel(TokenLayout::PerRow, n, TILE.filter(|_| tile));
         // Plain forwards never take a batch rule.
         for n in [1, 6, 9, 16, 32, 63] {
             assert_eq!(
-                batch_kernel(TokenLayout::Consecutive, n, LIMIT),
+                batch_kernel(TokenLayout::Consecutive, n, TILE),
                 None,
                 "{n}"
             );
         }
-        // With the batch tile: decode below BATCH_TILE_MIN_ROWS rows, the
-        // tile up to a prefill tile's worth of rows, then the prefill rule.
+        // With the batch tile: decode below BATCH_TILE_MIN_ROWS rows, then
+        // the tile (batched forwards hold at most 64 rows).
         assert_eq!(per_row(BATCH_TILE_MIN_ROWS - 1, true), None);
-        for n in [BATCH_TILE_MIN_ROWS, MATVEC_MAX_TOKENS, 9, 16, 63] {
+        for n in [BATCH_TILE_MIN_ROWS, MATVEC_MAX_TOKENS, 9, 16, 63, 64] {
             assert_eq!(per_row(n, true), Some(Kernel::CoopMatBatch), "{n}");
         }
-        assert_eq!(per_row(64, true), None);
         // Without it: decode up to MATVEC_MAX_TOKENS, the matvec in passes
         // up to its limit, then the prefill rule.
         assert_eq!(per_row(MATVEC_MAX_TOKENS, false), None);
