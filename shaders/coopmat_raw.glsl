@@ -13,6 +13,16 @@
 //     void raw_decode(RawGroup r, uint g, out vec4 lo, out vec4 hi)
 // for values 8g .. 8g+7 of the row starting at byte row_byte.
 
+// The weights as 8- and 16-byte words, for the K-quant fetches with
+// WIDE_FETCH (a specialisation constant of the including shader): a Q4_K
+// group's block head is one 16-byte load and its 8 quant bytes one 8-byte
+// load (2 load instructions instead of 6; blocks and block bodies are
+// multiples of 16 bytes and rows start on 16 bytes, common.glsl). On the
+// H200 this took pp512 +15% (llama-8b) and cost the batch tile ~10%, which
+// keeps 4-byte loads.
+layout(std430, binding = 0) readonly buffer RawWeights2 { uvec2 raw_w2[]; };
+layout(std430, binding = 0) readonly buffer RawWeights4 { uvec4 raw_w4[]; };
+
 // Byte `byte_addr & 3` of `word` (the word holding byte_addr).
 uint byte_in(uint word, uint byte_addr) {
     return (word >> ((byte_addr & 3u) * 8u)) & 0xffu;
@@ -197,20 +207,38 @@ RawGroup raw_fetch(uint row_byte, uint g) {
     RawGroup r;
     uint blk = g / GROUPS_PER_BLOCK;
     uint k = g - blk * GROUPS_PER_BLOCK;
-    uint block_word = (row_byte + blk * BLOCK_BYTES) >> 2;
-    r.v[0] = w[block_word];
-    r.v[1] = w[block_word + 1u];
-    r.v[2] = w[block_word + 2u];
-    r.v[3] = w[block_word + 3u];
+    uint block_byte = row_byte + blk * BLOCK_BYTES;
     uint c = k >> 3;
     uint l0 = (k & 3u) * 8u;
-    uint q = block_word + (QS_OFFSET + 32u * c + l0) / 4u;
-    r.v[4] = w[q];
-    r.v[5] = w[q + 1u];
+    uint qs_byte = block_byte + QS_OFFSET + 32u * c + l0;
+    if (WIDE_FETCH != 0u) {
+        uvec4 head = raw_w4[block_byte >> 4];
+        uvec2 q = raw_w2[qs_byte >> 3];
+        r.v[0] = head.x;
+        r.v[1] = head.y;
+        r.v[2] = head.z;
+        r.v[3] = head.w;
+        r.v[4] = q.x;
+        r.v[5] = q.y;
+    } else {
+        uint block_word = block_byte >> 2;
+        r.v[0] = w[block_word];
+        r.v[1] = w[block_word + 1u];
+        r.v[2] = w[block_word + 2u];
+        r.v[3] = w[block_word + 3u];
+        r.v[4] = w[qs_byte >> 2];
+        r.v[5] = w[(qs_byte >> 2) + 1u];
+    }
 #if defined(TYPE_Q5_K)
-    uint qhw = block_word + (QH_OFFSET + l0) / 4u;
-    r.v[6] = w[qhw];
-    r.v[7] = w[qhw + 1u];
+    uint qh_byte = block_byte + QH_OFFSET + l0;
+    if (WIDE_FETCH != 0u) {
+        uvec2 qh = raw_w2[qh_byte >> 3];
+        r.v[6] = qh.x;
+        r.v[7] = qh.y;
+    } else {
+        r.v[6] = w[qh_byte >> 2];
+        r.v[7] = w[(qh_byte >> 2) + 1u];
+    }
 #endif
     return r;
 }
@@ -247,12 +275,21 @@ RawGroup raw_fetch(uint row_byte, uint g) {
     uint n = k >> 4;
     uint qq = (k >> 2) & 3u;
     uint l0 = (k & 3u) * 8u;
-    uint ql = (block_byte + 64u * n + 32u * (qq & 1u) + l0) >> 2;
-    r.v[1] = w[ql];
-    r.v[2] = w[ql + 1u];
-    uint qh = (block_byte + 128u + 32u * n + l0) >> 2;
-    r.v[3] = w[qh];
-    r.v[4] = w[qh + 1u];
+    uint ql_byte = block_byte + 64u * n + 32u * (qq & 1u) + l0;
+    uint qh_byte = block_byte + 128u + 32u * n + l0;
+    if (WIDE_FETCH != 0u) {
+        uvec2 ql = raw_w2[ql_byte >> 3];
+        uvec2 qh = raw_w2[qh_byte >> 3];
+        r.v[1] = ql.x;
+        r.v[2] = ql.y;
+        r.v[3] = qh.x;
+        r.v[4] = qh.y;
+    } else {
+        r.v[1] = w[ql_byte >> 2];
+        r.v[2] = w[(ql_byte >> 2) + 1u];
+        r.v[3] = w[qh_byte >> 2];
+        r.v[4] = w[(qh_byte >> 2) + 1u];
+    }
     r.v[5] = w[(block_byte + 192u + 8u * n + (l0 >> 4) + 2u * qq) >> 2];
     return r;
 }

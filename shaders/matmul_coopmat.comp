@@ -81,6 +81,8 @@ layout(constant_id = 10) const uint BK = 32u;
 layout(constant_id = 11) const uint PIPELINE = 0u;
 // Subgroup groups splitting each step along n_in (BK / WARPS_K values each).
 layout(constant_id = 12) const uint WARPS_K = 1u;
+// 1: K-quant weight fetches as 16- and 8-byte loads (coopmat_raw.glsl).
+layout(constant_id = 13) const uint WIDE_FETCH = 1u;
 
 #include "common.glsl"
 #include "dequant.glsl"

@@ -72,6 +72,8 @@ pub struct CoopMatTile {
     /// Groups of warps_m x warps_n subgroups that split each step along
     /// n_in (the shader's WARPS_K; 1 for prefill tiles).
     pub warps_k: u32,
+    /// K-quant fetches as 16- and 8-byte loads (WarpLayout::wide_fetch).
+    pub wide_fetch: bool,
     /// Invocations per subgroup.
     pub lanes: u32,
     /// Values per staging step (BK, a multiple of STEP_VALUES).
@@ -103,6 +105,9 @@ pub struct WarpLayout {
     /// Groups of subgroups splitting each step along n_in.
     pub warps_k: u32,
     pub k_step: u32,
+    /// K-quant weight fetches as 16- and 8-byte loads (the shader's
+    /// WIDE_FETCH) instead of 4-byte ones: same values.
+    pub wide_fetch: bool,
     pub staging: Staging,
 }
 
@@ -111,7 +116,8 @@ pub struct WarpLayout {
 /// accumulators in registers (2026-11-30, pp512 with 512-token chunks): 4238
 /// tok/s on the llama-8b shape and 21785 on llama-1b; 2,2,2,4 and 2,2,4,4
 /// were up to 10% faster on llama-8b but slower on llama-1b, 64-value steps
-/// slower everywhere, 16 subgroups slower (docs/BENCHMARKS.md).
+/// slower everywhere, 16 subgroups slower (docs/BENCHMARKS.md). Wide K-quant
+/// fetches took pp512 from 4413 to 5069 (llama-8b) and 21746 to 23368.
 pub const DEFAULT_WARPS: WarpLayout = WarpLayout {
     warps_m: 2,
     warps_n: 2,
@@ -119,6 +125,7 @@ pub const DEFAULT_WARPS: WarpLayout = WarpLayout {
     frags_n: 2,
     warps_k: 1,
     k_step: STEP_VALUES,
+    wide_fetch: true,
     staging: Staging::Pipelined,
 };
 
@@ -130,7 +137,8 @@ pub const DEFAULT_WARPS: WarpLayout = WarpLayout {
 /// B = 48 at 1125, against 596 / 883 / 636 for the unsplit 64 x 16 tile
 /// (4,1,1,1) it replaced; 1,1,1,1,8 at 256-value steps was level at B = 16,
 /// the rest of the sweep slower. Two steps ahead: B = 16 1059 vs 930, B = 8
-/// 595 vs 532 (docs/BENCHMARKS.md).
+/// 595 vs 532. Wide K-quant fetches lost here (B = 8 587 vs 653, B = 16 958
+/// vs 1055), so the batch tile keeps 4-byte loads (docs/BENCHMARKS.md).
 pub const BATCH_WARPS: WarpLayout = WarpLayout {
     warps_m: 2,
     warps_n: 1,
@@ -138,6 +146,7 @@ pub const BATCH_WARPS: WarpLayout = WarpLayout {
     frags_n: 1,
     warps_k: 4,
     k_step: 128,
+    wide_fetch: false,
     staging: Staging::TwoAhead,
 };
 
@@ -231,6 +240,7 @@ impl CoopMatTile {
             frags_m: warps.frags_m,
             frags_n: warps.frags_n,
             warps_k: warps.warps_k,
+            wide_fetch: warps.wide_fetch,
             lanes,
             k_step,
             staging: warps.staging,
@@ -307,6 +317,7 @@ impl CoopMatTile {
             self.k_step,
             self.staging.spec(),
             self.warps_k,
+            u32::from(self.wide_fetch),
         ]
     }
 
@@ -583,6 +594,13 @@ fn device_limits(info: &DeviceInfo) -> TileLimits {
     }
 }
 
+/// Whether batched span forwards take the emulated batch tile on devices
+/// without cooperative matrices (FISH_GPU_BATCH_EMULATED=1, a test knob read
+/// at each call).
+pub(crate) fn emulated_batch_wanted() -> bool {
+    std::env::var("FISH_GPU_BATCH_EMULATED").as_deref() == Ok("1")
+}
+
 /// The tile of the emulated module (`Kernel::CoopMatEmulated`, the prefill
 /// tile; `Kernel::CoopMatBatchEmulated`, the batch tile): 16x16x16
 /// fragments in logical subgroups of 32, any device.
@@ -734,8 +752,9 @@ mod tests {
         assert_eq!(t.staging, Staging::Pipelined);
         assert_eq!(t.shared_bytes, 2 * 128 * 80 + 4 * 4 * 256);
         let spec = t.spec();
-        assert_eq!(spec.len(), 13);
+        assert_eq!(spec.len(), 14);
         assert_eq!(spec[12], 1);
+        assert_eq!(spec[13], 1);
         assert_eq!(spec[10], 32);
         assert_eq!(spec[11], 1);
         assert_eq!(spec[0], 20);
@@ -843,6 +862,7 @@ mod tests {
                 frags_n: 2,
                 warps_k: 1,
                 k_step: 32,
+                wide_fetch: true,
                 staging: DEFAULT_WARPS.staging,
             })
         );
@@ -873,6 +893,7 @@ mod tests {
             frags_n: 1,
             warps_k: 8,
             k_step: 256,
+            wide_fetch: false,
             staging: Staging::Pipelined,
         };
         let t = tile(split).expect("fits");

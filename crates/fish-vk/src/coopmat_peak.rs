@@ -7,6 +7,7 @@ use crate::error::{Result, VkError};
 use crate::gpu::Gpu;
 use crate::kernels::Dispatch;
 use crate::pipeline::Params;
+use crate::split_k::ScratchNeed;
 use std::time::Duration;
 
 /// Accumulators per subgroup (ACCS in shaders/coopmat_peak.comp).
@@ -103,7 +104,7 @@ impl Gpu {
             groups: (groups, 1),
             weights: unused.raw,
         };
-        let time = self.time_dispatches(&[dispatch], 16, y_bytes, repeats);
+        let time = self.time_dispatches(&[dispatch], 16, y_bytes, ScratchNeed::NONE, repeats);
         self.release(unused);
         Ok(PeakRun {
             time: time?,

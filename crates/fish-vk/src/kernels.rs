@@ -6,7 +6,7 @@ use crate::error::{Result, VkCall, VkError};
 use crate::gpu::{Exec, Gpu};
 use crate::int8_dot::Int8Dot;
 use crate::pipeline::{Params, MATMUL_BINDINGS};
-use crate::split_k::{SplitK, SplitPlanner};
+use crate::split_k::{ScratchNeed, SplitK, SplitPlanner};
 use crate::upload::{ResidentTensor, TensorHandle};
 use crate::weight_format::WeightFormat;
 use ash::vk;
@@ -357,7 +357,8 @@ impl Gpu {
         let dispatches = self.plan(&resident, n_tok, kernel)?;
 
         let mut exec = self.lock_exec();
-        self.prepare_scratch(&mut exec, x_bytes, y_bytes)?;
+        let need = self.split_need(&dispatches, kernel)?;
+        self.prepare_scratch(&mut exec, x_bytes, y_bytes, need)?;
         let staging = exec.staging.as_mut().expect("prepared");
         staging.write_f32(&self.allocator, 0, x)?;
         let (stage, x_dev, y_dev, readback) = scratch_handles(&exec);
@@ -378,7 +379,7 @@ impl Gpu {
                             size: x_bytes,
                         }],
                     );
-                    d.cmd_fill_buffer(cmd, split, 0, self.split_counter_bytes(), 0);
+                    d.cmd_fill_buffer(cmd, split, 0, need.counter_bytes, 0);
                     barrier(
                         d,
                         cmd,
@@ -448,7 +449,8 @@ impl Gpu {
         let y_bytes: u64 = handles.iter().map(|h| (h.n_out() * n_tok * 4) as u64).sum();
         let x_bytes = (n_tok * n_in * 4) as u64;
         let dispatches = self.plan(&resident, n_tok, kernel)?;
-        self.time_dispatches(&dispatches, x_bytes, y_bytes, repeats)
+        let need = self.split_need(&dispatches, kernel)?;
+        self.time_dispatches(&dispatches, x_bytes, y_bytes, need, repeats)
     }
 
     /// GPU time of `dispatches` recorded `repeats` times in one submit
@@ -460,10 +462,11 @@ impl Gpu {
         dispatches: &[Dispatch],
         x_bytes: u64,
         y_bytes: u64,
+        need: ScratchNeed,
         repeats: u32,
     ) -> Result<Duration> {
         let mut exec = self.lock_exec();
-        self.prepare_scratch(&mut exec, x_bytes, y_bytes)?;
+        self.prepare_scratch(&mut exec, x_bytes, y_bytes, need)?;
         let (_, x_dev, _, _) = scratch_handles(&exec);
         let split = split_handle(&exec);
         let queries = exec.timestamps;
@@ -477,7 +480,7 @@ impl Gpu {
                 self.submit_and_wait(&exec, |cmd| unsafe {
                     let d = &self.device;
                     d.cmd_fill_buffer(cmd, x_dev, 0, x_bytes, 0);
-                    d.cmd_fill_buffer(cmd, split, 0, self.split_counter_bytes(), 0);
+                    d.cmd_fill_buffer(cmd, split, 0, need.counter_bytes, 0);
                     barrier(
                         d,
                         cmd,
@@ -725,15 +728,17 @@ impl Gpu {
                 .allows(self.info.int8_dot, ty.into())
     }
 
-    fn prepare_scratch(&self, exec: &mut Exec, x_bytes: u64, y_bytes: u64) -> Result<()> {
+    fn prepare_scratch(
+        &self,
+        exec: &mut Exec,
+        x_bytes: u64,
+        y_bytes: u64,
+        need: ScratchNeed,
+    ) -> Result<()> {
         self.ensure(&mut exec.staging, x_bytes, MemoryKind::Upload)?;
         self.ensure(&mut exec.x_dev, x_bytes, MemoryKind::Device)?;
         self.ensure(&mut exec.y_dev, y_bytes, MemoryKind::Device)?;
-        self.ensure(
-            &mut exec.split,
-            self.split_scratch_bytes(),
-            MemoryKind::Device,
-        )?;
+        self.ensure(&mut exec.split, need.bytes, MemoryKind::Device)?;
         self.ensure(&mut exec.readback, y_bytes, MemoryKind::Readback)
     }
 

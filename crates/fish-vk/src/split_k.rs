@@ -69,16 +69,29 @@ fn scratch_words(tile: &CoopMatTile) -> u64 {
     SPLIT_REGIONS as u64 * per_region
 }
 
-/// Bytes of the scratch a batch tile needs (16 where there is none: the
-/// binding must still hold a buffer).
-pub(crate) fn scratch_bytes(tile: Option<&CoopMatTile>) -> u64 {
-    tile.map_or(16, |t| 4 * scratch_words(t))
+/// What the split dispatches of a plan (or a span's forwards) need of the
+/// scratch: its bytes, and the bytes of the arrival counters at its start,
+/// which every submission that may split zeroes first. Without splits the
+/// binding still holds a buffer: 16 bytes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct ScratchNeed {
+    pub bytes: u64,
+    pub counter_bytes: u64,
 }
 
-/// Bytes of the arrival counters at the scratch's start, which every
-/// submission that may split zeroes first.
-pub(crate) fn counter_bytes(tile: Option<&CoopMatTile>) -> u64 {
-    tile.map_or(16, |_| 4 * (SPLIT_REGIONS * split_target()) as u64)
+impl ScratchNeed {
+    pub const NONE: ScratchNeed = ScratchNeed {
+        bytes: 16,
+        counter_bytes: 16,
+    };
+
+    /// The scratch for splits of `tile` (NONE without one).
+    pub fn of(tile: Option<&CoopMatTile>) -> ScratchNeed {
+        tile.map_or(ScratchNeed::NONE, |t| ScratchNeed {
+            bytes: 4 * scratch_words(t),
+            counter_bytes: 4 * (SPLIT_REGIONS * split_target()) as u64,
+        })
+    }
 }
 
 /// Scratch bytes of the default batch tile (BATCH_WARPS on 16x16
@@ -88,23 +101,27 @@ pub(crate) const DEFAULT_SCRATCH_BYTES: u64 =
     4 * SPLIT_REGIONS as u64 * SPLIT_TARGET_WORKGROUPS as u64 * (1 + 32 * 16);
 
 impl crate::gpu::Gpu {
-    /// Scratch bytes for the batch tiles this device may plan: the real one
-    /// and the emulated one (`Kernel::CoopMatBatchEmulated`).
-    pub(crate) fn split_scratch_bytes(&self) -> u64 {
-        let real = scratch_bytes(self.info.cooperative_batch.as_ref());
-        let emulated = crate::coopmat::emulated_tile(&self.info, true)
-            .ok()
-            .map_or(16, |t| scratch_bytes(Some(&t)));
-        real.max(emulated)
+    /// The batch tile a span's batched forwards may split: the device's, or
+    /// with FISH_GPU_BATCH_EMULATED=1 the emulated one (record.rs).
+    pub(crate) fn span_split_tile(&self) -> Option<CoopMatTile> {
+        self.info.cooperative_batch.or_else(|| {
+            crate::coopmat::emulated_batch_wanted()
+                .then(|| crate::coopmat::emulated_tile(&self.info, true).ok())
+                .flatten()
+        })
     }
 
-    /// Bytes of the arrival counters the same tiles use.
-    pub(crate) fn split_counter_bytes(&self) -> u64 {
-        counter_bytes(self.info.cooperative_batch.as_ref()).max(counter_bytes(
-            crate::coopmat::emulated_tile(&self.info, true)
-                .ok()
-                .as_ref(),
-        ))
+    /// The scratch a plan for `kernel` needs: none unless one of its
+    /// dispatches splits.
+    pub(crate) fn split_need(
+        &self,
+        dispatches: &[crate::kernels::Dispatch],
+        kernel: crate::kernels::Kernel,
+    ) -> crate::error::Result<ScratchNeed> {
+        if !dispatches.iter().any(|d| d.params.split > 1) {
+            return Ok(ScratchNeed::NONE);
+        }
+        Ok(ScratchNeed::of(self.coopmat_tile(kernel)?.as_ref()))
     }
 }
 
@@ -204,8 +221,9 @@ mod tests {
             let end = s.part_off as u64 + (s.ways * tiles * tile_values) as u64;
             assert!(end <= words, "{tiles} tiles: {end} > {words}");
         }
-        assert_eq!(counter_bytes(Some(&t)), 4 * 4 * 512);
-        assert_eq!(scratch_bytes(None), 16);
-        assert_eq!(scratch_bytes(Some(&t)), DEFAULT_SCRATCH_BYTES);
+        let need = ScratchNeed::of(Some(&t));
+        assert_eq!(need.counter_bytes, 4 * 4 * 512);
+        assert_eq!(need.bytes, DEFAULT_SCRATCH_BYTES);
+        assert_eq!(ScratchNeed::of(None), ScratchNeed::NONE);
     }
 }

@@ -10,7 +10,7 @@ use crate::error::Result;
 use crate::gpu::Gpu;
 use crate::int8_dot::int8_token_bytes;
 use crate::kernels::MATVEC_MAX_TOKENS;
-use crate::split_k;
+use crate::split_k::{self, ScratchNeed};
 
 /// Tokens the residual stream is first sized for (it grows on demand).
 const INITIAL_TOKENS: usize = 256;
@@ -98,11 +98,11 @@ impl Arena {
 
     pub fn new(gpu: &Gpu, shape: &SpanShape, layers: &[LayerTensors]) -> Result<Arena> {
         let n_ff = layers.iter().map(|l| l.n_ff).max().unwrap_or(0);
-        let split_bytes = gpu.split_scratch_bytes();
+        let split = ScratchNeed::of(gpu.span_split_tile().as_ref());
         let sizes = sizes(shape, n_ff)
             .into_iter()
             .map(|(n, kind)| (f32_bytes(n), kind))
-            .chain([(split_bytes, MemoryKind::Device)]);
+            .chain([(split.bytes, MemoryKind::Device)]);
         let mut bufs = Vec::new();
         for (bytes, kind) in sizes {
             match gpu.alloc(bytes, kind) {
@@ -129,7 +129,7 @@ impl Arena {
             step: next(),
             step_upload: next(),
             split: next(),
-            split_counter_bytes: gpu.split_counter_bytes(),
+            split_counter_bytes: split.counter_bytes,
         })
     }
 

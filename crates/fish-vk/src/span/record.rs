@@ -324,10 +324,8 @@ fn batch_tile(gpu: &Gpu) -> Option<Kernel> {
         .coopmat_batch_tile()
         .and(gpu.coopmat_tile_in_use())
         .map(|_| Kernel::CoopMatBatch);
-    let emulated = || {
-        (std::env::var("FISH_GPU_BATCH_EMULATED").as_deref() == Ok("1"))
-            .then_some(Kernel::CoopMatBatchEmulated)
-    };
+    let emulated =
+        || crate::coopmat::emulated_batch_wanted().then_some(Kernel::CoopMatBatchEmulated);
     real.or_else(emulated)
 }
 
@@ -956,11 +954,7 @@ mod tests {
         let per_row = |n, tile: bool| batch_kernel(TokenLayout::PerRow, n, TILE.filter(|_| tile));
         // Plain forwards never take a batch rule.
         for n in [1, 6, 9, 16, 32, 63] {
-            assert_eq!(
-                batch_kernel(TokenLayout::Consecutive, n, TILE),
-                None,
-                "{n}"
-            );
+            assert_eq!(batch_kernel(TokenLayout::Consecutive, n, TILE), None, "{n}");
         }
         // With the batch tile: decode below BATCH_TILE_MIN_ROWS rows, then
         // the tile (batched forwards hold at most 64 rows).
