@@ -39,8 +39,9 @@
 // together and each group multiplies its BK / WARPS_K values into its own
 // accumulators, which are summed in group order through shared memory at
 // the end. Batched decode (16 tokens per tile) needs this: a tile of few
-// tokens has few workgroups, each walking all n_in / BK steps one after the
-// other, and the split makes the steps WARPS_K times longer and fewer.
+// rows and tokens then still has enough subgroups to stage each step and
+// hide its loads (on the H200 a 32 x 16 tile of 8 subgroups beat a 64 x 16
+// tile of 4 by half).
 //
 // With p.split > 1 (the batch tile's small dispatches, split_k.rs) the
 // steps are also divided among p.split workgroups per output tile, which
