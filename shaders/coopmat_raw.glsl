@@ -42,12 +42,12 @@ uint scale_byte(uvec3 s, uint i) {
 // scale_min_k4 of dequant.glsl over the packing held in three words.
 vec2 scale_min_k4_words(uvec3 s, uint j) {
     if (j < 4u) {
-        return vec2(float(scale_byte(s, j) & 63u), float(scale_byte(s, j + 4u) & 63u));
+        return vec2(small_uint_float(scale_byte(s, j) & 63u), small_uint_float(scale_byte(s, j + 4u) & 63u));
     }
     uint e = scale_byte(s, j + 4u);
     uint sc = (e & 15u) | ((scale_byte(s, j - 4u) >> 6) << 4);
     uint m = (e >> 4) | ((scale_byte(s, j) >> 6) << 4);
-    return vec2(float(sc), float(m));
+    return vec2(small_uint_float(sc), small_uint_float(m));
 }
 
 #if defined(TYPE_F32)
@@ -307,7 +307,7 @@ void raw_decode(RawGroup r, uint g, out vec4 lo, out vec4 hi) {
     b |= ((r.v[4] >> (2u * qq)) & 0x03030303u) << 4;
     // The scale byte's place in its word: 192 and 8n keep the word alignment.
     uint sc_byte = byte_in(r.v[5], (l0 >> 4) + 2u * qq);
-    float scale = d * float(int(sc_byte << 24) >> 24);
+    float scale = d * sbyte_float(sc_byte);
     lo = scale * (bytes4(a) - 32.0);
     hi = scale * (bytes4(b) - 32.0);
 }

@@ -41,15 +41,47 @@ uint load_u8(uint byte_addr) {
     return (w[byte_addr >> 2] >> ((byte_addr & 3u) * 8u)) & 0xffu;
 }
 
-// Four unsigned bytes of a word as floats (byte 0 in .x).
-vec4 bytes4(uint v) {
-    return vec4(float(v & 0xffu), float((v >> 8) & 0xffu), float((v >> 16) & 0xffu), float(v >> 24));
+// Quants become floats without int-to-float conversions (an eighth-rate
+// instruction on the H200, 16 per clock and multiprocessor against 128
+// float additions, and the bottleneck of a naive nibble decode): a field at
+// bits [s, s + width) with s + width <= 23, OR-ed under the exponent of
+// 2^(23 - s), is the float 2^(23 - s) + field, and one subtraction of that
+// constant (plus the type's offset) leaves the exact value, the same float
+// a conversion gives.
+
+const uint EXP_S0 = 0x4B000000u;  // 2^23: fields at bit 0
+const uint EXP_S8 = 0x47000000u;  // 2^15: fields at bit 8
+const float M_S0 = 8388608.0;
+const float M_S8 = 32768.0;
+
+// The four bytes of v (byte i is value i) minus off.
+vec4 byte_fields(uint v, float off) {
+    uint h = v >> 16;
+    return vec4(uintBitsToFloat((v & 0xFFu) | EXP_S0) - (M_S0 + off),
+                uintBitsToFloat((v & 0xFF00u) | EXP_S8) - (M_S8 + off),
+                uintBitsToFloat((h & 0xFFu) | EXP_S0) - (M_S0 + off),
+                uintBitsToFloat((h & 0xFF00u) | EXP_S8) - (M_S8 + off));
 }
 
-// Four signed bytes of a word as floats.
+// A small unsigned integer (< 2^23) as a float, without a conversion instruction.
+float small_uint_float(uint v) {
+    return uintBitsToFloat(v | EXP_S0) - M_S0;
+}
+
+// Four unsigned bytes of a word as floats (byte 0 in .x).
+vec4 bytes4(uint v) {
+    return byte_fields(v, 0.0);
+}
+
+// Four signed bytes of a word as floats: biased by 128 to decode them as
+// unsigned fields.
 vec4 sbytes4(uint v) {
-    ivec4 b = ivec4(int(v << 24), int(v << 16), int(v << 8), int(v)) >> 24;
-    return vec4(b);
+    return byte_fields(v ^ 0x80808080u, 128.0);
+}
+
+// A signed byte (bits 0..7 of b, nothing above) as a float.
+float sbyte_float(uint b) {
+    return small_uint_float(b ^ 0x80u) - 128.0;
 }
 
 // Low / high nibbles of the four bytes of a word.
@@ -68,12 +100,13 @@ uint spread4(uint b) {
 // and FQ3 that starts at byte scales_byte.
 vec2 scale_min_k4(uint scales_byte, uint j) {
     if (j < 4u) {
-        return vec2(float(load_u8(scales_byte + j) & 63u), float(load_u8(scales_byte + j + 4u) & 63u));
+        return vec2(small_uint_float(load_u8(scales_byte + j) & 63u),
+                    small_uint_float(load_u8(scales_byte + j + 4u) & 63u));
     }
     uint e = load_u8(scales_byte + j + 4u);
     uint sc = (e & 15u) | ((load_u8(scales_byte + j - 4u) >> 6) << 4);
     uint m = (e >> 4) | ((load_u8(scales_byte + j) >> 6) << 4);
-    return vec2(float(sc), float(m));
+    return vec2(small_uint_float(sc), small_uint_float(m));
 }
 
 #if defined(TYPE_F32)
@@ -247,7 +280,7 @@ void dequant8(uint row_byte, uint blk, uint k, out vec4 lo, out vec4 hi) {
     a |= ((w[qh] >> (2u * qq)) & 0x03030303u) << 4;
     b |= ((w[qh + 1u] >> (2u * qq)) & 0x03030303u) << 4;
     uint sc_byte = load_u8(block_byte + 192u + 8u * n + (l0 >> 4) + 2u * qq);
-    float scale = d * float(int(sc_byte << 24) >> 24);
+    float scale = d * sbyte_float(sc_byte);
     lo = scale * (bytes4(a) - 32.0);
     hi = scale * (bytes4(b) - 32.0);
 }

@@ -14,31 +14,8 @@
 // contiguous stretch measured slower on the H200: each lane then keeps
 // fewer weight bytes in flight.)
 //
-// Quants become floats without int-to-float conversions (a quarter-rate
-// instruction on NVIDIA, the bottleneck of a naive nibble kernel): a field at
-// bits [s, s + width) with s + width <= 23, OR-ed under the exponent of
-// 2^(23 - s), is the float 2^(23 - s) + field, and one subtraction of that
-// constant (plus the type's offset) leaves the exact value.
-
-const uint EXP_S0 = 0x4B000000u;  // 2^23: fields at bit 0
-const uint EXP_S8 = 0x47000000u;  // 2^15: fields at bit 8
-const float M_S0 = 8388608.0;
-const float M_S8 = 32768.0;
-
-// The four byte fields of v (byte i is value i) minus off, each field being
-// at most 8 bits wide and v holding nothing else.
-vec4 byte_fields(uint v, float off) {
-    uint h = v >> 16;
-    return vec4(uintBitsToFloat((v & 0xFFu) | EXP_S0) - (M_S0 + off),
-                uintBitsToFloat((v & 0xFF00u) | EXP_S8) - (M_S8 + off),
-                uintBitsToFloat((h & 0xFFu) | EXP_S0) - (M_S0 + off),
-                uintBitsToFloat((h & 0xFF00u) | EXP_S8) - (M_S8 + off));
-}
-
-// A small unsigned integer (< 2^23) as a float, without a conversion instruction.
-float small_uint_float(uint v) {
-    return uintBitsToFloat(v | EXP_S0) - M_S0;
-}
+// Quants become floats without int-to-float conversions (byte_fields and
+// small_uint_float, dequant.glsl).
 
 #if defined(TYPE_F32)
 #define UNIT_VALUES 32u
