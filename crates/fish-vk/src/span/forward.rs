@@ -168,6 +168,7 @@ impl Gpu {
                         span.params.output_norm,
                         rows,
                         n_tok,
+                        layout,
                     )?),
                     None => None,
                 };
@@ -286,6 +287,7 @@ fn output_recording<'a>(
     norm: Option<u32>,
     rows: usize,
     n_tok: usize,
+    layout: TokenLayout,
 ) -> Result<OutputRecording<'a>> {
     let missing = || VkError::Input("this span does not run the output".into());
     let o = output.ok_or_else(missing)?;
@@ -302,7 +304,7 @@ fn output_recording<'a>(
         ),
         None => (
             &bindings.output.as_ref().ok_or_else(missing)?.sets,
-            gpu.plan_handles(&[o.weight], rows, output_kernel(gpu, rows))?,
+            gpu.plan_handles(&[o.weight], rows, output_kernel(gpu, rows, layout))?,
             false,
         ),
     };

@@ -329,13 +329,14 @@ fn batch_tile(gpu: &Gpu) -> Option<Kernel> {
     real.or_else(emulated)
 }
 
-/// The kernel of the output projection for `rows` logits rows: the rows are
-/// independent whatever the forward's layout, so they take the batched
-/// forwards' rule (`batch_kernel`) and `Kernel::Auto` where it has none.
-/// Before, 9 to 63 rows fell to the plain tile, the slowest kernel for few
-/// tokens (a vocabulary-wide matrix at every batched decode step).
-pub(crate) fn output_kernel(gpu: &Gpu, rows: usize) -> Kernel {
-    batch_kernel(TokenLayout::PerRow, rows, batch_tile(gpu)).unwrap_or(Kernel::Auto)
+/// The kernel of the output projection for `rows` logits rows of a forward
+/// laid out as `layout`: a batched forward's rows take the batched rule
+/// (`batch_kernel`; before, 9 to 63 rows fell to the plain tile, the slowest
+/// kernel for few tokens, a vocabulary-wide matrix at every batched decode
+/// step); a plain forward's keep `Kernel::Auto`, so that speculative
+/// verification scores its drafts with f32 products as decode does.
+pub(crate) fn output_kernel(gpu: &Gpu, rows: usize, layout: TokenLayout) -> Kernel {
+    batch_kernel(layout, rows, batch_tile(gpu)).unwrap_or(Kernel::Auto)
 }
 
 /// Fewest rows of a batched forward that take the cooperative batch tile.
