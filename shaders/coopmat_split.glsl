@@ -1,0 +1,69 @@
+// The split of a cooperative batch-tile dispatch's steps across
+// workgroups (split_k.rs, push constants split / split_count_off /
+// split_part_off): the `split` workgroups of an output tile, consecutive
+// along y, each multiply a share of the steps; emit keeps a finished value
+// as this workgroup's partial tile in the scratch at binding 3, and
+// finish_split lets the last workgroup to arrive sum the partials in split
+// order and write y. Included by matmul_coopmat.comp after its tile
+// constants (BM, BN, THREADS), common.glsl's push constants and store_y,
+// and the globals tile_y and split_z.
+
+// The split scratch: arrival counters, then partial tiles, coherent so that
+// the last workgroup of a tile reads the others' writes.
+layout(std430, binding = 3) coherent buffer SplitCounts { uint split_count[]; };
+layout(std430, binding = 3) coherent buffer SplitParts { float split_part[]; };
+// Whether this workgroup arrived last at its tile (uniform after a barrier).
+shared uint split_last;
+
+// The output tile's index within the dispatch and the float index of
+// element e (column-major: e % BM the row, e / BM the token) of split z's
+// partial of it.
+uint tile_index() {
+    return tile_y * p.groups_x + gl_WorkGroupID.x;
+}
+uint partial_index(uint z, uint e) {
+    uint tiles = p.groups_x * (gl_NumWorkGroups.y / p.split);
+    return p.split_part_off + (z * tiles + tile_index()) * (BM * BN) + e;
+}
+
+// One finished value of y (row and tok inside the matrix): stored, or with
+// a split kept as this workgroup's partial.
+void emit(uint row, uint tok, float v) {
+    if (p.split > 1u) {
+        uint e = (tok - tile_y * BN) * BM + (row - gl_WorkGroupID.x * BM);
+        split_part[partial_index(split_z, e)] = v;
+    } else {
+        store_y(tok * p.y_stride + p.y_offset + row, v);
+    }
+}
+
+// After every partial is out: count this workgroup in; the last of the
+// tile's p.split sums the partials in split order and writes y. Every
+// invocation must call it (barriers).
+void finish_split() {
+    memoryBarrierBuffer();
+    barrier();
+    if (gl_LocalInvocationIndex == 0u) {
+        uint arrived = atomicAdd(split_count[p.split_count_off + tile_index()], 1u);
+        split_last = arrived + 1u == p.split ? 1u : 0u;
+    }
+    barrier();
+    if (split_last == 0u) {
+        return;
+    }
+    memoryBarrierBuffer();
+    for (uint e = gl_LocalInvocationIndex; e < BM * BN; e += THREADS) {
+        uint row = gl_WorkGroupID.x * BM + e % BM;
+        uint tok = tile_y * BN + e / BM;
+        if (row < p.n_rows && tok < p.n_tok) {
+            float s = 0.0;
+            for (uint z = 0u; z < p.split; z++) {
+                s += split_part[partial_index(z, e)];
+            }
+            store_y(tok * p.y_stride + p.y_offset + row, s);
+        }
+    }
+    if (gl_LocalInvocationIndex == 0u) {
+        split_count[p.split_count_off + tile_index()] = 0u;
+    }
+}
