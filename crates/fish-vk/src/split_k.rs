@@ -27,6 +27,7 @@ use crate::coopmat::CoopMatTile;
 /// overrides it (64..=8192, read once; the scratch grows with it).
 const SPLIT_TARGET_WORKGROUPS: u32 = 512;
 
+/// SPLIT_TARGET_WORKGROUPS or its override.
 fn split_target() -> u32 {
     static TARGET: std::sync::OnceLock<u32> = std::sync::OnceLock::new();
     *TARGET.get_or_init(|| {
@@ -37,6 +38,7 @@ fn split_target() -> u32 {
             .unwrap_or(SPLIT_TARGET_WORKGROUPS)
     })
 }
+
 /// Dispatches of one plan that may split.
 const SPLIT_REGIONS: u32 = 4;
 /// Most workgroups per tile.
