@@ -23,6 +23,25 @@
 layout(std430, binding = 0) readonly buffer RawWeights2 { uvec2 raw_w2[]; };
 layout(std430, binding = 0) readonly buffer RawWeights4 { uvec4 raw_w4[]; };
 
+// The 16 bytes at byte_addr (16-byte aligned): one load with WIDE_FETCH,
+// else four 4-byte loads.
+uvec4 fetch16(uint byte_addr) {
+    if (WIDE_FETCH != 0u) {
+        return raw_w4[byte_addr >> 4];
+    }
+    uint i = byte_addr >> 2;
+    return uvec4(w[i], w[i + 1u], w[i + 2u], w[i + 3u]);
+}
+
+// The 8 bytes at byte_addr (8-byte aligned): one load with WIDE_FETCH, else two.
+uvec2 fetch8(uint byte_addr) {
+    if (WIDE_FETCH != 0u) {
+        return raw_w2[byte_addr >> 3];
+    }
+    uint i = byte_addr >> 2;
+    return uvec2(w[i], w[i + 1u]);
+}
+
 // Byte `byte_addr & 3` of `word` (the word holding byte_addr).
 uint byte_in(uint word, uint byte_addr) {
     return (word >> ((byte_addr & 3u) * 8u)) & 0xffu;
@@ -210,35 +229,18 @@ RawGroup raw_fetch(uint row_byte, uint g) {
     uint block_byte = row_byte + blk * BLOCK_BYTES;
     uint c = k >> 3;
     uint l0 = (k & 3u) * 8u;
-    uint qs_byte = block_byte + QS_OFFSET + 32u * c + l0;
-    if (WIDE_FETCH != 0u) {
-        uvec4 head = raw_w4[block_byte >> 4];
-        uvec2 q = raw_w2[qs_byte >> 3];
-        r.v[0] = head.x;
-        r.v[1] = head.y;
-        r.v[2] = head.z;
-        r.v[3] = head.w;
-        r.v[4] = q.x;
-        r.v[5] = q.y;
-    } else {
-        uint block_word = block_byte >> 2;
-        r.v[0] = w[block_word];
-        r.v[1] = w[block_word + 1u];
-        r.v[2] = w[block_word + 2u];
-        r.v[3] = w[block_word + 3u];
-        r.v[4] = w[qs_byte >> 2];
-        r.v[5] = w[(qs_byte >> 2) + 1u];
-    }
+    uvec4 head = fetch16(block_byte);
+    uvec2 q = fetch8(block_byte + QS_OFFSET + 32u * c + l0);
+    r.v[0] = head.x;
+    r.v[1] = head.y;
+    r.v[2] = head.z;
+    r.v[3] = head.w;
+    r.v[4] = q.x;
+    r.v[5] = q.y;
 #if defined(TYPE_Q5_K)
-    uint qh_byte = block_byte + QH_OFFSET + l0;
-    if (WIDE_FETCH != 0u) {
-        uvec2 qh = raw_w2[qh_byte >> 3];
-        r.v[6] = qh.x;
-        r.v[7] = qh.y;
-    } else {
-        r.v[6] = w[qh_byte >> 2];
-        r.v[7] = w[(qh_byte >> 2) + 1u];
-    }
+    uvec2 qh = fetch8(block_byte + QH_OFFSET + l0);
+    r.v[6] = qh.x;
+    r.v[7] = qh.y;
 #endif
     return r;
 }
@@ -275,21 +277,12 @@ RawGroup raw_fetch(uint row_byte, uint g) {
     uint n = k >> 4;
     uint qq = (k >> 2) & 3u;
     uint l0 = (k & 3u) * 8u;
-    uint ql_byte = block_byte + 64u * n + 32u * (qq & 1u) + l0;
-    uint qh_byte = block_byte + 128u + 32u * n + l0;
-    if (WIDE_FETCH != 0u) {
-        uvec2 ql = raw_w2[ql_byte >> 3];
-        uvec2 qh = raw_w2[qh_byte >> 3];
-        r.v[1] = ql.x;
-        r.v[2] = ql.y;
-        r.v[3] = qh.x;
-        r.v[4] = qh.y;
-    } else {
-        r.v[1] = w[ql_byte >> 2];
-        r.v[2] = w[(ql_byte >> 2) + 1u];
-        r.v[3] = w[qh_byte >> 2];
-        r.v[4] = w[(qh_byte >> 2) + 1u];
-    }
+    uvec2 ql = fetch8(block_byte + 64u * n + 32u * (qq & 1u) + l0);
+    uvec2 qh = fetch8(block_byte + 128u + 32u * n + l0);
+    r.v[1] = ql.x;
+    r.v[2] = ql.y;
+    r.v[3] = qh.x;
+    r.v[4] = qh.y;
     r.v[5] = w[(block_byte + 192u + 8u * n + (l0 >> 4) + 2u * qq) >> 2];
     return r;
 }
