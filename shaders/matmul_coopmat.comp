@@ -116,86 +116,9 @@ shared float buf_c[WARPS_MN * WARPS_K * TM * TN];
 uint tile_y;
 uint split_z;
 
-#if defined(EMULATE_COOPMAT)
-#define EMU_ELEMS 8u
-// A fragment is where it lies in shared memory; the product reads it there
-// before the next barrier, as the real fragment would have been read.
-#define FRAG_A uint
-#define FRAG_B uint
-struct Acc {
-    float v[EMU_ELEMS];
-};
-#define WARP_ID (gl_LocalInvocationIndex / 32u)
-#define LANE_ID (gl_LocalInvocationIndex % 32u)
-#define ACC_ZERO(c) for (uint j_ = 0u; j_ < EMU_ELEMS; j_++) { c.v[j_] = 0.0; }
-#define LOAD_A(dst, off) dst = (off)
-#define LOAD_B(dst, off) dst = (off)
-#define MUL_ADD(c, a, b) emu_mul_add(c, a, b, lane)
-#define STORE_C(c, base) for (uint j_ = 0u; j_ < EMU_ELEMS; j_++) { buf_c[(base) + lane + 32u * j_] = c.v[j_]; }
-// The logical subgroup spans several real ones on narrow devices.
-#define SUBGROUP_SYNC() barrier()
-
-// Lane l owns elements e = l + 32 j of the 16 x 16 fragment, (m, n) = (e % 16, e / 16).
-void emu_mul_add(inout Acc c, uint a_off, uint b_off, uint lane) {
-    for (uint j = 0u; j < EMU_ELEMS; j++) {
-        uint e = lane + 32u * j;
-        uint m = e % 16u;
-        uint n = e / 16u;
-        float s = 0.0;
-        for (uint k2 = 0u; k2 < 8u; k2++) {
-            uint ia = a_off + m * STRIDE + k2;
-            uint ib = b_off + n * STRIDE + k2;
-            vec2 a = unpackHalf2x16(buf_a[ia / 4u][ia % 4u]);
-            vec2 b = unpackHalf2x16(buf_b[ib / 4u][ib % 4u]);
-            s += a.x * b.x + a.y * b.y;
-        }
-        c.v[j] += s;
-    }
-}
-#else
-#define FRAG_A coopmat<float16_t, gl_ScopeSubgroup, TM, TK, gl_MatrixUseA>
-#define FRAG_B coopmat<float16_t, gl_ScopeSubgroup, TK, TN, gl_MatrixUseB>
-#define Acc coopmat<float, gl_ScopeSubgroup, TM, TN, gl_MatrixUseAccumulator>
-#define WARP_ID gl_SubgroupID
-#define LANE_ID gl_SubgroupInvocationID
-#define ACC_ZERO(c) c = Acc(0.0)
-// Offsets and strides in 16-byte elements (both multiples of 4 dwords).
-#define LOAD_A(dst, off) coopMatLoad(dst, buf_a, (off) / 4u, STRIDE / 4u, gl_CooperativeMatrixLayoutRowMajor)
-#define LOAD_B(dst, off) coopMatLoad(dst, buf_b, (off) / 4u, STRIDE / 4u, gl_CooperativeMatrixLayoutColumnMajor)
-#define MUL_ADD(c, a, b) c = coopMatMulAdd(a, b, c)
-#define STORE_C(c, base) coopMatStore(c, buf_c, base, TM, gl_CooperativeMatrixLayoutColumnMajor)
-#define SUBGROUP_SYNC() subgroupBarrier()
-#endif
-
-// Eight values as one 16-byte element of f16 pairs.
-uvec4 pack8(vec4 lo, vec4 hi) {
-    return uvec4(packHalf2x16(lo.xy), packHalf2x16(lo.zw), packHalf2x16(hi.xy), packHalf2x16(hi.zw));
-}
-
-// Stores weight values 8kg .. 8kg+7 of row r of the A tile at a_base.
-void put_a(uint a_base, uint r, uint kg, vec4 lo, vec4 hi) {
-    buf_a[(a_base + r * STRIDE) / 4u + kg] = pack8(lo, hi);
-}
-
-// Stores input values 8kg .. 8kg+7 of token n of the B tile at b_base.
-void put_b(uint b_base, uint n, uint kg, vec4 lo, vec4 hi) {
-    buf_b[(b_base + n * STRIDE) / 4u + kg] = pack8(lo, hi);
-}
-
-// Weight rows past the end read the last row; their results are never written.
-uint tile_row_byte(uint r) {
-    return min(gl_WorkGroupID.x * BM + r, p.n_rows - 1u) * p.row_stride;
-}
-
-// Input values 4k4 .. 4k4+3 of tile token n of the step at k0; zero past
-// the last token or the row's end.
-vec4 input_vec4(uint k0, uint n, uint k4) {
-    uint tok = tile_y * BN + n;
-    if (tok < p.n_tok && k0 + k4 * 4u < p.n_in) {
-        return x[tok * (p.n_in / 4u) + k0 / 4u + k4];
-    }
-    return vec4(0.0);
-}
+#define A_STRIDE STRIDE
+#define B_STRIDE STRIDE
+#include "coopmat_frag.glsl"
 
 // PIPELINE = 0: loads, decodes and stores the step at k0 into the one tile.
 void stage_step(uint k0) {
@@ -272,26 +195,7 @@ void store_step(uint k0, uint stage, uint set) {
     }
 }
 
-#include "coopmat_split.glsl"
-
-// Writes accumulator fragment f (row block f / FN, token block f % FN of
-// the subgroup) to y through the subgroup's slot of buf_c at c_base.
-void write_fragment(Acc c, uint f, uint c_base, uint lane, uint warp_m, uint warp_n) {
-    uint fm = f / FN;
-    uint fn = f % FN;
-    uint row0 = gl_WorkGroupID.x * BM + (warp_m * FM + fm) * TM;
-    uint tok0 = tile_y * BN + (warp_n * FN + fn) * TN;
-    STORE_C(c, c_base);
-    SUBGROUP_SYNC();
-    for (uint e = lane; e < TM * TN; e += LANES) {
-        uint row = row0 + e % TM;
-        uint tok = tok0 + e / TM;
-        if (row < p.n_rows && tok < p.n_tok) {
-            emit(row, tok, buf_c[c_base + e]);
-        }
-    }
-    SUBGROUP_SYNC();
-}
+#include "coopmat_output.glsl"
 
 // write_fragment for WARPS_K > 1: every subgroup stores its partial
 // fragment f, then the first group's subgroups sum the groups' partials in

@@ -318,6 +318,52 @@ fn bench_coopmat(c: &mut Criterion) {
     group.finish();
 }
 
+/// Tokens of the `batch_tile` group: batched decode of 8 and 16 sequences.
+const BATCH_TILE_TOKENS: [usize; 2] = [8, 16];
+
+/// The batched-decode tile (`Kernel::CoopMatBatch`, as FISH_VK_BATCH_TILE /
+/// _BK / _PIPELINE make it) on every shape, Q4_K and Q6_K, bytes of
+/// weights per call as for `matvec`: one call of B tokens against B calls
+/// of the matvec tells what batching saves per weight pass.
+fn bench_batch_tile(c: &mut Criterion) {
+    if !group_selected("batch_tile") {
+        return;
+    }
+    let Some(gpu) = fish_vk::global() else { return };
+    let Some(tile) = gpu.coopmat_batch_tile() else {
+        eprintln!("batch_tile: skipped, no cooperative-matrix batch tile on this device");
+        return;
+    };
+    eprintln!("batch_tile: {}", tile.describe());
+    let mut group = c.benchmark_group("batch_tile");
+    group
+        .sample_size(10)
+        .measurement_time(Duration::from_secs(2));
+    let types = [
+        WeightFormat::Ggml(GgmlType::Q4_K),
+        WeightFormat::Ggml(GgmlType::Q6_K),
+    ];
+    for ty in types.into_iter().filter(type_selected) {
+        for (n_in, n_out) in shapes() {
+            let Some((handles, bytes)) = upload_copies(gpu, ty, n_in, n_out) else {
+                continue;
+            };
+            group.throughput(Throughput::Bytes(bytes));
+            for n_tok in BATCH_TILE_TOKENS {
+                group.bench_function(format!("{}/{n_in}x{n_out}/n_tok{n_tok}", ty.name()), |b| {
+                    b.iter_custom(|iters| {
+                        gpu_time(gpu, &handles, n_tok, Kernel::CoopMatBatch, iters)
+                    })
+                });
+            }
+            for h in handles {
+                let _ = gpu.free(h);
+            }
+        }
+    }
+    group.finish();
+}
+
 /// Rounds of products per workgroup in `coopmat_peak`, and its workgroups
 /// (enough to fill a large GPU several times over).
 const PEAK_ROUNDS: u32 = 2048;
@@ -378,6 +424,7 @@ criterion_group!(
     bench_matvec_batch,
     bench_tiled,
     bench_coopmat,
+    bench_batch_tile,
     bench_coopmat_peak
 );
 criterion_main!(benches);

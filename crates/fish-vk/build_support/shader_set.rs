@@ -153,6 +153,20 @@ const TYPE_VARIANTS: &[TypeVariant] = &[
         quantised_only: false,
     },
     TypeVariant {
+        prefix: "coopmat_stream",
+        source: "matmul_coopmat_stream.comp",
+        defines: &[],
+        compiler: ShaderCompiler::GlslangCoopMat,
+        quantised_only: false,
+    },
+    TypeVariant {
+        prefix: "coopmat_stream_emu",
+        source: "matmul_coopmat_stream.comp",
+        defines: &["EMULATE_COOPMAT"],
+        compiler: ShaderCompiler::Glslc,
+        quantised_only: false,
+    },
+    TypeVariant {
         prefix: "tiled",
         source: "matmul_tiled.comp",
         defines: &[],

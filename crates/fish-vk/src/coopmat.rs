@@ -35,14 +35,29 @@ pub enum Staging {
     /// Pipelined with the global loads issued two steps ahead (two register
     /// sets): each load has two steps to arrive. Same tiles and bits.
     TwoAhead,
+    /// Every subgroup stages its own rows (shaders/matmul_coopmat_stream.comp):
+    /// a double-buffered A tile whose rows each subgroup fences with a
+    /// subgroup barrier, loads two steps ahead, and x staged by the
+    /// workgroup in chunks of X_CHUNK_VALUES. Only for tiles of one subgroup
+    /// along the tokens and unsplit steps (warps_n = warps_k = 1); the same
+    /// products in the same order as the other stagings of such a tile.
+    PerSubgroup,
 }
 
 impl Staging {
-    /// A/B tiles the shader declares.
+    /// A tiles the shader declares.
     fn tiles(self) -> u32 {
         match self {
             Staging::Synchronous => 1,
-            Staging::Pipelined | Staging::TwoAhead => 2,
+            Staging::Pipelined | Staging::TwoAhead | Staging::PerSubgroup => 2,
+        }
+    }
+
+    /// B tiles (x) the shader declares.
+    fn x_tiles(self) -> u32 {
+        match self {
+            Staging::PerSubgroup => 1,
+            other => other.tiles(),
         }
     }
 
@@ -52,8 +67,28 @@ impl Staging {
             Staging::Synchronous => 0,
             Staging::Pipelined => 1,
             Staging::TwoAhead => 2,
+            Staging::PerSubgroup => 3,
         }
     }
+}
+
+/// Values of x the per-subgroup staging stages at once (its x chunk, made
+/// a multiple of the step). On the H200 (llama-8b B = 8) 256 beat 512 (659
+/// vs 586 tok/s): the smaller chunk leaves shared memory for more
+/// workgroups.
+pub const X_CHUNK_VALUES: u32 = 256;
+
+/// X_CHUNK_VALUES, or FISH_VK_BATCH_XCHUNK (64..=1024, a power of two; read
+/// once).
+fn x_chunk_values() -> u32 {
+    static CHUNK: std::sync::OnceLock<u32> = std::sync::OnceLock::new();
+    *CHUNK.get_or_init(|| {
+        std::env::var("FISH_VK_BATCH_XCHUNK")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .filter(|c: &u32| (64..=1024).contains(c) && c.is_power_of_two())
+            .unwrap_or(X_CHUNK_VALUES)
+    })
 }
 
 /// The workgroup tile of the cooperative-matrix kernel.
@@ -80,8 +115,15 @@ pub struct CoopMatTile {
     pub k_step: u32,
     /// Synchronous or pipelined staging.
     pub staging: Staging,
-    /// Padded row stride of the staged tiles (tile_padding.rs).
+    /// Padded row stride of the staged A tile (tile_padding.rs).
     pub stride: RowStride,
+    /// Values of x staged at once: the step, or X_CHUNK_VALUES with
+    /// per-subgroup staging.
+    pub x_chunk: u32,
+    /// Padded row stride of the staged x (B) tile.
+    pub x_stride: RowStride,
+    /// The padding rule both strides follow (kept to restage the tile).
+    pub padding: PaddingRule,
     /// Shared memory one workgroup declares.
     pub shared_bytes: u32,
 }
@@ -245,6 +287,9 @@ impl CoopMatTile {
             k_step,
             staging: warps.staging,
             stride: padded_row_stride(k_step, rule),
+            x_chunk: k_step,
+            x_stride: padded_row_stride(k_step, rule),
+            padding: rule,
             shared_bytes: 0,
         };
         tile.checked(limits.max_shared_bytes)
@@ -261,25 +306,61 @@ impl CoopMatTile {
     }
 
     /// The shared memory the shader declares: pipelined staging doubles the
-    /// A and B tiles (2 x BM and 2 x BN padded rows); the output staging
-    /// (one fragment per subgroup) stays single.
+    /// A and B tiles (2 x BM and 2 x BN padded rows), per-subgroup staging
+    /// the A tile only (x is one chunk of BN rows); the output staging (one
+    /// fragment per subgroup) stays single.
     pub fn shared_layout(&self) -> SharedLayout {
-        let tiles = self.staging.tiles();
         SharedLayout {
-            a_rows: tiles * self.rows(),
-            b_rows: tiles * self.tokens(),
+            a_rows: self.staging.tiles() * self.rows(),
+            b_rows: self.staging.x_tiles() * self.tokens(),
             stride: self.stride,
+            b_stride: self.x_stride,
             c_values: self.subgroups() * self.tm * self.tn,
         }
     }
 
-    /// The tile with its shared-memory size, if that fits.
+    /// The tile with its x chunk and shared-memory size for its staging, if
+    /// the staging admits its layout and the memory fits.
     fn checked(self, max_shared_bytes: u32) -> std::result::Result<CoopMatTile, String> {
-        let shared_bytes = self.shared_layout().check(max_shared_bytes)?;
+        let x_chunk = match self.staging {
+            Staging::PerSubgroup => {
+                if self.warps_n != 1 || self.warps_k != 1 {
+                    return Err(format!(
+                        "per-subgroup staging needs one subgroup along the tokens and unsplit steps, not {} and {}",
+                        self.warps_n, self.warps_k
+                    ));
+                }
+                // K-quant runs pair the two sub-blocks of a 64-value chunk
+                // (shaders/coopmat_runs.glsl).
+                if !self.k_step.is_multiple_of(64) {
+                    return Err(format!(
+                        "per-subgroup staging needs steps of a multiple of 64 values, not {}",
+                        self.k_step
+                    ));
+                }
+                x_chunk_values().next_multiple_of(self.k_step)
+            }
+            _ => self.k_step,
+        };
+        let tile = CoopMatTile {
+            x_chunk,
+            x_stride: padded_row_stride(x_chunk, self.padding),
+            ..self
+        };
+        let shared_bytes = tile.shared_layout().check(max_shared_bytes)?;
         Ok(CoopMatTile {
             shared_bytes,
-            ..self
+            ..tile
         })
+    }
+
+    /// The shader module family of the tile's staging (`<family>_<type>`,
+    /// `<family>_emu_<type>` emulated).
+    pub(crate) fn module_family(&self) -> &'static str {
+        match self.staging {
+            Staging::PerSubgroup => "coopmat_stream",
+            _ => "coopmat",
+        }
     }
 
     /// Weight rows per workgroup (BM).
@@ -318,6 +399,8 @@ impl CoopMatTile {
             self.staging.spec(),
             self.warps_k,
             u32::from(self.wide_fetch),
+            self.x_chunk,
+            self.x_stride.dwords(),
         ]
     }
 
@@ -329,7 +412,7 @@ impl CoopMatTile {
     /// One line for logs and benchmark records.
     pub fn describe(&self) -> String {
         format!(
-            "{}x{}x{} f16 fragments, tile {}x{}x{} ({} subgroups of {}, step split {} ways), {:?} staging, row stride {} dwords, {} B shared",
+            "{}x{}x{} f16 fragments, tile {}x{}x{} ({} subgroups of {}, step split {} ways), {:?} staging, x in chunks of {}, row strides {} / {} dwords, {} B shared",
             self.tm,
             self.tn,
             self.tk,
@@ -340,7 +423,9 @@ impl CoopMatTile {
             self.lanes,
             self.warps_k,
             self.staging,
+            self.x_chunk,
             self.stride.dwords(),
+            self.x_stride.dwords(),
             self.shared_bytes
         )
     }
@@ -415,7 +500,7 @@ struct TileKnobs {
     layout: &'static str,
     /// Values per step: 32, 64, 128, 256 or 512.
     k_step: &'static str,
-    /// 2 loads two steps ahead, 1 pipelined, 0 synchronous.
+    /// 3 per subgroup, 2 loads two steps ahead, 1 pipelined, 0 synchronous.
     pipeline: &'static str,
 }
 
@@ -442,6 +527,7 @@ fn env_warps(knobs: &TileKnobs, base: WarpLayout) -> WarpLayout {
         .and_then(|v| v.parse().ok())
         .filter(|k: &u32| [32, 64, 128, 256, 512].contains(k));
     let staging = match std::env::var(knobs.pipeline).as_deref() {
+        Ok("3") => Staging::PerSubgroup,
         Ok("2") => Staging::TwoAhead,
         Ok("1" | "on" | "true" | "yes") => Staging::Pipelined,
         Ok("0" | "off" | "false" | "no") => Staging::Synchronous,
@@ -752,7 +838,8 @@ mod tests {
         assert_eq!(t.staging, Staging::Pipelined);
         assert_eq!(t.shared_bytes, 2 * 128 * 80 + 4 * 4 * 256);
         let spec = t.spec();
-        assert_eq!(spec.len(), 14);
+        assert_eq!(spec.len(), 16);
+        assert_eq!(spec[14..16], [32, 20]);
         assert_eq!(spec[12], 1);
         assert_eq!(spec[13], 1);
         assert_eq!(spec[10], 32);
@@ -882,6 +969,57 @@ mod tests {
         assert_eq!(WarpLayout::parse("2,4,0,2", DEFAULT_WARPS), None);
         assert_eq!(WarpLayout::parse("2,4,1,2,9", DEFAULT_WARPS), None);
         assert_eq!(WarpLayout::parse("a,b,c,d", DEFAULT_WARPS), None);
+    }
+
+    #[test]
+    fn per_subgroup_staging_doubles_only_the_a_tile_and_stages_x_in_chunks() {
+        let stream = WarpLayout {
+            warps_m: 4,
+            warps_n: 1,
+            frags_m: 1,
+            frags_n: 1,
+            warps_k: 1,
+            k_step: 64,
+            wide_fetch: false,
+            staging: Staging::PerSubgroup,
+        };
+        let t = tile(stream).expect("fits");
+        assert_eq!((t.rows(), t.tokens(), t.threads()), (64, 16, 128));
+        assert_eq!(t.x_chunk, X_CHUNK_VALUES);
+        assert_eq!((t.stride.dwords(), t.x_stride.dwords()), (36, 132));
+        // Two A tiles of 64 rows at 36 dwords, one x chunk of 16 tokens at
+        // 132 dwords, one 16 x 16 f32 fragment per subgroup.
+        assert_eq!(t.shared_bytes, 2 * 64 * 36 * 4 + 16 * 132 * 4 + 4 * 256 * 4);
+        let spec = t.spec();
+        assert_eq!(spec.len(), 16);
+        assert_eq!((spec[10], spec[11], spec[14], spec[15]), (64, 3, 256, 132));
+        assert_eq!(t.module_family(), "coopmat_stream");
+        // A workgroup staging of the same tile stages x one step at a time.
+        let sync = t
+            .with_staging(Staging::Synchronous, 48 * 1024)
+            .expect("fits");
+        assert_eq!((sync.x_chunk, sync.x_stride), (64, sync.stride));
+        assert_eq!(sync.module_family(), "coopmat");
+        assert_eq!(sync.with_staging(Staging::PerSubgroup, 48 * 1024), Ok(t));
+        // Refused: steps split over subgroups, two subgroups along the
+        // tokens, steps that do not hold whole 64-value chunks.
+        let split = WarpLayout {
+            warps_k: 2,
+            k_step: 128,
+            ..stream
+        };
+        let err = tile(split).unwrap_err();
+        assert!(err.contains("one subgroup along the tokens"), "{err}");
+        let wide = WarpLayout {
+            warps_n: 2,
+            ..stream
+        };
+        assert!(tile(wide).is_err());
+        let short = WarpLayout {
+            k_step: 32,
+            ..stream
+        };
+        assert!(tile(short).unwrap_err().contains("multiple of 64"));
     }
 
     #[test]

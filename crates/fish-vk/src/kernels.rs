@@ -2,6 +2,7 @@
 //! the submission that uploads x, runs the kernels and reads y back.
 
 use crate::buffer::MemoryKind;
+use crate::coopmat::CoopMatTile;
 use crate::error::{Result, VkCall, VkError};
 use crate::gpu::{Exec, Gpu};
 use crate::int8_dot::Int8Dot;
@@ -82,7 +83,9 @@ pub enum Kernel {
     /// The same kernel with the batched-decode tile (coopmat.rs
     /// BATCH_WARPS: 16 tokens per tile, steps split over groups of
     /// subgroups, and across workgroups where a dispatch has few tiles,
-    /// split_k.rs), for batched forwards of 6 or more rows.
+    /// split_k.rs), for batched forwards of 6 or more rows. With
+    /// per-subgroup staging (FISH_VK_BATCH_PIPELINE=3) it runs
+    /// shaders/matmul_coopmat_stream.comp instead.
     CoopMatBatch,
     /// The cooperative-matrix kernel's tiling with the matrix operations
     /// done by plain code, on any device: tests its staging paths; slow.
@@ -282,7 +285,9 @@ impl MatvecShape {
 }
 
 impl Gpu {
-    fn module_name(&self, ty: WeightFormat, kernel: Kernel) -> String {
+    /// The module of `kernel` for `ty`; a cooperative-matrix kernel's module
+    /// follows its tile's staging (`tile`, CoopMatTile::module_family).
+    fn module_name(&self, ty: WeightFormat, kernel: Kernel, tile: Option<CoopMatTile>) -> String {
         let suffix = ty.name().to_ascii_lowercase();
         match kernel {
             Kernel::Matvec if self.info.subgroup_arithmetic => format!("matvec_subgroup_{suffix}"),
@@ -294,9 +299,14 @@ impl Gpu {
             Kernel::MatvecPrenormed => format!("matvec_prenormed_{suffix}"),
             Kernel::MatvecGated(_) => format!("matvec_gated_{suffix}"),
             Kernel::Tiled | Kernel::Auto => format!("tiled_{suffix}"),
-            Kernel::CoopMat | Kernel::CoopMatBatch => format!("coopmat_{suffix}"),
+            Kernel::CoopMat | Kernel::CoopMatBatch => {
+                format!("{}_{suffix}", tile.map_or("coopmat", |t| t.module_family()))
+            }
             Kernel::CoopMatEmulated | Kernel::CoopMatBatchEmulated => {
-                format!("coopmat_emu_{suffix}")
+                format!(
+                    "{}_emu_{suffix}",
+                    tile.map_or("coopmat", |t| t.module_family())
+                )
             }
         }
     }
@@ -579,7 +589,7 @@ impl Gpu {
                 (_, Some(tile)) => tile.spec(),
                 _ => Vec::new(),
             };
-            let module = self.module_name(h.ty(), kernel);
+            let module = self.module_name(h.ty(), kernel, coop_tile);
             let pipeline = match (kernel, coop_tile) {
                 (Kernel::CoopMat | Kernel::CoopMatBatch, Some(tile)) => self
                     .pipelines

@@ -29,7 +29,7 @@ mod weight_format;
 
 pub use budget::Budget;
 pub use config::{Config, CpuDevices, QueuePreference};
-pub use coopmat::{CoopMatTile, WarpLayout};
+pub use coopmat::{CoopMatTile, Staging, WarpLayout};
 pub use coopmat_peak::{peak_flops, PeakRun, PeakShape};
 pub use device::DeviceInfo;
 pub use error::{Result, VkError};

@@ -102,12 +102,15 @@ pub fn padded_row_stride(row_values: u32, rule: PaddingRule) -> RowStride {
 /// Shared memory of one workgroup of the cooperative-matrix kernel.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct SharedLayout {
-    /// Weight rows staged per step (BM).
+    /// Weight rows staged per step (BM, or twice that double-buffered).
     pub a_rows: u32,
-    /// Tokens staged per step (BN).
+    /// Token rows of x staged at once.
     pub b_rows: u32,
-    /// The padded stride of both tiles.
+    /// The padded stride of the A rows.
     pub stride: RowStride,
+    /// The padded stride of the B rows: the A stride where both hold one
+    /// step, longer where x is staged in chunks of several steps.
+    pub b_stride: RowStride,
     /// f32 values of the output staging (one fragment per subgroup).
     pub c_values: u32,
 }
@@ -116,7 +119,7 @@ impl SharedLayout {
     /// Bytes the shader declares: the A and B tiles (dwords of padded rows)
     /// and the f32 output staging.
     pub fn bytes(&self) -> u32 {
-        (self.a_rows + self.b_rows) * self.stride.bytes() + 4 * self.c_values
+        self.a_rows * self.stride.bytes() + self.b_rows * self.b_stride.bytes() + 4 * self.c_values
     }
 
     /// The layout's size when it fits in `max_bytes`
@@ -127,10 +130,11 @@ impl SharedLayout {
             Ok(bytes)
         } else {
             Err(format!(
-                "tiles of {} + {} rows at a stride of {} dwords need {bytes} bytes of shared memory, the device has {max_bytes}",
+                "tiles of {} + {} rows at strides of {} / {} dwords need {bytes} bytes of shared memory, the device has {max_bytes}",
                 self.a_rows,
                 self.b_rows,
-                self.stride.dwords()
+                self.stride.dwords(),
+                self.b_stride.dwords()
             ))
         }
     }
@@ -232,6 +236,7 @@ mod tests {
             a_rows: 128,
             b_rows: 128,
             stride: padded_row_stride(32, PaddingRule::default()),
+            b_stride: padded_row_stride(32, PaddingRule::default()),
             c_values: 4 * 16 * 16,
         };
         // 256 rows x 20 dwords x 4 bytes + 1024 floats x 4 bytes.
@@ -250,11 +255,32 @@ mod tests {
     }
 
     #[test]
+    fn a_chunked_x_tile_counts_its_own_stride() {
+        // 64 A rows of 64 values (36 dwords) double-buffered, 16 token rows
+        // of a 512-value x chunk (260 dwords), four output fragments.
+        let layout = SharedLayout {
+            a_rows: 2 * 64,
+            b_rows: 16,
+            stride: padded_row_stride(64, PaddingRule::default()),
+            b_stride: padded_row_stride(512, PaddingRule::default()),
+            c_values: 4 * 16 * 16,
+        };
+        assert_eq!(
+            (layout.stride.dwords(), layout.b_stride.dwords()),
+            (36, 260)
+        );
+        assert_eq!(layout.bytes(), 128 * 36 * 4 + 16 * 260 * 4 + 4 * 1024);
+        let err = layout.check(16 * 1024).unwrap_err();
+        assert!(err.contains("36 / 260 dwords"), "{err}");
+    }
+
+    #[test]
     fn a_tile_too_large_for_the_device_is_refused_with_its_size() {
         let layout = SharedLayout {
             a_rows: 256,
             b_rows: 256,
             stride: padded_row_stride(32, PaddingRule::default()),
+            b_stride: padded_row_stride(32, PaddingRule::default()),
             c_values: 8 * 256,
         };
         let err = layout.check(32 * 1024).unwrap_err();

@@ -41,7 +41,7 @@ fn check_one(
     what: &str,
 ) {
     with_uploaded(gpu, ty, (n_in, n_out), w_seed, |weights, h| {
-        multiply_and_check(gpu, kernel, h, weights, n_tok, x_seed, what);
+        multiply_and_check(gpu, kernel, h, weights, n_tok, x_seed, what, &STAGINGS);
     });
 }
 
@@ -49,7 +49,16 @@ fn check_every_type(gpu: &Gpu, kernel: Kernel) {
     for_each_kernel_type(gpu, N_IN, N_OUT, 500, |w, h| {
         for n_tok in TOKENS {
             let what = format!("{:?} n_tok={n_tok}", w.ty);
-            multiply_and_check(gpu, kernel, h, w, n_tok, 40 + n_tok as u64, &what);
+            multiply_and_check(
+                gpu,
+                kernel,
+                h,
+                w,
+                n_tok,
+                40 + n_tok as u64,
+                &what,
+                &STAGINGS,
+            );
         }
     });
     assert_no_validation_messages(gpu);
@@ -179,7 +188,16 @@ fn fq3_weights_match_the_cpu_under_every_staging() {
         kernels.push(Kernel::CoopMat);
     }
     for kernel in kernels {
-        multiply_and_check(gpu, kernel, h, &weights, 41, 3132, "FQ3 768 wide");
+        multiply_and_check(
+            gpu,
+            kernel,
+            h,
+            &weights,
+            41,
+            3132,
+            "FQ3 768 wide",
+            &STAGINGS,
+        );
     }
     gpu.free(h).expect("free");
     assert_no_validation_messages(gpu);

@@ -46,14 +46,14 @@ fn split_steps_match_the_cpu_for_every_type() {
     for kernel in kernels {
         for_each_kernel_type(gpu, 768, 70, 700, |w, h| {
             let what = format!("{:?} split", w.ty);
-            multiply_and_check(gpu, kernel, h, w, 19, 71, &what);
+            multiply_and_check(gpu, kernel, h, w, 19, 71, &what, &STAGINGS);
         });
         // 2048 values are 16 steps: with 10 output tiles (70 rows x 19
         // tokens) each tile's steps are also split across 4 workgroups
         // (split_k.rs), whose partials the last one sums.
         for_each_kernel_type(gpu, 2048, 70, 710, |w, h| {
             let what = format!("{:?} split across workgroups", w.ty);
-            multiply_and_check(gpu, kernel, h, w, 19, 72, &what);
+            multiply_and_check(gpu, kernel, h, w, 19, 72, &what, &STAGINGS);
         });
     }
     assert_no_validation_messages(gpu);

@@ -1,10 +1,11 @@
-//! The cooperative-matrix kernels' checks shared by tests/coopmat.rs and
-//! tests/coopmat_split.rs: one product under both stagings, against the
-//! f16-rounded CPU product and bit for bit between the stagings.
+//! The cooperative-matrix kernels' checks shared by tests/coopmat.rs,
+//! tests/coopmat_split.rs and tests/coopmat_stream.rs: one product under
+//! several stagings, against the f16-rounded CPU product and bit for bit
+//! between the stagings.
 #![allow(dead_code)]
 
 use crate::common::*;
-use fish_vk::{CoopMatTile, Gpu, Kernel, TensorHandle, VkError};
+use fish_vk::{CoopMatTile, Gpu, Kernel, Staging, TensorHandle, VkError};
 
 pub fn require_coopmat() -> bool {
     std::env::var("FISH_REQUIRE_COOPMAT").as_deref() == Ok("1")
@@ -24,10 +25,16 @@ pub fn tile_overridden() -> bool {
     .any(|v| std::env::var_os(v).is_some())
 }
 
+/// The three workgroup stagings, synchronous (the reference) first.
+pub const STAGINGS: [Staging; 3] = CoopMatTile::STAGINGS;
+
 /// Multiplies `n_tok` random inputs (seeded by `x_seed`) by the resident
-/// copy `h` of `weights` with `kernel` under each staging, checks each
-/// result against both references and the stagings against each other bit
-/// for bit.
+/// copy `h` of `weights` with `kernel` under each of `stagings`
+/// (STAGINGS for the three workgroup stagings), checks each
+/// result against both references and the stagings against the first bit
+/// for bit; returns how many ran (a staging whose tile does not fit an
+/// overridden tile's shared memory is skipped).
+#[allow(clippy::too_many_arguments)]
 pub fn multiply_and_check(
     gpu: &Gpu,
     kernel: Kernel,
@@ -36,10 +43,12 @@ pub fn multiply_and_check(
     n_tok: usize,
     x_seed: u64,
     what: &str,
-) {
+    stagings: &[Staging],
+) -> usize {
     let x = random_values(weights.n_in * n_tok, x_seed);
     let mut first: Option<Vec<f32>> = None;
-    for staging in CoopMatTile::STAGINGS {
+    let mut ran = 0;
+    for &staging in stagings {
         let what = format!("{what} {kernel:?} {staging:?}");
         let y = match gpu
             .with_coopmat_staging(staging, || gpu.matmul_group_with(&[h], &x, n_tok, kernel))
@@ -58,7 +67,9 @@ pub fn multiply_and_check(
             None => first = Some(y),
             Some(reference) => assert_same_bits(reference, &y, &what),
         }
+        ran += 1;
     }
+    ran
 }
 
 pub fn assert_same_bits(reference: &[f32], y: &[f32], what: &str) {

@@ -1,12 +1,14 @@
-// The split of a cooperative batch-tile dispatch's steps across
+// How finished fragments of the cooperative-matrix kernels leave
+// (write_fragment), and the split of a dispatch's steps across
 // workgroups (split_k.rs, push constants split / split_count_off /
 // split_part_off): the `split` workgroups of an output tile, consecutive
 // along y, each multiply a share of the steps; emit keeps a finished value
 // as this workgroup's partial tile in the scratch at binding 3, and
 // finish_split lets the last workgroup to arrive sum the partials in split
-// order and write y. Included by matmul_coopmat.comp after its tile
-// constants (BM, BN, THREADS), common.glsl's push constants and store_y,
-// and the globals tile_y and split_z.
+// order and write y. Included by matmul_coopmat.comp and
+// matmul_coopmat_stream.comp after their tile constants (BM, BN, FM, FN,
+// TM, TN, LANES, THREADS), common.glsl's push constants and store_y,
+// coopmat_frag.glsl and the globals tile_y and split_z.
 
 // The split scratch: arrival counters, then partial tiles, coherent so that
 // the last workgroup of a tile reads the others' writes.
@@ -66,4 +68,23 @@ void finish_split() {
     if (gl_LocalInvocationIndex == 0u) {
         split_count[p.split_count_off + tile_index()] = 0u;
     }
+}
+
+// Writes accumulator fragment f (row block f / FN, token block f % FN of
+// the subgroup) to y through the subgroup's slot of buf_c at c_base.
+void write_fragment(Acc c, uint f, uint c_base, uint lane, uint warp_m, uint warp_n) {
+    uint fm = f / FN;
+    uint fn = f % FN;
+    uint row0 = gl_WorkGroupID.x * BM + (warp_m * FM + fm) * TM;
+    uint tok0 = tile_y * BN + (warp_n * FN + fn) * TN;
+    STORE_C(c, c_base);
+    SUBGROUP_SYNC();
+    for (uint e = lane; e < TM * TN; e += LANES) {
+        uint row = row0 + e % TM;
+        uint tok = tok0 + e / TM;
+        if (row < p.n_rows && tok < p.n_tok) {
+            emit(row, tok, buf_c[c_base + e]);
+        }
+    }
+    SUBGROUP_SYNC();
 }
