@@ -9,9 +9,9 @@
 // The four groups of a run share most of their words: a K-quant run has
 // one block head (or d and one scale word) and 16 or 32 contiguous quant
 // bytes, which take two or three 16-byte loads here against 24 scalar
-// loads through raw_fetch. On the H200 the staging of the batch tiles was bound by its
-// load instructions, not by the bytes they moved. Types without a
-// dedicated run keep four raw_fetch groups.
+// loads through raw_fetch (on the H200 +12% for the per-subgroup batch
+// tile, llama-8b B = 8). Types without a dedicated run keep four raw_fetch
+// groups.
 
 #if defined(TYPE_Q4_K) || defined(TYPE_Q5_K)
 // A run is the 16 qs bytes 32c + 16v .. + 15 of chunk c (steps are

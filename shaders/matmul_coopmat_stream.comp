@@ -4,19 +4,20 @@
 // FM x TM rows, so the weight staging needs no workgroup barrier.
 //
 // The batch tile of matmul_coopmat.comp stages each step of BK values for
-// the whole workgroup and fences it with a workgroup barrier: with 8-16
-// tokens a step is little work, and on the H200 the tile moved ~0.5 TB/s of
-// weights (the subgroups wait on each other's loads at every step). Here
-// the workgroup stages only x, in chunks of X_CHUNK values for all its
-// BN = FN x TN tokens (one barrier pair per chunk), while each subgroup
-// walks its rows in steps of BK values: it decodes a step's weights from
-// registers into its own half of a double-buffered A tile, issues the
-// global loads of the step two on into the registers just freed,
-// crosses a subgroup barrier and multiplies the step against the chunk.
-// The weights are fetched in runs of 32 values (coopmat_runs.glsl): few
-// wide loads per value, which is what bounded the staging of the
-// workgroup-staged tile on the H200.
-// The A tile's rows of one subgroup are read only by that subgroup.
+// the whole workgroup and fences it with a workgroup barrier; with 8-16
+// tokens a step is little work, and on the H200 that tile moved ~0.5 TB/s
+// of weights. Here the workgroup stages only x, in chunks of X_CHUNK values
+// for all its BN = FN x TN tokens (one barrier pair per chunk), while each
+// subgroup walks its rows in steps of BK values: it decodes a step's
+// weights from registers into its own half of a double-buffered A tile,
+// issues the global loads of the step two on into the registers just
+// freed, crosses a subgroup barrier and multiplies the step against the
+// chunk. The A tile's rows of one subgroup are read only by that subgroup.
+// The weights are fetched in runs of 32 values (coopmat_runs.glsl), the
+// lanes of one load on consecutive runs (lanes spread over 16 rows per load
+// ran at 60% of the speed). On the H200 this moves 12-22% more bytes per
+// call than the workgroup-staged tile, still a third of the one-token
+// matvec (docs/BENCHMARKS.md), so it is opt-in.
 //
 // The products run in the order of matmul_coopmat.comp with WARPS_K = 1
 // (the 16-deep slices of every step in increasing order into one
