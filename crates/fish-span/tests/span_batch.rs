@@ -143,9 +143,41 @@ fn span_batches_beyond_decode_size_equal_single_runs() {
 fn span_batches_through_the_batch_tile_equal_single_runs() {
     let _device = device_lock();
     let Some(gpu) = backend() else { return };
-    std::env::set_var("FISH_GPU_BATCH_EMULATED", "1");
-    let result = std::panic::catch_unwind(|| batches_of_12_equal_single_runs(gpu));
-    std::env::remove_var("FISH_GPU_BATCH_EMULATED");
+    with_env(&[("FISH_GPU_BATCH_EMULATED", "1")], || {
+        batches_of_12_equal_single_runs(gpu)
+    });
+}
+
+/// The same through the per-subgroup staging of the batch tile
+/// (shaders/matmul_coopmat_stream.comp: two subgroups of 16 rows, 64-value
+/// steps, the down projection's 24 steps split across workgroups), emulated
+/// where the device has no cooperative matrices. (A device with them keeps
+/// the batch tile it chose when it opened, so there this repeats the test
+/// above; tests/coopmat_stream.rs in fish-vk runs the real kernel.)
+#[test]
+fn span_batches_through_the_per_subgroup_batch_tile_equal_single_runs() {
+    let _device = device_lock();
+    let Some(gpu) = backend() else { return };
+    let vars = [
+        ("FISH_GPU_BATCH_EMULATED", "1"),
+        ("FISH_VK_BATCH_PIPELINE", "3"),
+        ("FISH_VK_BATCH_TILE", "2,1,1,1"),
+        ("FISH_VK_BATCH_BK", "64"),
+    ];
+    with_env(&vars, || batches_of_12_equal_single_runs(gpu));
+}
+
+/// Runs `f` with `vars` set (the emulated batch tile reads them at each
+/// plan), removing them afterwards, also when `f` panics. Callers hold the
+/// device lock, which every test of this binary takes.
+fn with_env(vars: &[(&str, &str)], f: impl FnOnce() + std::panic::UnwindSafe) {
+    for (k, v) in vars {
+        std::env::set_var(k, v);
+    }
+    let result = std::panic::catch_unwind(f);
+    for (k, _) in vars {
+        std::env::remove_var(k);
+    }
     if let Err(panic) = result {
         std::panic::resume_unwind(panic);
     }
