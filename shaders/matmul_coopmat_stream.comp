@@ -106,7 +106,9 @@ uint sub_row0;
 
 // Issues the global loads of this subgroup's rows of the step at k0 into
 // register set `set` (callers pass a literal). n_in is a multiple of 32, so
-// a run lies wholly inside or past the row.
+// a run lies wholly inside or past the row, and value k0 + 32 kr is inside
+// exactly when run kr is (a K-quant run's chunk starts at k0 + 64 (kr / 2),
+// and K-quant rows are multiples of 256 values).
 void fetch_rows(uint k0, uint set) {
     [[unroll]] for (uint t = 0u; t < TASKS_PER_LANE; t++) {
         uint task = t * LANES + lane;
