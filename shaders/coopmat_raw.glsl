@@ -266,24 +266,42 @@ void raw_decode(RawGroup r, uint g, out vec4 lo, out vec4 hi) {
 }
 
 #elif defined(TYPE_Q6_K)
-// v: the word holding d, two ql words, two qh words, the word holding the
-// group's scale byte. Block bodies are 208 bytes, so they start on a word.
-RawGroup raw_fetch(uint row_byte, uint g) {
-    RawGroup r;
+// Where group g of a Q6_K row lies (also coopmat_runs.glsl's runs): its
+// block's body (208 bytes, so it starts on a word), half n, quarter qq,
+// first value l0 within the quarter, and the word holding the block's d.
+struct Q6Group {
+    uint block_byte;
+    uint n;
+    uint qq;
+    uint l0;
+    uint d_word;
+};
+
+Q6Group q6_group(uint row_byte, uint g) {
+    Q6Group q;
     uint blk = g / GROUPS_PER_BLOCK;
     uint k = g - blk * GROUPS_PER_BLOCK;
-    uint block_byte = row_byte + blk * Q6_BODY_BYTES;
-    r.v[0] = w[(row_byte + Q6_BODY_BYTES * blocks_per_row() + 2u * blk) >> 2];
-    uint n = k >> 4;
-    uint qq = (k >> 2) & 3u;
-    uint l0 = (k & 3u) * 8u;
-    uvec2 ql = fetch8(block_byte + 64u * n + 32u * (qq & 1u) + l0);
-    uvec2 qh = fetch8(block_byte + 128u + 32u * n + l0);
+    q.block_byte = row_byte + blk * Q6_BODY_BYTES;
+    q.n = k >> 4;
+    q.qq = (k >> 2) & 3u;
+    q.l0 = (k & 3u) * 8u;
+    q.d_word = w[(row_byte + Q6_BODY_BYTES * blocks_per_row() + 2u * blk) >> 2];
+    return q;
+}
+
+// v: the word holding d, two ql words, two qh words, the word holding the
+// group's scale byte.
+RawGroup raw_fetch(uint row_byte, uint g) {
+    RawGroup r;
+    Q6Group q = q6_group(row_byte, g);
+    r.v[0] = q.d_word;
+    uvec2 ql = fetch8(q.block_byte + 64u * q.n + 32u * (q.qq & 1u) + q.l0);
+    uvec2 qh = fetch8(q.block_byte + 128u + 32u * q.n + q.l0);
     r.v[1] = ql.x;
     r.v[2] = ql.y;
     r.v[3] = qh.x;
     r.v[4] = qh.y;
-    r.v[5] = w[(block_byte + 192u + 8u * n + (l0 >> 4) + 2u * qq) >> 2];
+    r.v[5] = w[(q.block_byte + 192u + 8u * q.n + (q.l0 >> 4) + 2u * q.qq) >> 2];
     return r;
 }
 

@@ -79,19 +79,15 @@ struct RawRun {
 
 RawRun run_fetch(uint row_byte, uint g0) {
     RawRun r;
-    uint blk = g0 / GROUPS_PER_BLOCK;
-    uint k = g0 - blk * GROUPS_PER_BLOCK;
-    uint block_byte = row_byte + blk * Q6_BODY_BYTES;
-    uint n = k >> 4;
-    uint qq = (k >> 2) & 3u;
-    r.d = w[(row_byte + Q6_BODY_BYTES * blocks_per_row() + 2u * blk) >> 2];
-    uint l16 = (block_byte + 64u * n + 32u * (qq & 1u)) >> 4;
+    Q6Group q = q6_group(row_byte, g0);
+    r.d = q.d_word;
+    uint l16 = (q.block_byte + 64u * q.n + 32u * (q.qq & 1u)) >> 4;
     r.ql[0] = raw_w4[l16];
     r.ql[1] = raw_w4[l16 + 1u];
-    uint h16 = (block_byte + 128u + 32u * n) >> 4;
+    uint h16 = (q.block_byte + 128u + 32u * q.n) >> 4;
     r.qh[0] = raw_w4[h16];
     r.qh[1] = raw_w4[h16 + 1u];
-    r.sc = w[(block_byte + 192u + 8u * n + 2u * qq) >> 2];
+    r.sc = w[(q.block_byte + 192u + 8u * q.n + 2u * q.qq) >> 2];
     return r;
 }
 

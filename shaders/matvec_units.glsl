@@ -221,9 +221,7 @@ void decode_codes(Unit un, uint run, out uvec4 v, out float scale, out float min
     v = qq < 2u ? l4 & 0x0f0f0f0fu : (l4 >> 4) & 0x0f0f0f0fu;
     v |= ((un.qh >> (2u * qq)) & 0x03030303u) << 4;
     uint s = 8u * un.n + un.half_l + 2u * qq;
-    // The signed scale byte, biased by 128 to decode it as an unsigned field.
-    uint sc = ((un.scales[s / 4u] >> (8u * (s % 4u))) & 0xFFu) ^ 0x80u;
-    scale = un.d * (small_uint_float(sc) - 128.0);
+    scale = un.d * sbyte_float((un.scales[s / 4u] >> (8u * (s % 4u))) & 0xFFu);
     minv = 0.0;
 }
 uint run_x4(uint u, uint run) {

@@ -289,6 +289,7 @@ impl Gpu {
     /// follows its tile's staging (`tile`, CoopMatTile::module_family).
     fn module_name(&self, ty: WeightFormat, kernel: Kernel, tile: Option<CoopMatTile>) -> String {
         let suffix = ty.name().to_ascii_lowercase();
+        let family = tile.map_or("coopmat", |t| t.module_family());
         match kernel {
             Kernel::Matvec if self.info.subgroup_arithmetic => format!("matvec_subgroup_{suffix}"),
             Kernel::Matvec | Kernel::MatvecSharedReduce => format!("matvec_{suffix}"),
@@ -299,14 +300,9 @@ impl Gpu {
             Kernel::MatvecPrenormed => format!("matvec_prenormed_{suffix}"),
             Kernel::MatvecGated(_) => format!("matvec_gated_{suffix}"),
             Kernel::Tiled | Kernel::Auto => format!("tiled_{suffix}"),
-            Kernel::CoopMat | Kernel::CoopMatBatch => {
-                format!("{}_{suffix}", tile.map_or("coopmat", |t| t.module_family()))
-            }
+            Kernel::CoopMat | Kernel::CoopMatBatch => format!("{family}_{suffix}"),
             Kernel::CoopMatEmulated | Kernel::CoopMatBatchEmulated => {
-                format!(
-                    "{}_emu_{suffix}",
-                    tile.map_or("coopmat", |t| t.module_family())
-                )
+                format!("{family}_emu_{suffix}")
             }
         }
     }

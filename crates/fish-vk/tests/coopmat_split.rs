@@ -2,7 +2,7 @@
 //! (shaders/matmul_coopmat.comp WARPS_K) and across workgroups (split_k.rs,
 //! where a dispatch has few tiles), emulated so that it runs on any
 //! device (lavapipe in CI), for every weight type against the CPU and bit
-//! for bit between the two stagings.
+//! for bit between the stagings.
 //!
 //! This binary sets FISH_VK_BATCH_TILE / FISH_VK_BATCH_BK before the device
 //! opens (every test here asks for the same values), so that the split runs

@@ -80,7 +80,7 @@ pub fn assert_same_bits(reference: &[f32], y: &[f32], what: &str) {
         .position(|(a, b)| a.to_bits() != b.to_bits());
     if let Some(i) = differing {
         panic!(
-            "{what}: output {i} is {} where the synchronous staging gave {}",
+            "{what}: output {i} is {} where the first staging gave {}",
             y[i], reference[i]
         );
     }
