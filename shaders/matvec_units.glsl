@@ -15,7 +15,33 @@
 // fewer weight bytes in flight.)
 //
 // Quants become floats without int-to-float conversions (byte_fields and
-// small_uint_float, dequant.glsl).
+// small_uint_float, dequant.glsl), and Q4_K's nibbles two at a time: a field
+// OR-ed into the mantissa of f16 1024.0 reads as 1024 + field (pair_fields),
+// one logic instruction per two values where byte_fields takes one per value.
+// The matvec is bound by its instructions on the H200 (every quantised type
+// ran at about the same time per value), so what counts is instructions per
+// value: for Q4_K the pairs measured +4% over byte_fields and the scale
+// decode shared by a unit's two runs +7% (docs/BENCHMARKS.md); for whole
+// bytes (Q5_0, Q6_K, Q8_0) the pairs lost 3-8%, since their conversion and
+// subtraction outnumber the logic saved, and for Q4_0 they were mixed. The
+// 1024 is subtracted per value, exactly, so the floats are those byte_fields
+// gives. (Leaving it in and folding it into the run's min would save that
+// subtraction but loses ~10 bits of the run's sum to cancellation: measured
+// past the kernel tests' bound.)
+
+// f16 1024.0 in both halves of a word.
+const uint F16_1024X2 = 0x64006400u;
+
+// The fields that `mask` selects in each byte of v (mask names them for
+// bytes 0 and 2; bytes 1 and 3 are read through v >> 8), byte i in
+// component i, each as 1024 + the field's bits read as an integer (fields
+// of bits 4..7 thus read 16 times their value). Fields must stay below
+// 1024, so that the sum is exact.
+vec4 pair_fields(uint v, uint mask) {
+    vec2 e = unpackHalf2x16((v & mask) | F16_1024X2);
+    vec2 o = unpackHalf2x16(((v >> 8) & mask) | F16_1024X2);
+    return vec4(e.x, o.x, e.y, o.y);
+}
 
 #if defined(TYPE_F32)
 #define UNIT_VALUES 32u
@@ -169,24 +195,41 @@ Unit load_unit(uint row_byte, uint u) {
     return un;
 }
 #define CODE_OFFSET 0.0
+// The 6-bit scales and mins of sub-blocks 2c and 2c + 1 as floats (sc0,
+// sc1, m0, m1). Sub-blocks j < 4: 6 bits of byte j (scale) and j + 4
+// (min); j >= 4: 4 bits of byte j + 4 and the top 2 bits of bytes j - 4 /
+// j. The two sub-blocks' bytes sit side by side in each head word, so one
+// set of shifts and masks serves both (the run loop computes it once).
+vec4 q4k_scales_mins(uvec4 head, uint c) {
+    uint s16 = 16u * (c & 1u);
+    uint y = head.y >> s16;
+    uint z = head.z >> s16;
+    uint e = head.w >> s16;
+    uint sc = c < 2u ? y & 0x3F3Fu : (e & 0x0F0Fu) | ((y >> 2) & 0x3030u);
+    uint m = c < 2u ? z & 0x3F3Fu : ((e >> 4) & 0x0F0Fu) | ((z >> 2) & 0x3030u);
+    return pair_fields(sc | (m << 16), 0x00FF00FFu) - 1024.0;
+}
+// The scale and min of run `run` of the unit (sub-block 2c + run).
+void q4k_run_scale(Unit un, uint run, out float scale, out float minv) {
+    vec4 sm = q4k_scales_mins(un.head, un.c);
+    vec2 dd = unpackHalf2x16(un.head.x);
+    scale = dd.x * (run == 0u ? sm.x : sm.y);
+    minv = -dd.y * (run == 0u ? sm.z : sm.w);
+}
 void decode_codes(Unit un, uint run, out uvec4 v, out float scale, out float minv) {
     uint j = 2u * un.c + run;
-    // Sub-blocks j < 4: 6 bits of byte j (scale) and j + 4 (min); j >= 4:
-    // 4 bits of byte j + 4 and the top 2 bits of bytes j - 4 / j.
-    uint sh = 8u * (j & 3u);
-    uint b_sc = (un.head.y >> sh) & 0xFFu;
-    uint b_m = (un.head.z >> sh) & 0xFFu;
-    uint b_e = (un.head.w >> sh) & 0xFFu;
-    uint sc = j < 4u ? b_sc & 63u : (b_e & 15u) | ((b_sc >> 6) << 4);
-    uint m = j < 4u ? b_m & 63u : (b_e >> 4) | ((b_m >> 6) << 4);
-    vec2 dd = unpackHalf2x16(un.head.x);
-    scale = dd.x * small_uint_float(sc);
-    minv = -dd.y * small_uint_float(m);
+    q4k_run_scale(un, run, scale, minv);
     v = run == 0u ? un.qs & 0x0f0f0f0fu : (un.qs >> 4) & 0x0f0f0f0fu;
 #if defined(TYPE_Q5_K)
     v |= ((un.qh >> j) & 0x01010101u) << 4;
 #endif
 }
+#if defined(TYPE_Q4_K)
+#define NIBBLE_RUNS 1
+void run_scale(Unit un, uint run, out float scale, out float minv) {
+    q4k_run_scale(un, run, scale, minv);
+}
+#endif
 uint run_x4(uint u, uint run) {
     uint sb = u / 8u;
     uint v = u % 8u;
@@ -281,7 +324,21 @@ uint run_x4(uint u, uint run) { return 32u * u + 4u * run; }
 #define HAS_MIN 1
 #endif
 
-#if defined(CODE_OFFSET)
+#if defined(NIBBLE_RUNS)
+// Run 0 is the low nibbles of the unit's qs, run 1 the high ones (run_scale
+// gives each run's scale and min): masked in place, the low ones read as
+// 1024 + code and the high ones as 1024 + 16 code, and one exact fma per
+// value leaves code - CODE_OFFSET. Four logic instructions per eight values.
+void decode_run(Unit un, uint run, out vec4 q[4], out float scale, out float minv) {
+    uint mask = run == 0u ? 0x000F000Fu : 0x00F000F0u;
+    float unit_value = run == 0u ? 1.0 : 1.0 / 16.0;
+    float bias = -(1024.0 * unit_value + CODE_OFFSET);
+    for (uint k = 0u; k < 4u; k++) {
+        q[k] = pair_fields(un.qs[k], mask) * unit_value + bias;
+    }
+    run_scale(un, run, scale, minv);
+}
+#elif defined(CODE_OFFSET)
 // A quantised type: its floats are its codes minus the offset.
 void decode_run(Unit un, uint run, out vec4 q[4], out float scale, out float minv) {
     uvec4 v;
