@@ -224,7 +224,7 @@ impl SpanBackend for VulkanBackend {
             rope_tables: 1 + usize::from(swa),
             n_vocab: with_output.then_some(cfg.n_vocab),
         };
-        let bytes = footprint.device_bytes();
+        let bytes = footprint.device_bytes(self.gpu());
         let held = self.gpu().reserve(bytes).map_err(map_err)?;
         *self.span_hold.lock().unwrap_or_else(|e| e.into_inner()) = Some(held);
         Ok(bytes)

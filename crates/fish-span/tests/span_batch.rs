@@ -167,6 +167,39 @@ fn span_batches_through_the_per_subgroup_batch_tile_equal_single_runs() {
     with_env(&vars, || batches_of_12_equal_single_runs(gpu));
 }
 
+/// Placement holds a span's device memory before the span exists: the hold
+/// must cover the split scratch of the batch tile the knobs pick, which for
+/// a per-subgroup 64 x 16 tile is twice the default tile's (~8 MB against
+/// ~4 MB), not the default's alone.
+#[test]
+fn the_span_hold_covers_the_scratch_of_a_wider_batch_tile() {
+    let _device = device_lock();
+    let Some(gpu) = backend() else { return };
+    let vars = [
+        ("FISH_GPU_BATCH_EMULATED", "1"),
+        ("FISH_VK_BATCH_PIPELINE", "3"),
+        ("FISH_VK_BATCH_TILE", "4,1,1,1"),
+        ("FISH_VK_BATCH_BK", "64"),
+    ];
+    with_env(&vars, || {
+        let model = placed(gpu.clone());
+        let first = model.cfg.n_layer - GPU_LAYERS;
+        let span = gpu.as_span().expect("spans");
+        span.span_end();
+        let held = span
+            .span_hold(&model.cfg, GPU_LAYERS, N_CTX, true)
+            .expect("hold");
+        span.span_release_hold();
+        let spec = model.span_spec(first, N_CTX).expect("placed");
+        let used = span.span_begin(&spec).expect("span_begin");
+        span.span_end();
+        assert!(
+            used <= held,
+            "the span allocated {used} bytes, more than the {held} held for it"
+        );
+    });
+}
+
 /// Runs `f` with `vars` set (the emulated batch tile reads them at each
 /// plan), removing them afterwards, also when `f` panics. Callers hold the
 /// device lock, which every test of this binary takes.

@@ -96,12 +96,6 @@ impl ScratchNeed {
     }
 }
 
-/// Scratch bytes of the default batch tile (BATCH_WARPS on 16x16
-/// fragments: 32 x 16 tiles), counted in a span's footprint before its
-/// device is known.
-pub(crate) const DEFAULT_SCRATCH_BYTES: u64 =
-    4 * SPLIT_REGIONS as u64 * SPLIT_TARGET_WORKGROUPS as u64 * (1 + 32 * 16);
-
 impl crate::gpu::Gpu {
     /// The batch tile a span's batched forwards may split: the device's, or
     /// with FISH_GPU_BATCH_EMULATED=1 the emulated one (record.rs).
@@ -225,7 +219,8 @@ mod tests {
         }
         let need = ScratchNeed::of(Some(&t));
         assert_eq!(need.counter_bytes, 4 * 4 * 512);
-        assert_eq!(need.bytes, DEFAULT_SCRATCH_BYTES);
+        // Four regions of 512 workgroups' counters and 32 x 16 partial tiles.
+        assert_eq!(need.bytes, 4 * 4 * 512 * (1 + 32 * 16));
         assert_eq!(ScratchNeed::of(None), ScratchNeed::NONE);
     }
 }

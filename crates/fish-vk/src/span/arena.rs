@@ -10,7 +10,7 @@ use crate::error::Result;
 use crate::gpu::Gpu;
 use crate::int8_dot::int8_token_bytes;
 use crate::kernels::MATVEC_MAX_TOKENS;
-use crate::split_k::{self, ScratchNeed};
+use crate::split_k::ScratchNeed;
 
 /// Tokens the residual stream is first sized for (it grows on demand).
 const INITIAL_TOKENS: usize = 256;
@@ -84,21 +84,27 @@ fn sizes(shape: &SpanShape, n_ff: usize) -> [(usize, MemoryKind); 11] {
     ]
 }
 
+/// The split scratch of the span's batched forwards on `gpu`.
+fn split_scratch(gpu: &Gpu) -> ScratchNeed {
+    ScratchNeed::of(gpu.span_split_tile().as_ref())
+}
+
 impl Arena {
-    /// Device bytes `new` allocates for feed-forward width `n_ff` (the split
-    /// scratch counted for the default batch tile).
-    pub fn initial_device_bytes(shape: &SpanShape, n_ff: usize) -> u64 {
+    /// Device bytes `new` allocates on `gpu` for feed-forward width `n_ff`,
+    /// the split scratch included (sized for the batch tile the device's
+    /// knobs pick, as `new` sizes it).
+    pub fn initial_device_bytes(gpu: &Gpu, shape: &SpanShape, n_ff: usize) -> u64 {
         sizes(shape, n_ff)
             .iter()
             .filter(|(_, kind)| matches!(kind, MemoryKind::Device))
             .map(|&(n, _)| f32_bytes(n))
             .sum::<u64>()
-            + split_k::DEFAULT_SCRATCH_BYTES
+            + split_scratch(gpu).bytes
     }
 
     pub fn new(gpu: &Gpu, shape: &SpanShape, layers: &[LayerTensors]) -> Result<Arena> {
         let n_ff = layers.iter().map(|l| l.n_ff).max().unwrap_or(0);
-        let split = ScratchNeed::of(gpu.span_split_tile().as_ref());
+        let split = split_scratch(gpu);
         let sizes = sizes(shape, n_ff)
             .into_iter()
             .map(|(n, kind)| (f32_bytes(n), kind))

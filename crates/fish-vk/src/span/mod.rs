@@ -77,15 +77,16 @@ pub struct SpanFootprint {
 }
 
 impl SpanFootprint {
-    /// Device bytes `span_create` allocates at most: parameters (counting
-    /// every optional vector), the arena, the first KV and the logits.
-    pub fn device_bytes(&self) -> u64 {
+    /// Device bytes `span_create` allocates at most on `gpu`: parameters
+    /// (counting every optional vector), the arena (with the split scratch
+    /// of the batch tile `gpu` picks), the first KV and the logits.
+    pub fn device_bytes(&self, gpu: &Gpu) -> u64 {
         let s = &self.shape;
         let per_layer = 4 * s.n_embd + s.q_dim() + s.k_dim() + s.v_dim() + 2 * s.head_dim;
         let params = self.n_layers * per_layer + self.rope_tables * s.n_ctx * s.n_rot + s.n_embd;
         let f32_bytes = |n: usize| (n as u64 * 4).next_multiple_of(16);
         f32_bytes(params)
-            + Arena::initial_device_bytes(s, self.n_ff)
+            + Arena::initial_device_bytes(gpu, s, self.n_ff)
             + KvCache::initial_bytes(s, self.n_layers)
             + self.n_vocab.map_or(0, f32_bytes)
     }
