@@ -199,7 +199,8 @@ Unit load_unit(uint row_byte, uint u) {
 // sc1, m0, m1). Sub-blocks j < 4: 6 bits of byte j (scale) and j + 4
 // (min); j >= 4: 4 bits of byte j + 4 and the top 2 bits of bytes j - 4 /
 // j. The two sub-blocks' bytes sit side by side in each head word, so one
-// set of shifts and masks serves both (the run loop computes it once).
+// set of shifts and masks serves both: the unrolled run loop asks for the
+// same expression twice and the driver computes it once.
 vec4 q4k_scales_mins(uvec4 head, uint c) {
     uint s16 = 16u * (c & 1u);
     uint y = head.y >> s16;
@@ -210,25 +211,22 @@ vec4 q4k_scales_mins(uvec4 head, uint c) {
     return pair_fields(sc | (m << 16), 0x00FF00FFu) - 1024.0;
 }
 // The scale and min of run `run` of the unit (sub-block 2c + run).
-void q4k_run_scale(Unit un, uint run, out float scale, out float minv) {
+void run_scale(Unit un, uint run, out float scale, out float minv) {
     vec4 sm = q4k_scales_mins(un.head, un.c);
     vec2 dd = unpackHalf2x16(un.head.x);
     scale = dd.x * (run == 0u ? sm.x : sm.y);
     minv = -dd.y * (run == 0u ? sm.z : sm.w);
 }
 void decode_codes(Unit un, uint run, out uvec4 v, out float scale, out float minv) {
-    uint j = 2u * un.c + run;
-    q4k_run_scale(un, run, scale, minv);
+    run_scale(un, run, scale, minv);
     v = run == 0u ? un.qs & 0x0f0f0f0fu : (un.qs >> 4) & 0x0f0f0f0fu;
 #if defined(TYPE_Q5_K)
-    v |= ((un.qh >> j) & 0x01010101u) << 4;
+    v |= ((un.qh >> (2u * un.c + run)) & 0x01010101u) << 4;
 #endif
 }
 #if defined(TYPE_Q4_K)
+// Q4_K's float decode takes the nibbles straight from qs (decode_run below).
 #define NIBBLE_RUNS 1
-void run_scale(Unit un, uint run, out float scale, out float minv) {
-    q4k_run_scale(un, run, scale, minv);
-}
 #endif
 uint run_x4(uint u, uint run) {
     uint sb = u / 8u;
@@ -328,7 +326,8 @@ uint run_x4(uint u, uint run) { return 32u * u + 4u * run; }
 // Run 0 is the low nibbles of the unit's qs, run 1 the high ones (run_scale
 // gives each run's scale and min): masked in place, the low ones read as
 // 1024 + code and the high ones as 1024 + 16 code, and one exact fma per
-// value leaves code - CODE_OFFSET. Four logic instructions per eight values.
+// value leaves code - CODE_OFFSET. Five logic instructions per qs word
+// (eight values, both runs: the shift by 8 serves both).
 void decode_run(Unit un, uint run, out vec4 q[4], out float scale, out float minv) {
     uint mask = run == 0u ? 0x000F000Fu : 0x00F000F0u;
     float unit_value = run == 0u ? 1.0 : 1.0 / 16.0;
