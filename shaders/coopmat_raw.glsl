@@ -52,23 +52,6 @@ float f16_in(uint word, uint byte_addr) {
     return unpackHalf2x16((word >> ((byte_addr & 2u) * 8u)) & 0xffffu).x;
 }
 
-// scale_min_k4 of dequant.glsl over the packing held in three words, the
-// same integers: sub-block j's bytes are byte j & 3 of each word (j < 4:
-// scale = word 0, min = word 1, low 6 bits; j >= 4: the low / high nibble of
-// word 2 under the top 2 bits of words 0 / 1), so the two cases differ only
-// in the final masks and one select picks between them. (The lanes of a
-// staging step decode different sub-blocks, so a branch on j < 4 diverged
-// and every lane paid for both cases.)
-vec2 scale_min_k4_words(uvec3 s, uint j) {
-    uint sh = 8u * (j & 3u);
-    uint b0 = (s.x >> sh) & 0xffu;
-    uint b1 = (s.y >> sh) & 0xffu;
-    uint e = (s.z >> sh) & 0xffu;
-    uint sc = j < 4u ? b0 & 63u : (e & 15u) | ((b0 >> 2) & 48u);
-    uint m = j < 4u ? b1 & 63u : (e >> 4) | ((b1 >> 2) & 48u);
-    return vec2(small_uint_float(sc), small_uint_float(m));
-}
-
 #if defined(TYPE_F32)
 #define RAW_WORDS 8u
 #elif defined(TYPE_F16)

@@ -97,16 +97,27 @@ uint spread4(uint b) {
 #define blocks_per_row() (p.n_in / BLOCK_VALUES)
 
 // Scale and min of sub-block j from the 12-byte 6-bit packing of Q4_K, Q5_K
-// and FQ3 that starts at byte scales_byte.
-vec2 scale_min_k4(uint scales_byte, uint j) {
-    if (j < 4u) {
-        return vec2(small_uint_float(load_u8(scales_byte + j) & 63u),
-                    small_uint_float(load_u8(scales_byte + j + 4u) & 63u));
-    }
-    uint e = load_u8(scales_byte + j + 4u);
-    uint sc = (e & 15u) | ((load_u8(scales_byte + j - 4u) >> 6) << 4);
-    uint m = (e >> 4) | ((load_u8(scales_byte + j) >> 6) << 4);
+// and FQ3 held in three words: sub-block j's bytes are byte j & 3 of each
+// word (j < 4: scale = word 0, min = word 1, low 6 bits; j >= 4: the low /
+// high nibble of word 2 under the top 2 bits of words 0 / 1), so the two
+// cases differ only in the final masks and one select picks between them.
+// (Neighbouring lanes decode different sub-blocks: a branch on j < 4
+// diverged and every lane paid for both cases.)
+vec2 scale_min_k4_words(uvec3 s, uint j) {
+    uint sh = 8u * (j & 3u);
+    uint b0 = (s.x >> sh) & 0xffu;
+    uint b1 = (s.y >> sh) & 0xffu;
+    uint e = (s.z >> sh) & 0xffu;
+    uint sc = j < 4u ? b0 & 63u : (e & 15u) | ((b0 >> 2) & 48u);
+    uint m = j < 4u ? b1 & 63u : (e >> 4) | ((b1 >> 2) & 48u);
     return vec2(small_uint_float(sc), small_uint_float(m));
+}
+
+// The same from the packing at byte scales_byte (a word boundary: the
+// packings sit 4 bytes into 16-byte aligned blocks or heads).
+vec2 scale_min_k4(uint scales_byte, uint j) {
+    uint i = scales_byte >> 2;
+    return scale_min_k4_words(uvec3(w[i], w[i + 1u], w[i + 2u]), j);
 }
 
 #if defined(TYPE_F32)
