@@ -268,12 +268,9 @@ impl TiledMatmul<'_> {
         let task = |i: usize| {
             let r0 = i * groups_per_task * TILE_ROWS;
             let r1 = (r0 + groups_per_task * TILE_ROWS).min(n_out);
-            let (kernel, step) = if n_tok == 1 {
-                (kernels.one, 1)
-            } else {
-                (kernels.many, kernels.max_tok)
-            };
+            let step = kernels.max_tok.max(1);
             for t0 in (0..n_tok).step_by(step) {
+                let kernel = kernels.for_tokens((n_tok - t0).min(step));
                 for r in (r0..r1).step_by(TILE_ROWS) {
                     let tile = Tile {
                         w: self.w[r * self.row_bytes..].as_ptr(),

@@ -73,8 +73,14 @@ fn large_matmul_splits_rows_across_threads() {
 
 #[test]
 fn batched_tokens_equal_single_token_calls() {
-    for ty in QUANTISABLE {
-        let (n_in, n_out, n_tok) = (256, 300, 5);
+    // 2, 3 and 5 tokens take the 2-, 4- and widest tile kernels (8 tokens
+    // on AVX-512, 4 for the K-quant tiles), 9 a chunk of the widest and
+    // then a single token.
+    for (ty, n_tok) in QUANTISABLE
+        .into_iter()
+        .flat_map(|ty| [2, 3, 5, 9].map(|n| (ty, n)))
+    {
+        let (n_in, n_out) = (256, 300);
         let mut rng = Lcg(9);
         let bytes = quantize(ty, &rng.vec(n_in * n_out, 0.1));
         let x = rng.vec(n_in * n_tok, 1.0);
@@ -84,13 +90,15 @@ fn batched_tokens_equal_single_token_calls() {
         let acts = quantize_acts(dot_type(ty), &x, n_tok, n_in).unwrap();
         let mut shared = vec![0f32; n_tok * n_out];
         matmul_quantized(w, &acts, &mut shared).unwrap();
-        assert_eq!(batch, shared, "{ty}");
+        assert_eq!(batch, shared, "{ty} n_tok {n_tok}");
         // Q2_K rounds the tokens of a batch taken four at a time as ggml's
-        // interleaved kernels do (per half block): equal up to rounding.
-        let grouped = if ty == GgmlType::Q2_K {
-            n_tok - n_tok % 4
-        } else {
-            0
+        // interleaved kernels do (per half block), Q3_K batches of
+        // TILED_BATCH tokens or more as ggml's tiled kernel does: equal up
+        // to rounding.
+        let grouped = match ty {
+            GgmlType::Q2_K => n_tok - n_tok % 4,
+            GgmlType::Q3_K if n_tok >= fish_quant::blocks::TILED_BATCH => n_tok,
+            _ => 0,
         };
         for t in 0..n_tok {
             let mut one = vec![0f32; n_out];
@@ -98,10 +106,13 @@ fn batched_tokens_equal_single_token_calls() {
             let batched = &batch[t * n_out..(t + 1) * n_out];
             if t < grouped {
                 for (a, b) in one.iter().zip(batched) {
-                    assert!((a - b).abs() <= 1e-5 * a.abs().max(1.0), "{ty} token {t}");
+                    assert!(
+                        (a - b).abs() <= 1e-5 * a.abs().max(1.0),
+                        "{ty} token {t} of {n_tok}"
+                    );
                 }
             } else {
-                assert_eq!(one, batched, "{ty} token {t}");
+                assert_eq!(one, batched, "{ty} token {t} of {n_tok}");
             }
         }
     }

@@ -241,6 +241,8 @@ unsafe fn store<const T: usize>(
 pub unsafe fn q4_k() -> TileKernels {
     TileKernels {
         one: q4_k_tile::<1>,
+        two: q4_k_tile::<2>,
+        four: q4_k_tile::<4>,
         many: q4_k_tile::<4>,
         max_tok: 4,
     }
@@ -250,6 +252,8 @@ pub unsafe fn q4_k() -> TileKernels {
 pub unsafe fn q6_k() -> TileKernels {
     TileKernels {
         one: q6_k_tile::<1>,
+        two: q6_k_tile::<2>,
+        four: q6_k_tile::<4>,
         many: q6_k_tile::<4>,
         max_tok: 4,
     }

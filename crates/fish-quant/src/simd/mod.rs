@@ -197,13 +197,46 @@ pub(crate) struct Tile {
 pub(crate) type TileFn = unsafe fn(&Tile);
 
 /// The tile kernels of one weight format at the detected SIMD level.
+///
+/// A kernel for T tokens does the work of T tokens whatever `toks` says
+/// (missing tokens repeat the last one), so a chunk of a batch takes the
+/// narrowest kernel that covers it: a batch of two on the 8-token tiles
+/// cost as much as a batch of eight (CPU batched decode at B = 2 ran below
+/// B = 1). Every kernel gives each token the same bits.
 #[derive(Clone, Copy)]
 pub(crate) struct TileKernels {
     /// Decode: one token per tile.
     pub one: TileFn,
+    /// Up to two tokens.
+    pub two: TileFn,
+    /// Up to four tokens (up to `max_tok` where that is fewer).
+    pub four: TileFn,
     /// Batches: up to `max_tok` tokens per tile.
     pub many: TileFn,
     pub max_tok: usize,
+}
+
+impl TileKernels {
+    /// The narrowest kernel for a chunk of `toks` (1..=max_tok) tokens.
+    pub fn for_tokens(&self, toks: usize) -> TileFn {
+        match toks {
+            0 | 1 => self.one,
+            2 => self.two,
+            3 | 4 => self.four,
+            _ => self.many,
+        }
+    }
+
+    /// Every kernel with the tokens it takes at most.
+    #[cfg(test)]
+    pub fn each(&self) -> [(usize, TileFn); 4] {
+        [
+            (1, self.one),
+            (2.min(self.max_tok), self.two),
+            (4.min(self.max_tok), self.four),
+            (self.max_tok, self.many),
+        ]
+    }
 }
 
 /// The AVX-512 VNNI tiles of a 32-value format: 512-bit vectors holding
@@ -219,6 +252,8 @@ unsafe fn avx512_tiles<const F: u8>() -> TileKernels {
     }
     TileKernels {
         one: tiles512::tile::<F, 1>,
+        two: tiles512::tile::<F, 2>,
+        four: tiles512::tile::<F, 4>,
         many: tiles512::tile::<F, WIDE_TILE_TOKENS>,
         max_tok: WIDE_TILE_TOKENS,
     }

@@ -393,7 +393,7 @@ fn interleaved_q4_0_tiles_match_the_portable_dot_exactly() {
     let mut lane_rounding_differs = false;
     for (name, kernels) in instances {
         for rows in [4, 3, 1] {
-            for (toks, kernel) in [(1, kernels.one), (kernels.max_tok, kernels.many)] {
+            for (toks, kernel) in kernels.each() {
                 let mut y = vec![f32::NAN; 4 * toks];
                 let tile = Tile {
                     w: bytemuck::cast_slice::<BlockQ4_0, u8>(&w).as_ptr(),

@@ -235,13 +235,25 @@ macro_rules! define_tiles {
             }
         }
 
-        /// The tile kernels of format `F`: one token, and up to `MAX_TOK`.
+        /// The tile kernels of format `F`: one token, two, four (at most
+        /// `MAX_TOK`), and up to `MAX_TOK`.
         ///
         /// # Safety
         /// The CPU must have the features of this level.
         pub unsafe fn tiles<const F: u8>() -> crate::simd::TileKernels {
             crate::simd::TileKernels {
                 one: tile::<F, 1>,
+                two: tile::<F, 2>,
+                four: tile::<
+                    F,
+                    {
+                        if $max_tok < 4 {
+                            $max_tok
+                        } else {
+                            4
+                        }
+                    },
+                >,
                 many: tile::<F, $max_tok>,
                 max_tok: $max_tok,
             }
