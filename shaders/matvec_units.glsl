@@ -196,7 +196,8 @@ Unit load_unit(uint row_byte, uint u) {
 }
 #define CODE_OFFSET 0.0
 // The 6-bit scales and mins of sub-blocks 2c and 2c + 1 as floats (sc0,
-// sc1, m0, m1). Sub-blocks j < 4: 6 bits of byte j (scale) and j + 4
+// sc1, m0, m1): scale_min_k4_words (dequant.glsl) for two neighbouring
+// sub-blocks at once. Sub-blocks j < 4: 6 bits of byte j (scale) and j + 4
 // (min); j >= 4: 4 bits of byte j + 4 and the top 2 bits of bytes j - 4 /
 // j. The two sub-blocks' bytes sit side by side in each head word, so one
 // set of shifts and masks serves both: the unrolled run loop asks for the
@@ -224,10 +225,6 @@ void decode_codes(Unit un, uint run, out uvec4 v, out float scale, out float min
     v |= ((un.qh >> (2u * un.c + run)) & 0x01010101u) << 4;
 #endif
 }
-#if defined(TYPE_Q4_K)
-// Q4_K's float decode takes the nibbles straight from qs (decode_run below).
-#define NIBBLE_RUNS 1
-#endif
 uint run_x4(uint u, uint run) {
     uint sb = u / 8u;
     uint v = u % 8u;
@@ -322,8 +319,8 @@ uint run_x4(uint u, uint run) { return 32u * u + 4u * run; }
 #define HAS_MIN 1
 #endif
 
-#if defined(NIBBLE_RUNS)
-// Run 0 is the low nibbles of the unit's qs, run 1 the high ones (run_scale
+#if defined(TYPE_Q4_K)
+// Q4_K takes its nibbles straight from qs. Run 0 is the low nibbles of the unit's qs, run 1 the high ones (run_scale
 // gives each run's scale and min): masked in place, the low ones read as
 // 1024 + code and the high ones as 1024 + 16 code, and one exact fma per
 // value leaves code - CODE_OFFSET. Five logic instructions per qs word

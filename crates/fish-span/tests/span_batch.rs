@@ -158,13 +158,7 @@ fn span_batches_through_the_batch_tile_equal_single_runs() {
 fn span_batches_through_the_per_subgroup_batch_tile_equal_single_runs() {
     let _device = device_lock();
     let Some(gpu) = backend() else { return };
-    let vars = [
-        ("FISH_GPU_BATCH_EMULATED", "1"),
-        ("FISH_VK_BATCH_PIPELINE", "3"),
-        ("FISH_VK_BATCH_TILE", "2,1,1,1"),
-        ("FISH_VK_BATCH_BK", "64"),
-    ];
-    with_env(&vars, || batches_of_12_equal_single_runs(gpu));
+    with_per_subgroup_tile("2,1,1,1", || batches_of_12_equal_single_runs(gpu));
 }
 
 /// Placement holds a span's device memory before the span exists: the hold
@@ -175,13 +169,7 @@ fn span_batches_through_the_per_subgroup_batch_tile_equal_single_runs() {
 fn the_span_hold_covers_the_scratch_of_a_wider_batch_tile() {
     let _device = device_lock();
     let Some(gpu) = backend() else { return };
-    let vars = [
-        ("FISH_GPU_BATCH_EMULATED", "1"),
-        ("FISH_VK_BATCH_PIPELINE", "3"),
-        ("FISH_VK_BATCH_TILE", "4,1,1,1"),
-        ("FISH_VK_BATCH_BK", "64"),
-    ];
-    with_env(&vars, || {
+    with_per_subgroup_tile("4,1,1,1", || {
         let model = placed(gpu.clone());
         let first = model.cfg.n_layer - GPU_LAYERS;
         let span = gpu.as_span().expect("spans");
@@ -198,6 +186,18 @@ fn the_span_hold_covers_the_scratch_of_a_wider_batch_tile() {
             "the span allocated {used} bytes, more than the {held} held for it"
         );
     });
+}
+
+/// Runs `f` with the emulated batch tile staged per subgroup
+/// (`FISH_VK_BATCH_PIPELINE=3`), tile `wm,wn,fm,fn` and 64-value steps.
+fn with_per_subgroup_tile(tile: &str, f: impl FnOnce() + std::panic::UnwindSafe) {
+    let vars = [
+        ("FISH_GPU_BATCH_EMULATED", "1"),
+        ("FISH_VK_BATCH_PIPELINE", "3"),
+        ("FISH_VK_BATCH_TILE", tile),
+        ("FISH_VK_BATCH_BK", "64"),
+    ];
+    with_env(&vars, f);
 }
 
 /// Runs `f` with `vars` set (the emulated batch tile reads them at each
