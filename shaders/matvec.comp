@@ -30,6 +30,15 @@
 // p.norm_off floats later, and each x value is act(gate) * up as it is read.
 // Specialisation constant 4 picks the activation: 0 SiLU, 1 tanh GELU
 // (span_act.comp computes the same expressions).
+//
+// With GATE_UP it is the gate/up matvec with the gated activation in its
+// epilogue (the span's act*mul, fused in decode without redoing any work):
+// binding 0 holds the gate weights and binding 5 the up weights (same type
+// and shape), each workgroup sums its ROWS rows of both and stores
+// act(gate) * up per row, which is what the down projection reads. The
+// sums are those of the plain kernel with the same shape (each thread walks
+// the same units, the reduction is the same), so only the activation's
+// place changes. Specialisation constant 4 picks the activation as for GATED.
 #extension GL_GOOGLE_include_directive : require
 #if defined(USE_SUBGROUP)
 #extension GL_KHR_shader_subgroup_arithmetic : require
@@ -40,7 +49,7 @@ layout(constant_id = 0) const uint WG = 128;
 layout(constant_id = 1) const uint ROWS = 4;
 layout(constant_id = 2) const uint NT = 1;
 layout(constant_id = 3) const uint UNROLL = 1;
-#if defined(GATED)
+#if defined(GATED) || defined(GATE_UP)
 layout(constant_id = 4) const uint GELU = 0;
 #endif
 layout(local_size_x_id = 0) in;
@@ -50,6 +59,22 @@ layout(local_size_x_id = 0) in;
 layout(std430, binding = 0) readonly buffer Weights4 { uvec4 w4[]; };
 #include "dequant.glsl"
 #include "matvec_units.glsl"
+
+#if defined(GATE_UP)
+layout(std430, binding = 5) readonly buffer UpWeights { uint up_w[]; };
+layout(std430, binding = 5) readonly buffer UpWeights4 { uvec4 up_w4[]; };
+// load_up_unit: load_unit over the up weights.
+#define LOAD_UNIT load_up_unit
+#define LOAD_WORDS4 up_w4
+#define LOAD_WORDS up_w
+#include "matvec_loads.glsl"
+#undef LOAD_UNIT
+#undef LOAD_WORDS4
+#undef LOAD_WORDS
+#endif
+#if defined(GATED) || defined(GATE_UP)
+#include "gated_act.glsl"
+#endif
 
 #if defined(RESNORM)
 // The residual matvec that also prepares the next RMS norm (the deferred
@@ -119,8 +144,6 @@ float sumsq[NT];
 #endif
 
 #if defined(GATED)
-#include "gated_act.glsl"
-
 // act(gate) * up for four values of x; `up` is p.norm_off / 4 vec4s later.
 vec4 gated(uint xi) {
     vec4 g = x[xi];
@@ -148,7 +171,7 @@ void scale_by_norm() {
             total += norm_partial[t][j];
         }
         float scale = inversesqrt(total / float(p.n_in) + p.norm_eps);
-        for (uint r = 0u; r < ROWS; r++) {
+        for (uint r = 0u; r < SUM_ROWS; r++) {
             acc[r][t] *= scale;
         }
     }
@@ -194,12 +217,15 @@ void main() {
 #endif
         for (uint u0 = tid; u0 < n_units; u0 += UNROLL * WG) {
             // All loads of UNROLL units first, so that they are in flight together.
-            Unit un[UNROLL][ROWS];
+            Unit un[UNROLL][SUM_ROWS];
             for (uint i = 0u; i < UNROLL; i++) {
                 // Units past the end reload the first one; they are skipped below.
                 uint u = u0 + i * WG < n_units ? u0 + i * WG : u0;
                 for (uint r = 0u; r < ROWS; r++) {
                     un[i][r] = load_unit(row_byte[r], u);
+#if defined(GATE_UP)
+                    un[i][ROWS + r] = load_up_unit(row_byte[r], u);
+#endif
                 }
             }
             for (uint i = 0u; i < UNROLL; i++) {
@@ -208,10 +234,10 @@ void main() {
                     break;
                 }
                 for (uint run = 0u; run < RUNS; run++) {
-                    vec4 q[ROWS][4];
-                    float scale[ROWS];
-                    float minv[ROWS];
-                    for (uint r = 0u; r < ROWS; r++) {
+                    vec4 q[SUM_ROWS][4];
+                    float scale[SUM_ROWS];
+                    float minv[SUM_ROWS];
+                    for (uint r = 0u; r < SUM_ROWS; r++) {
                         decode_run(un[i][r], run, q[r], scale[r], minv[r]);
                     }
                     uint xr = run_x4(u, run);
@@ -240,7 +266,7 @@ void main() {
 #if defined(HAS_MIN)
                         float xsum = dot((x0 + x1) + (x2 + x3), vec4(1.0));
 #endif
-                        for (uint r = 0u; r < ROWS; r++) {
+                        for (uint r = 0u; r < SUM_ROWS; r++) {
                             float s = (dot(q[r][0], x0) + dot(q[r][1], x1)) + (dot(q[r][2], x2) + dot(q[r][3], x3));
 #if defined(HAS_MIN)
                             acc[r][t] += scale[r] * s + minv[r] * xsum;

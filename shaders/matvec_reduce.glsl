@@ -3,17 +3,25 @@
 // (USE_SUBGROUP) or through shared memory, then stored by store_y.
 // Needs WG, ROWS and NT (specialisation constants) and common.glsl.
 
-float acc[ROWS][NT];
+#if defined(GATE_UP)
+// The gate/up matvec sums ROWS gate rows, then the same ROWS rows of up,
+// and stores act(gate) * up per row (matvec.comp).
+const uint SUM_ROWS = 2u * ROWS;
+#else
+const uint SUM_ROWS = ROWS;
+#endif
+
+float acc[SUM_ROWS][NT];
 
 #if defined(USE_SUBGROUP)
 // One partial sum per subgroup (subgroups are at least 4 lanes wide).
-shared float partial[ROWS * NT][WG / 4u];
+shared float partial[SUM_ROWS * NT][WG / 4u];
 #else
-shared float partial[ROWS * NT][WG];
+shared float partial[SUM_ROWS * NT][WG];
 #endif
 
 void clear_sums() {
-    for (uint r = 0u; r < ROWS; r++) {
+    for (uint r = 0u; r < SUM_ROWS; r++) {
         for (uint t = 0u; t < NT; t++) {
             acc[r][t] = 0.0;
         }
@@ -25,7 +33,7 @@ void clear_sums() {
 void store_sums(uint row0, uint t0) {
     uint tid = gl_LocalInvocationID.x;
 #if defined(USE_SUBGROUP)
-    for (uint r = 0u; r < ROWS; r++) {
+    for (uint r = 0u; r < SUM_ROWS; r++) {
         for (uint t = 0u; t < NT; t++) {
             float s = subgroupAdd(acc[r][t]);
             if (subgroupElect()) {
@@ -35,7 +43,7 @@ void store_sums(uint row0, uint t0) {
     }
     uint n_partials = gl_NumSubgroups;
 #else
-    for (uint r = 0u; r < ROWS; r++) {
+    for (uint r = 0u; r < SUM_ROWS; r++) {
         for (uint t = 0u; t < NT; t++) {
             partial[r * NT + t][tid] = acc[r][t];
         }
@@ -51,6 +59,14 @@ void store_sums(uint row0, uint t0) {
             for (uint j = 0u; j < n_partials; j++) {
                 s += partial[i][j];
             }
+#if defined(GATE_UP)
+            // Row r's up sum is item (ROWS + r) * NT + t.
+            float up = 0.0;
+            for (uint j = 0u; j < n_partials; j++) {
+                up += partial[i + ROWS * NT][j];
+            }
+            s = gated_act(s, GELU) * up;
+#endif
 #if defined(RESNORM)
             store_residual_and_normed(i, row0 + r, t0 + t, s);
         } else {

@@ -2,8 +2,9 @@
 // dequant.glsl (included first, with the uvec4 view `w4` of the weights).
 //
 // A row is cut into units of UNIT_VALUES values that one thread loads with
-// 16-byte loads where the layout allows (load_unit), and a unit into RUNS
-// runs of 16 consecutive values that share one scale (and min). decode_run
+// 16-byte loads where the layout allows (load_unit, in matvec_loads.glsl),
+// and a unit into RUNS runs of 16 consecutive values that share one scale
+// (and min). decode_run
 // returns a run's 16 quants as exact small-integer floats q, its scale and
 // its min: the run adds scale * dot(q, x) + minv * sum(x) to the dot
 // product. For the quantised types decode_run is built on decode_codes,
@@ -47,14 +48,6 @@ vec4 pair_fields(uint v, uint mask) {
 #define UNIT_VALUES 32u
 #define RUNS 2u
 struct Unit { uvec4 v[8]; };
-Unit load_unit(uint row_byte, uint u) {
-    Unit un;
-    uint i = row_byte / 16u + 8u * u;
-    for (uint k = 0u; k < 8u; k++) {
-        un.v[k] = w4[i + k];
-    }
-    return un;
-}
 void decode_run(Unit un, uint run, out vec4 q[4], out float scale, out float minv) {
     for (uint k = 0u; k < 4u; k++) {
         q[k] = uintBitsToFloat(un.v[4u * run + k]);
@@ -68,14 +61,6 @@ uint run_x4(uint u, uint run) { return 8u * u + 4u * run; }
 #define UNIT_VALUES 32u
 #define RUNS 2u
 struct Unit { uvec4 v[4]; };
-Unit load_unit(uint row_byte, uint u) {
-    Unit un;
-    uint i = row_byte / 16u + 4u * u;
-    for (uint k = 0u; k < 4u; k++) {
-        un.v[k] = w4[i + k];
-    }
-    return un;
-}
 void decode_run(Unit un, uint run, out vec4 q[4], out float scale, out float minv) {
     uvec4 a = un.v[2u * run];
     uvec4 b = un.v[2u * run + 1u];
@@ -93,16 +78,6 @@ uint run_x4(uint u, uint run) { return 8u * u + 4u * run; }
 #define UNIT_VALUES 32u
 #define RUNS 2u
 struct Unit { uvec4 qs; vec2 dm; };
-Unit load_unit(uint row_byte, uint u) {
-    Unit un;
-    un.qs = w4[row_byte / 16u + u];
-#if defined(TYPE_Q4_0)
-    un.dm = vec2(load_f16(row_byte + 16u * blocks_per_row() + 2u * u), 0.0);
-#else
-    un.dm = unpackHalf2x16(w[(row_byte + 16u * blocks_per_row()) / 4u + u]);
-#endif
-    return un;
-}
 #if defined(TYPE_Q4_0)
 #define CODE_OFFSET 8.0
 #else
@@ -119,18 +94,6 @@ uint run_x4(uint u, uint run) { return 8u * u + 4u * run; }
 #define UNIT_VALUES 32u
 #define RUNS 2u
 struct Unit { uvec4 qs; uint qh; vec2 dm; };
-Unit load_unit(uint row_byte, uint u) {
-    Unit un;
-    uint nb = blocks_per_row();
-    un.qs = w4[row_byte / 16u + u];
-    un.qh = w[(row_byte + 16u * nb) / 4u + u];
-#if defined(TYPE_Q5_0)
-    un.dm = vec2(load_f16(row_byte + 20u * nb + 2u * u), 0.0);
-#else
-    un.dm = unpackHalf2x16(w[(row_byte + 20u * nb) / 4u + u]);
-#endif
-    return un;
-}
 #if defined(TYPE_Q5_0)
 #define CODE_OFFSET 16.0
 #else
@@ -152,13 +115,6 @@ uint run_x4(uint u, uint run) { return 8u * u + 4u * run; }
 #define UNIT_VALUES 32u
 #define RUNS 2u
 struct Unit { uvec4 q[2]; float d; };
-Unit load_unit(uint row_byte, uint u) {
-    Unit un;
-    un.q[0] = w4[row_byte / 16u + 2u * u];
-    un.q[1] = w4[row_byte / 16u + 2u * u + 1u];
-    un.d = load_f16(row_byte + 32u * blocks_per_row() + 2u * u);
-    return un;
-}
 #define CODE_OFFSET 128.0
 void decode_codes(Unit un, uint run, out uvec4 v, out float scale, out float minv) {
     v = un.q[run] ^ uvec4(0x80808080u);
@@ -181,19 +137,6 @@ struct Unit {
 #endif
     uint c;
 };
-Unit load_unit(uint row_byte, uint u) {
-    Unit un;
-    uint sb = u / 8u;
-    uint v = u % 8u;
-    uint block16 = (row_byte + sb * BLOCK_BYTES) / 16u;
-    un.head = w4[block16];
-    un.qs = w4[block16 + QS_OFFSET / 16u + v];
-#if defined(TYPE_Q5_K)
-    un.qh = w4[block16 + QH_OFFSET / 16u + (v & 1u)];
-#endif
-    un.c = v / 2u;
-    return un;
-}
 #define CODE_OFFSET 0.0
 // The 6-bit scales and mins of sub-blocks 2c and 2c + 1 as floats (sc0,
 // sc1, m0, m1): scale_min_k4_words (dequant.glsl) for two neighbouring
@@ -239,19 +182,6 @@ uint run_x4(uint u, uint run) {
 #define UNIT_VALUES 64u
 #define RUNS 4u
 struct Unit { uvec4 ql[2]; uvec4 qh; uvec4 scales; float d; uint n; uint half_l; };
-Unit load_unit(uint row_byte, uint u) {
-    Unit un;
-    uint sb = u / 4u;
-    un.n = (u / 2u) % 2u;
-    un.half_l = u % 2u;
-    uint block16 = (row_byte + sb * Q6_BODY_BYTES) / 16u;
-    un.ql[0] = w4[block16 + 4u * un.n + un.half_l];
-    un.ql[1] = w4[block16 + 4u * un.n + 2u + un.half_l];
-    un.qh = w4[block16 + 8u + 2u * un.n + un.half_l];
-    un.scales = w4[block16 + 12u];
-    un.d = load_f16(row_byte + Q6_BODY_BYTES * blocks_per_row() + 2u * sb);
-    return un;
-}
 #define CODE_OFFSET 32.0
 void decode_codes(Unit un, uint run, out uvec4 v, out float scale, out float minv) {
     uint qq = run;
@@ -276,17 +206,6 @@ uint run_x4(uint u, uint run) {
 #define UNIT_VALUES 128u
 #define RUNS 8u
 struct Unit { uvec4 head; uvec4 a; uvec4 b; uvec4 c; uint j0; };
-Unit load_unit(uint row_byte, uint u) {
-    Unit un;
-    uint nb = blocks_per_row();
-    uint row16 = row_byte / 16u;
-    un.a = w4[row16 + u];
-    un.b = w4[row16 + 2u * nb + u];
-    un.c = w4[row16 + 4u * nb + u];
-    un.head = w4[row16 + 6u * nb + u / 2u];
-    un.j0 = 4u * (u & 1u);
-    return un;
-}
 #define CODE_OFFSET 0.0
 void decode_codes(Unit un, uint run, out uvec4 v, out float scale, out float minv) {
     uint gi = run / 2u;
@@ -314,6 +233,15 @@ uint run_x4(uint u, uint run) { return 32u * u + 4u * run; }
 #else
 #error "define one TYPE_X"
 #endif
+
+// load_unit: the units of the weights at binding 0.
+#define LOAD_UNIT load_unit
+#define LOAD_WORDS4 w4
+#define LOAD_WORDS w
+#include "matvec_loads.glsl"
+#undef LOAD_UNIT
+#undef LOAD_WORDS4
+#undef LOAD_WORDS
 
 #if defined(TYPE_Q4_1) || defined(TYPE_Q5_1) || defined(TYPE_Q4_K) || defined(TYPE_Q5_K) || defined(TYPE_FQ3)
 #define HAS_MIN 1

@@ -4,7 +4,9 @@
 //! off by default, with the opt-in L2 prefetch (FISH_GPU_PREFETCH, which
 //! must not change a bit) recorded beside them; and with the deferred norms
 //! (on by default, FISH_GPU_DEFER_NORM=0 turns them off: wo and down
-//! prepare the next norm, the q/k/v and gate/up matvecs apply its scale).
+//! prepare the next norm, the q/k/v and gate/up matvecs apply its scale)
+//! and the gated activation in the gate/up matvec's epilogue that comes
+//! with them (on by default, FISH_GPU_FUSE_GATE_UP=0 turns it off).
 //! Teacher-forced against the CPU and against the same span without
 //! fusions; the profile of the last (single-token) forward shows that no
 //! norm and no act*mul dispatch ran, or (deferred) only the first layer's
@@ -53,6 +55,9 @@ fn fused_decode_matches_the_unfused_span_and_the_cpu() {
     let (plain, plain_profile) = span_logits(&gpu, &forced);
     std::env::remove_var("FISH_GPU_DEFER_NORM");
     let (deferred, deferred_profile) = span_logits(&gpu, &forced);
+    std::env::set_var("FISH_GPU_FUSE_GATE_UP", "0");
+    let (deferred_act, deferred_act_profile) = span_logits(&gpu, &forced);
+    std::env::remove_var("FISH_GPU_FUSE_GATE_UP");
     std::env::set_var("FISH_GPU_DEFER_NORM", "0");
     std::env::set_var("FISH_GPU_FUSE_NORM", "1");
     std::env::set_var("FISH_GPU_FUSE_ACT", "1");
@@ -72,6 +77,27 @@ fn fused_decode_matches_the_unfused_span_and_the_cpu() {
         "deferred: {deferred_profile}\nplain: {plain_profile}"
     );
     assert_eq!(argmax(&deferred[0]), PARIS);
+
+    // The activation in the gate/up epilogue: no act*mul dispatch, and the
+    // same sums and the same activation as the act*mul kernel, so the same
+    // logits.
+    assert!(
+        deferred_profile.contains("act*mul 0.0%"),
+        "{deferred_profile}"
+    );
+    assert!(
+        !deferred_act_profile.contains("act*mul 0.0%"),
+        "{deferred_act_profile}"
+    );
+    let (same_act, worst_act) = compare(&deferred, &deferred_act);
+    eprintln!(
+        "act in the gate/up epilogue vs dispatched: argmax {same_act}/{}, max |dlogit| {:.6}% of max |logit|, bit-equal {}",
+        deferred.len(),
+        worst_act * 100.0,
+        deferred == deferred_act
+    );
+    assert_eq!(same_act, deferred.len());
+    assert!(worst_act <= 1e-5, "{:.6}%", worst_act * 100.0);
     let steps = forced.len() + 1;
     let (same_deferred, worst_deferred) = compare(&deferred, &plain);
     eprintln!(

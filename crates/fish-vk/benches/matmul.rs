@@ -2,6 +2,9 @@
 //! one matmul call, so `time` is per call:
 //! - matvec (1 token): throughput in bytes of weights per second, per type;
 //!   matvec_i8 the same for the int8-activation kernel (quantised types);
+//!   matvec_serial the same calls with a barrier after each (as a span's
+//!   stages run them), so its time per call less matvec's is what a
+//!   dependent stage adds to a matvec (start, ramp and tail);
 //! - matvec_batch / matvec_i8_batch (2, 4, 8 tokens): the same, for
 //!   speculative verification and batched decode;
 //! - tiled (512 tokens): throughput in "elements" = floating-point operations
@@ -12,13 +15,14 @@
 //! FISH_VK_BENCH_ROTATE_MB (default 256 MB, over 4x the L2 of current GPUs),
 //! so the weights stream from memory rather than cache. Consecutive calls
 //! are recorded without barriers (like the independent matmuls of a decode
-//! step), so they may overlap on the GPU.
-//! FISH_VK_BENCH_SMALL=1 shrinks every shape by 8 (a smoke run on lavapipe).
+//! step), so they may overlap on the GPU (except in matvec_serial).
+//! FISH_VK_BENCH_SMALL=1 shrinks every shape by 8 (a smoke run on lavapipe);
+//! FISH_VK_BENCH_SHAPES=IxO,... benches other shapes (n_in x n_out).
 //! Run: `cargo bench -p fish-vk` (FISH_GPU=cpu to allow lavapipe).
 
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
 use fish_gguf::GgmlType;
-use fish_vk::{CoopMatTile, Gpu, Kernel, PeakShape, TensorHandle, WeightFormat};
+use fish_vk::{CoopMatTile, DispatchSync, Gpu, Kernel, PeakShape, TensorHandle, WeightFormat};
 use std::time::Duration;
 
 const TYPES: [WeightFormat; 11] = [
@@ -130,6 +134,18 @@ fn gpu_time(
     kernel: Kernel,
     calls: u64,
 ) -> Duration {
+    gpu_time_synced(gpu, handles, n_tok, kernel, calls, DispatchSync::None)
+}
+
+/// `gpu_time` with `sync` between the calls.
+fn gpu_time_synced(
+    gpu: &Gpu,
+    handles: &[TensorHandle],
+    n_tok: usize,
+    kernel: Kernel,
+    calls: u64,
+    sync: DispatchSync,
+) -> Duration {
     let copies = handles.len() as u64;
     let rounds = calls.div_ceil(copies);
     let mut total = Duration::ZERO;
@@ -137,16 +153,35 @@ fn gpu_time(
     while left > 0 {
         let batch = left.min(ROUNDS_PER_SUBMIT);
         total += gpu
-            .time_matmul(handles, n_tok, kernel, batch as u32)
+            .time_matmul_synced(handles, n_tok, kernel, batch as u32, sync)
             .expect("timed dispatch");
         left -= batch;
     }
     total.mul_f64(calls as f64 / (rounds * copies) as f64)
 }
 
+/// SHAPES, or FISH_VK_BENCH_SHAPES=IxO,IxO (n_in x n_out, e.g. the
+/// llama-1b shape's 8192x2048 down projection); FISH_VK_BENCH_SMALL divides
+/// them by 8.
 fn shapes() -> Vec<(usize, usize)> {
     let div = if small() { 8 } else { 1 };
-    SHAPES.iter().map(|&(i, o)| (i / div, o / div)).collect()
+    let listed: Vec<(usize, usize)> = std::env::var("FISH_VK_BENCH_SHAPES")
+        .ok()
+        .map(|v| {
+            v.split(',')
+                .filter_map(|s| {
+                    let (i, o) = s.trim().split_once('x')?;
+                    Some((i.parse().ok()?, o.parse().ok()?))
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    let base = if listed.is_empty() {
+        SHAPES.to_vec()
+    } else {
+        listed
+    };
+    base.iter().map(|&(i, o)| (i / div, o / div)).collect()
 }
 
 fn bench_matvec(c: &mut Criterion) {
@@ -155,12 +190,21 @@ fn bench_matvec(c: &mut Criterion) {
         return;
     };
     eprintln!("{}", gpu.describe());
-    matvec_group(c, gpu, "matvec", Kernel::Matvec);
+    matvec_group(c, gpu, "matvec", Kernel::Matvec, DispatchSync::None);
+    // The same calls each waiting for the one before, as a span's stages
+    // do: the difference per call is what a stage adds to its matvec.
+    matvec_group(
+        c,
+        gpu,
+        "matvec_serial",
+        Kernel::Matvec,
+        DispatchSync::EveryDispatch,
+    );
     if gpu.info().int8_dot == fish_vk::Int8Dot::Absent {
         eprintln!("matvec_i8: skipped, no packed int8 dot products on this device");
         return;
     }
-    matvec_group(c, gpu, "matvec_i8", Kernel::MatvecInt8);
+    matvec_group(c, gpu, "matvec_i8", Kernel::MatvecInt8, DispatchSync::None);
 }
 
 /// Whether `kernel` runs on weights of type `ty` (the int8 matvec only
@@ -173,7 +217,13 @@ fn kernel_takes(kernel: Kernel, ty: WeightFormat) -> bool {
         )
 }
 
-fn matvec_group(c: &mut Criterion, gpu: &fish_vk::Gpu, name: &str, kernel: Kernel) {
+fn matvec_group(
+    c: &mut Criterion,
+    gpu: &fish_vk::Gpu,
+    name: &str,
+    kernel: Kernel,
+    sync: DispatchSync,
+) {
     if !group_selected(name) {
         return;
     }
@@ -191,7 +241,7 @@ fn matvec_group(c: &mut Criterion, gpu: &fish_vk::Gpu, name: &str, kernel: Kerne
             };
             group.throughput(Throughput::Bytes(bytes));
             group.bench_function(format!("{}/{n_in}x{n_out}", ty.name()), |b| {
-                b.iter_custom(|iters| gpu_time(gpu, &handles, 1, kernel, iters))
+                b.iter_custom(|iters| gpu_time_synced(gpu, &handles, 1, kernel, iters, sync))
             });
             for h in handles {
                 let _ = gpu.free(h);

@@ -125,6 +125,13 @@ const TYPE_VARIANTS: &[TypeVariant] = &[
         quantised_only: false,
     },
     TypeVariant {
+        prefix: "matvec_gateup",
+        source: "matvec.comp",
+        defines: &["USE_SUBGROUP", "PRENORMED", "GATE_UP"],
+        compiler: ShaderCompiler::Glslc,
+        quantised_only: false,
+    },
+    TypeVariant {
         prefix: "matvec_i8",
         source: "matvec_i8.comp",
         defines: &[],

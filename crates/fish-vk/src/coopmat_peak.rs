@@ -5,7 +5,7 @@
 use crate::buffer::MemoryKind;
 use crate::error::{Result, VkError};
 use crate::gpu::Gpu;
-use crate::kernels::Dispatch;
+use crate::kernels::{Dispatch, DispatchSync};
 use crate::pipeline::Params;
 use crate::split_k::ScratchNeed;
 use std::time::Duration;
@@ -104,7 +104,14 @@ impl Gpu {
             groups: (groups, 1),
             weights: unused.raw,
         };
-        let time = self.time_dispatches(&[dispatch], 16, y_bytes, ScratchNeed::NONE, repeats);
+        let time = self.time_dispatches(
+            &[dispatch],
+            16,
+            y_bytes,
+            ScratchNeed::NONE,
+            repeats,
+            DispatchSync::None,
+        );
         self.release(unused);
         Ok(PeakRun {
             time: time?,

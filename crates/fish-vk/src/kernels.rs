@@ -36,6 +36,15 @@ pub fn supports(ty: impl Into<WeightFormat>) -> bool {
     }
 }
 
+/// What separates the timed dispatches of `Gpu::time_matmul_synced`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DispatchSync {
+    /// Nothing: consecutive dispatches may overlap (throughput).
+    None,
+    /// A compute-to-compute barrier after every dispatch (a span's stages).
+    EveryDispatch,
+}
+
 /// Which kernel computes a matmul.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Kernel {
@@ -75,6 +84,12 @@ pub enum Kernel {
     /// first and up values `Params::norm_off` floats later, and each x value
     /// is act(gate) * up. Needs subgroup arithmetic.
     MatvecGated(GatedActivation),
+    /// The gate/up matvec with the gated activation in its epilogue
+    /// (shaders/matvec.comp GATE_UP on PRENORMED input): planned on the gate
+    /// tensor, whose sets bind the up tensor's matching chunk at binding 5
+    /// (same type and shape); each row stores act(gate) * up. Runs only
+    /// inside a span. Needs subgroup arithmetic.
+    MatvecGateUp(GatedActivation),
     /// The tiled matmul kernel.
     Tiled,
     /// The tiled kernel on cooperative matrices (coopmat.rs); an error on
@@ -104,8 +119,8 @@ pub enum GatedActivation {
 }
 
 impl GatedActivation {
-    /// The shaders' selector (span_act.comp push constant, the GATED
-    /// matvec's specialisation constant 4).
+    /// The shaders' selector (span_act.comp push constant, the GATED and
+    /// GATE_UP matvecs' specialisation constant 4).
     pub(crate) fn selector(self) -> u32 {
         match self {
             GatedActivation::Silu => 0,
@@ -160,6 +175,7 @@ struct MatvecOverrides {
     rows: Option<u32>,
     unroll: Option<u32>,
     tokens: Option<u32>,
+    gate_up_rows: Option<u32>,
 }
 
 impl MatvecOverrides {
@@ -181,6 +197,7 @@ impl MatvecOverrides {
                 tokens: var("FISH_VK_MATVEC_TOKENS", |t| {
                     (1..=MATVEC_MAX_TOKENS as u32).contains(&t)
                 }),
+                gate_up_rows: var("FISH_VK_GATE_UP_ROWS", |r| (1..=8).contains(&r)),
             }
         })
     }
@@ -247,13 +264,20 @@ impl MatvecShape {
         };
         let o = MatvecOverrides::get();
         let threads = o.threads.unwrap_or(threads);
+        let rows = o.rows.unwrap_or(rows);
+        // The gate/up matvec sums each of its rows twice (gate and up): half
+        // the rows keep the plain kernel's registers and sums per workgroup.
+        let rows = match kernel {
+            Kernel::MatvecGateUp(_) => o.gate_up_rows.unwrap_or((rows / 2).max(1)),
+            _ => rows,
+        };
         MatvecShape {
             // The shared-memory reduction keeps one slot per thread, row and token.
             threads: match kernel {
                 Kernel::MatvecSharedReduce => threads.min(128),
                 _ => threads,
             },
-            rows: o.rows.unwrap_or(rows),
+            rows,
             tokens: n_tok.clamp(1, pass_tokens(ty, kernel, o.tokens)) as u32,
             unroll: o.unroll.unwrap_or(1),
         }
@@ -299,6 +323,7 @@ impl Gpu {
             Kernel::MatvecResNorm => format!("matvec_resnorm_{suffix}"),
             Kernel::MatvecPrenormed => format!("matvec_prenormed_{suffix}"),
             Kernel::MatvecGated(_) => format!("matvec_gated_{suffix}"),
+            Kernel::MatvecGateUp(_) => format!("matvec_gateup_{suffix}"),
             Kernel::Tiled | Kernel::Auto => format!("tiled_{suffix}"),
             Kernel::CoopMat | Kernel::CoopMatBatch => format!("{family}_{suffix}"),
             Kernel::CoopMatEmulated | Kernel::CoopMatBatchEmulated => {
@@ -332,7 +357,10 @@ impl Gpu {
         kernel: Kernel,
     ) -> Result<Vec<Vec<f32>>> {
         let n_in = check_group(handles, n_tok)?;
-        if matches!(kernel, Kernel::MatvecResNorm | Kernel::MatvecPrenormed) {
+        if matches!(
+            kernel,
+            Kernel::MatvecResNorm | Kernel::MatvecPrenormed | Kernel::MatvecGateUp(_)
+        ) {
             // They bind the span's parameters and normed-input buffer.
             return Err(VkError::Input(format!(
                 "{kernel:?} runs only inside a span"
@@ -446,6 +474,20 @@ impl Gpu {
         kernel: Kernel,
         repeats: u32,
     ) -> Result<Duration> {
+        self.time_matmul_synced(handles, n_tok, kernel, repeats, DispatchSync::None)
+    }
+
+    /// `time_matmul` with `sync` between the dispatches: with
+    /// `DispatchSync::EveryDispatch` each waits for the one before, as the stages of
+    /// a span do, so the time includes each dispatch's start, ramp and tail.
+    pub fn time_matmul_synced(
+        &self,
+        handles: &[TensorHandle],
+        n_tok: usize,
+        kernel: Kernel,
+        repeats: u32,
+        sync: DispatchSync,
+    ) -> Result<Duration> {
         let n_in = check_group(handles, n_tok)?;
         let tensors = self.lock_tensors();
         let resident: Vec<&ResidentTensor> = handles
@@ -456,7 +498,7 @@ impl Gpu {
         let x_bytes = (n_tok * n_in * 4) as u64;
         let dispatches = self.plan(&resident, n_tok, kernel)?;
         let need = self.split_need(&dispatches, kernel)?;
-        self.time_dispatches(&dispatches, x_bytes, y_bytes, need, repeats)
+        self.time_dispatches(&dispatches, x_bytes, y_bytes, need, repeats, sync)
     }
 
     /// GPU time of `dispatches` recorded `repeats` times in one submit
@@ -470,6 +512,7 @@ impl Gpu {
         y_bytes: u64,
         need: ScratchNeed,
         repeats: u32,
+        sync: DispatchSync,
     ) -> Result<Duration> {
         let mut exec = self.lock_exec();
         self.prepare_scratch(&mut exec, x_bytes, y_bytes, need)?;
@@ -498,7 +541,24 @@ impl Gpu {
                         d.cmd_write_timestamp(cmd, vk::PipelineStageFlags::TOP_OF_PIPE, q, 0);
                     }
                     for _ in 0..repeats {
-                        self.record_dispatches(cmd, dispatches, &sets);
+                        match sync {
+                            DispatchSync::None => self.record_dispatches(cmd, dispatches, &sets),
+                            DispatchSync::EveryDispatch => {
+                                for (d, set) in dispatches.iter().zip(&sets) {
+                                    self.record_dispatches(
+                                        cmd,
+                                        std::slice::from_ref(d),
+                                        std::slice::from_ref(set),
+                                    );
+                                    barrier(
+                                        &self.device,
+                                        cmd,
+                                        vk::PipelineStageFlags::COMPUTE_SHADER,
+                                        vk::PipelineStageFlags::COMPUTE_SHADER,
+                                    );
+                                }
+                            }
+                        }
                     }
                     if let Some(q) = queries {
                         d.cmd_write_timestamp(cmd, vk::PipelineStageFlags::BOTTOM_OF_PIPE, q, 1);
@@ -572,7 +632,7 @@ impl Gpu {
                     | Kernel::MatvecPrenormed,
                     _,
                 ) => matvec.spec().to_vec(),
-                (Kernel::MatvecGated(act), _) => {
+                (Kernel::MatvecGated(act) | Kernel::MatvecGateUp(act), _) => {
                     let mut spec = matvec.spec().to_vec();
                     spec.push(act.selector());
                     spec
@@ -687,6 +747,7 @@ impl Gpu {
             | Kernel::MatvecResNorm
             | Kernel::MatvecPrenormed
             | Kernel::MatvecGated(_)
+            | Kernel::MatvecGateUp(_)
                 if !self.info.subgroup_arithmetic =>
             {
                 Err(VkError::Input(

@@ -35,7 +35,7 @@ pub use device::DeviceInfo;
 pub use error::{Result, VkError};
 pub use gpu::Gpu;
 pub use int8_dot::{int8_activations, Int8Dot, Int8Policy, INT8_BLOCK};
-pub use kernels::{supports, GatedActivation, Kernel, MATVEC_MAX_TOKENS};
+pub use kernels::{supports, DispatchSync, GatedActivation, Kernel, MATVEC_MAX_TOKENS};
 pub use pipeline::{module_bytes, COMPILED_AT_BUILD};
 pub use span::{
     Reservation, Span, SpanActivation, SpanDesc, SpanFootprint, SpanLayerDesc, SpanOutputDesc,

@@ -82,8 +82,9 @@ impl Params {
 
 /// Storage buffers of a matmul descriptor set: weights, x, y, then the
 /// norm weights of the NORM and RESNORM matvecs and the normed-input buffer
-/// the RESNORM matvec writes (stage 1 leaves the last two unwritten).
-pub(crate) const MATMUL_BINDINGS: u32 = 5;
+/// the RESNORM matvec writes, then the up weights of the GATE_UP matvec
+/// (stage 1 leaves the last three unwritten).
+pub(crate) const MATMUL_BINDINGS: u32 = 6;
 
 pub(crate) struct Pipelines {
     /// Storage buffers: MATMUL_BINDINGS.

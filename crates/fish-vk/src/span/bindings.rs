@@ -40,6 +40,12 @@ pub(crate) struct LayerSets {
     /// with a post-norm or where deferring is off (`deferred_norm_wanted`).
     pub wo_resnorm: Option<MatmulSets>,
     pub down_resnorm: Option<MatmulSets>,
+    /// gate/up with the gated activation in its epilogue
+    /// (`Kernel::MatvecGateUp` on the deferred norm's xn): planned on the
+    /// gate tensor, each set binding the up tensor's matching chunk at
+    /// binding 5; None where `act_in_gate_up_wanted` says no or the two
+    /// tensors differ in type, shape or chunks.
+    pub gate_up_act: Option<MatmulSets>,
     /// qkv, K, V, params.
     pub rope: vk::DescriptorSet,
     /// qkv, K, V, attn.
@@ -128,9 +134,11 @@ impl Bindings {
         // sets and the deferred-norm copies of the wo and down sets.
         let n_normed: usize = weights.iter().map(|w| w[0].len() + w[2].len()).sum();
         let n_residual: usize = weights.iter().map(|w| w[1].len() + w[3].len()).sum();
+        // And the gate/up sets with the activation (one per gate chunk).
+        let n_gate_up_act: usize = weights.iter().map(|w| w[2].len() / 2).sum();
         let pool = create_pool(
             gpu,
-            n_matmul + output_weights.len() + 2 * n_normed + n_residual + n_span,
+            n_matmul + output_weights.len() + 2 * n_normed + n_residual + n_gate_up_act + n_span,
         )?;
         let built = Self::write(
             gpu,
@@ -191,6 +199,7 @@ impl Bindings {
         };
         let fuse_norm = fused_norm_wanted(gpu);
         let defer_norm = deferred_norm_wanted(gpu);
+        let act_in_gate_up = defer_norm && act_in_gate_up_wanted();
         let mut layers = Vec::with_capacity(groups.len());
         for (il, (g, w)) in groups.iter().zip(weights).enumerate() {
             let (k, v) = (bufs.kv.k[il].raw, bufs.kv.v[il].raw);
@@ -220,7 +229,38 @@ impl Bindings {
                     .then(|| sets_binding(handles, w, input, a.x.raw, &[p, a.xn.raw]))
                     .transpose()
             };
+            // Gate chunk i pairs with up chunk i: same type and shape give
+            // the same chunks (upload.rs splits by row stride only).
+            let gate_up_act_sets = |handles: &[TensorHandle], w: &[vk::Buffer]| {
+                let [gate, up] = handles else {
+                    return Ok(None);
+                };
+                let same = gate.ty() == up.ty()
+                    && gate.n_in() == up.n_in()
+                    && gate.n_out() == up.n_out()
+                    && w.len().is_multiple_of(2);
+                if !(act_in_gate_up && same) {
+                    return Ok(None);
+                }
+                let (gate_w, up_w) = w.split_at(w.len() / 2);
+                let sets = gate_w
+                    .iter()
+                    .zip(up_w)
+                    .map(|(&gw, &uw)| {
+                        let set = allocate(gpu, pool, gpu.pipelines.set_layout)?;
+                        // Bindings 3 and 4 are unused by this kernel.
+                        let unused = a.split.raw;
+                        write_set(gpu, set, &[gw, a.xn.raw, a.gate_up.raw, unused, unused, uw]);
+                        Ok(set)
+                    })
+                    .collect::<Result<_>>()?;
+                Ok(Some(MatmulSets {
+                    handles: vec![*gate],
+                    sets,
+                }))
+            };
             layers.push(LayerSets {
+                gate_up_act: gate_up_act_sets(&g[2], &w[2])?,
                 qkv_int8: int8_sets(&g[0], &w[0], a.qkv.raw)?,
                 gate_up_int8: int8_sets(&g[2], &w[2], a.gate_up.raw)?,
                 qkv_norm: norm_sets(&g[0], &w[0], a.qkv.raw)?,
@@ -290,6 +330,13 @@ impl Bindings {
 /// (docs/BENCHMARKS.md).
 fn fused_norm_wanted(gpu: &Gpu) -> bool {
     gpu.info.subgroup_arithmetic && std::env::var("FISH_GPU_FUSE_NORM").as_deref() == Ok("1")
+}
+
+/// Whether decode steps (with the deferred norm) compute act(gate) * up in
+/// the gate/up matvec's epilogue (`Kernel::MatvecGateUp`), so that no
+/// act*mul dispatch and barrier run: on unless `FISH_GPU_FUSE_GATE_UP=0`.
+fn act_in_gate_up_wanted() -> bool {
+    std::env::var("FISH_GPU_FUSE_GATE_UP").as_deref() != Ok("0")
 }
 
 /// Whether spans defer the attention and feed-forward norms of decode

@@ -1,5 +1,6 @@
 //! FISH_GPU_PROFILE=2: a timestamp after every stage of a span forward, and
-//! the share of GPU time each kind of stage took.
+//! the share of GPU time each kind of stage took; FISH_GPU_PROFILE=3 also
+//! lists the stages of the middle layer with their times, in order.
 
 use crate::error::{Result, VkCall};
 use ash::vk;
@@ -44,11 +45,23 @@ pub(crate) struct Profiler {
     period_ns: f64,
     /// The stage that ended at each timestamp after the first, in order.
     pub marks: Vec<SpanStage>,
+    /// The index in `marks` of each layer's (each chunk's) first stage.
+    pub layer_starts: Vec<usize>,
     /// Nanoseconds per stage kind of the last forward.
     last: Option<Vec<(SpanStage, f64)>>,
+    /// The middle layer's stages of the last forward, in order (level 3).
+    middle_layer: Vec<(SpanStage, f64)>,
     /// Host nanoseconds of the last forward: preparing (plans, bindings, x
     /// upload), recording + submit + fence wait, and reading x back.
     pub host_ns: [u64; 3],
+}
+
+/// FISH_GPU_PROFILE=3 or more.
+fn level_three() -> bool {
+    std::env::var("FISH_GPU_PROFILE")
+        .ok()
+        .and_then(|v| v.trim().parse::<u32>().ok())
+        .is_some_and(|level| level >= 3)
 }
 
 impl Profiler {
@@ -58,7 +71,9 @@ impl Profiler {
             capacity: 0,
             period_ns,
             marks: Vec::new(),
+            layer_starts: Vec::new(),
             last: None,
+            middle_layer: Vec::new(),
             host_ns: [0; 3],
         }
     }
@@ -103,13 +118,24 @@ impl Profiler {
         .call("vkGetQueryPoolResults")?;
         let mut per_stage: Vec<(SpanStage, f64)> =
             SpanStage::ALL.iter().map(|&s| (s, 0.0)).collect();
+        let mut per_mark = Vec::with_capacity(self.marks.len());
         for (i, stage) in self.marks.iter().enumerate() {
             let ns = ticks[i + 1].wrapping_sub(ticks[i]) as f64 * self.period_ns;
             if let Some(slot) = per_stage.iter_mut().find(|(s, _)| s == stage) {
                 slot.1 += ns;
             }
+            per_mark.push((*stage, ns));
         }
         self.last = Some(per_stage);
+        let middle = self.layer_starts.len() / 2;
+        if let Some(&start) = self.layer_starts.get(middle) {
+            let end = self
+                .layer_starts
+                .get(middle + 1)
+                .copied()
+                .unwrap_or(per_mark.len());
+            self.middle_layer = per_mark[start..end.min(per_mark.len())].to_vec();
+        }
         Ok(())
     }
 
@@ -125,11 +151,20 @@ impl Profiler {
             .map(|(s, ns)| format!("{} {:.1}%", s.label(), 100.0 * ns / total))
             .collect();
         let [prepare, execute, read] = self.host_ns.map(|ns| ns as f64 / 1e6);
-        Some(format!(
+        let mut line = format!(
             "span {:.3} ms: {} (host: prepare {prepare:.3} ms, record+submit+wait {execute:.3} ms, read back {read:.3} ms)",
             total / 1e6,
             parts.join(", ")
-        ))
+        );
+        if level_three() && !self.middle_layer.is_empty() {
+            let stages: Vec<String> = self
+                .middle_layer
+                .iter()
+                .map(|(s, ns)| format!("{} {:.1}", s.label(), ns / 1e3))
+                .collect();
+            line.push_str(&format!("; middle layer, us: {}", stages.join(", ")));
+        }
+        Some(line)
     }
 
     fn destroy_pool(&mut self, device: &ash::Device) {

@@ -29,6 +29,10 @@ pub(crate) struct Chunk {
     /// The down projections apply the gated activation as they read the
     /// gate/up output (`Kernel::MatvecGated`), so no act*mul dispatch runs.
     pub gated: bool,
+    /// Per layer: the gate/up matvec stores act(gate) * up
+    /// (`Kernel::MatvecGateUp` on the layer's `gate_up_act` sets), so no
+    /// act*mul dispatch runs.
+    pub act_in_gate_up: Vec<bool>,
     /// Decode chunks read each matvec's weights into L2 during the small
     /// stage before it (prefetch.rs).
     pub prefetch: Option<L2Prefetch>,
@@ -121,6 +125,7 @@ pub(crate) fn plan_chunks(
                 inputs,
                 resnorm: same.resnorm.clone(),
                 gated: same.gated,
+                act_in_gate_up: same.act_in_gate_up.clone(),
                 prefetch: same.prefetch,
                 rope_in_attention: same.rope_in_attention,
                 tiled_attention: same.tiled_attention,
@@ -138,6 +143,7 @@ pub(crate) fn plan_chunks(
         let mut matmuls = Vec::with_capacity(n_layers);
         let mut inputs = Vec::with_capacity(n_layers);
         let mut resnorm = Vec::with_capacity(n_layers);
+        let mut act_in_gate_up = Vec::with_capacity(n_layers);
         let defer = defers_norms(decode, n, n_tok, layout).then(|| norm_parts_offset(shape));
         // The sums of squares the previous layer's down projection left.
         let mut qkv_parts = None;
@@ -158,6 +164,17 @@ pub(crate) fn plan_chunks(
             )?;
             let (gate_up_plan, gate_up_input) =
                 ls.gate_up_group().plan(gpu, n, mode, wo.1, shape)?;
+            // The activation moves into the gate/up epilogue where the
+            // down projection does not apply it itself.
+            let (gate_up_plan, act_fused) = match (gate_up_input, &ls.gate_up_act) {
+                (NormedInput::Deferred(norm), Some(sets)) if gated_act.is_none() => {
+                    let kernel = Kernel::MatvecGateUp(activation(shape));
+                    let plan = norm.apply(&plan_group(gpu, sets, n, kernel)?);
+                    (with_params(&plan, |p| p.norm_eps = shape.rms_eps), true)
+                }
+                _ => (gate_up_plan, false),
+            };
+            act_in_gate_up.push(act_fused);
             let next_reads_xn = bindings
                 .layers
                 .get(il + 1)
@@ -181,6 +198,7 @@ pub(crate) fn plan_chunks(
             matmuls,
             inputs,
             gated: matches!(down_kernel, Kernel::MatvecGated(_)),
+            act_in_gate_up,
             prefetch: prefetch.filter(|_| decode),
             rope_in_attention: n == 1 && rope_fusable(shape),
             tiled_attention: attends_tiled(shape, layout, n),
@@ -297,11 +315,15 @@ fn shape_takes_tiled_attention(shape: &SpanShape) -> bool {
 /// barrier it saves (docs/BENCHMARKS.md).
 fn gated_activation(gpu: &Gpu, shape: &SpanShape) -> Option<GatedActivation> {
     let wanted = std::env::var("FISH_GPU_FUSE_ACT").as_deref() == Ok("1");
-    let act = match shape.activation {
+    (wanted && gpu.info.subgroup_arithmetic).then_some(activation(shape))
+}
+
+/// The gated activation of the shape's feed-forward blocks.
+fn activation(shape: &SpanShape) -> GatedActivation {
+    match shape.activation {
         SpanActivation::SwiGlu => GatedActivation::Silu,
         SpanActivation::GeGlu => GatedActivation::Gelu,
-    };
-    (wanted && gpu.info.subgroup_arithmetic).then_some(act)
+    }
 }
 
 /// How a chunk's normed groups are planned: decode-sized (matvec kernels,
@@ -597,9 +619,13 @@ impl Recording<'_> {
         };
         if let Some(p) = r.profiler.as_deref_mut() {
             p.marks.clear();
+            p.layer_starts.clear();
         }
         for (il, layer) in self.layers.iter().enumerate() {
             for chunk in self.chunks {
+                if let Some(p) = r.profiler.as_deref_mut() {
+                    p.layer_starts.push(p.marks.len());
+                }
                 self.record_layer(&mut r, il, layer, chunk);
             }
         }
@@ -773,9 +799,17 @@ impl Recording<'_> {
 
         // Feed-forward block.
         let gate_up_plan = &chunk.matmuls[il][2];
-        let gate_up = sets.gate_up_group();
-        self.normed_matmul(r, chunk, &gate_up, gate_up_input, gate_up_plan, lp.ffn_norm);
-        if !chunk.gated {
+        match (&sets.gate_up_act, chunk.act_in_gate_up[il]) {
+            (Some(act_sets), true) => {
+                self.matmul(r, gate_up_plan, &act_sets.sets);
+                r.end(SpanStage::Matvec);
+            }
+            _ => {
+                let gate_up = sets.gate_up_group();
+                self.normed_matmul(r, chunk, &gate_up, gate_up_input, gate_up_plan, lp.ffn_norm);
+            }
+        }
+        if !chunk.gated && !chunk.act_in_gate_up[il] {
             let count = n * layer.n_ff;
             let (gx, gy) = elementwise_groups(count);
             let gelu = u32::from(s.activation == SpanActivation::GeGlu);
