@@ -35,7 +35,8 @@ fn span_logits(gpu: &Arc<VulkanBackend>, forced: &[u32]) -> (Vec<Vec<f32>>, Stri
 
 #[test]
 fn fused_decode_matches_the_unfused_span_and_the_cpu() {
-    std::env::set_var("FISH_GPU_PROFILE", "2");
+    // Level 3 also lists the middle layer's stages in order.
+    std::env::set_var("FISH_GPU_PROFILE", "3");
     let Some(gpu) = backend() else { return };
     if !gpu.gpu().info().subgroup_arithmetic {
         assert!(
@@ -87,6 +88,36 @@ fn fused_decode_matches_the_unfused_span_and_the_cpu() {
     );
     assert!(
         !deferred_act_profile.contains("act*mul 0.0%"),
+        "{deferred_act_profile}"
+    );
+    // A middle layer of a decode step: q/k/v, attention (with RoPE), wo,
+    // gate/up and down; the dispatched act*mul adds its own stage.
+    let middle_layer = |profile: &str| -> Vec<String> {
+        let at = profile
+            .find("middle layer, us: ")
+            .expect("level 3 lists a layer");
+        profile[at + "middle layer, us: ".len()..]
+            .split(", ")
+            .map(|stage| stage.rsplit_once(' ').expect("name and time").0.to_string())
+            .collect()
+    };
+    let expected = ["matvec", "attention", "matvec", "matvec", "matvec"];
+    assert_eq!(
+        middle_layer(&deferred_profile),
+        expected,
+        "{deferred_profile}"
+    );
+    let with_act = [
+        "matvec",
+        "attention",
+        "matvec",
+        "matvec",
+        "act*mul",
+        "matvec",
+    ];
+    assert_eq!(
+        middle_layer(&deferred_act_profile),
+        with_act,
         "{deferred_act_profile}"
     );
     let (same_act, worst_act) = compare(&deferred, &deferred_act);

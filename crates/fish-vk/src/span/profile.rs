@@ -45,7 +45,8 @@ pub(crate) struct Profiler {
     period_ns: f64,
     /// The stage that ended at each timestamp after the first, in order.
     pub marks: Vec<SpanStage>,
-    /// The index in `marks` of each layer's (each chunk's) first stage.
+    /// The index in `marks` of each layer's (each chunk's) first stage,
+    /// then the index past the last layer's stages.
     pub layer_starts: Vec<usize>,
     /// Nanoseconds per stage kind of the last forward.
     last: Option<Vec<(SpanStage, f64)>>,
@@ -127,14 +128,13 @@ impl Profiler {
             per_mark.push((*stage, ns));
         }
         self.last = Some(per_stage);
-        let middle = self.layer_starts.len() / 2;
-        if let Some(&start) = self.layer_starts.get(middle) {
-            let end = self
-                .layer_starts
-                .get(middle + 1)
-                .copied()
-                .unwrap_or(per_mark.len());
-            self.middle_layer = per_mark[start..end.min(per_mark.len())].to_vec();
+        // Layer i's stages are marks layer_starts[i] .. layer_starts[i + 1]
+        // (both at most marks.len(): they were taken while recording).
+        let layers = self.layer_starts.len().saturating_sub(1);
+        if layers > 0 {
+            let middle = layers / 2;
+            let (start, end) = (self.layer_starts[middle], self.layer_starts[middle + 1]);
+            self.middle_layer = per_mark[start..end].to_vec();
         }
         Ok(())
     }

@@ -629,6 +629,9 @@ impl Recording<'_> {
                 self.record_layer(&mut r, il, layer, chunk);
             }
         }
+        if let Some(p) = r.profiler.as_deref_mut() {
+            p.layer_starts.push(p.marks.len());
+        }
         if let Some(o) = &self.output {
             if o.fused {
                 self.matmul(
