@@ -7,7 +7,7 @@ mod common;
 
 use std::sync::Arc;
 
-use common::{backend, model_path};
+use common::{backend, model_path, optional_model};
 use fish_core::backend::ComputeBackend;
 use fish_core::model::layer_range::{embed_tokens, forward_layers, output_rows};
 use fish_core::model::{KvCache, Model, PlacementLimits};
@@ -167,18 +167,6 @@ fn span_matches_with_a_sliding_window_shorter_than_the_prompt() {
     let (model, first) = place(&gpu, model, file, 4);
     assert!((first..model.cfg.n_layer).any(|il| model.cfg.is_swa_layer(il)));
     check_placed(&gpu, &model, first, file, 4, &[70]);
-}
-
-/// Optional models (scripts/fetch-model.sh): run when present, required when
-/// listed in FISH_TEST_MODELS.
-fn optional_model(key: &str, file: &str) -> bool {
-    let listed = std::env::var("FISH_TEST_MODELS").is_ok_and(|v| v.split(' ').any(|m| m == key));
-    let present = model_path(file).exists();
-    assert!(present || !listed, "{file} is listed but missing");
-    if !present {
-        eprintln!("skipping: {file} is not fetched");
-    }
-    present
 }
 
 #[test]

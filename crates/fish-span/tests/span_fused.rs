@@ -18,8 +18,8 @@ mod common;
 use std::sync::Arc;
 
 use common::{
-    backend, compare, default_model, greedy_after_prompt, span_teacher_forced, teacher_forced,
-    PARIS,
+    backend, compare, default_model, greedy_after_prompt, middle_layer_stages, span_teacher_forced,
+    teacher_forced, PARIS,
 };
 use fish_core::backend::SpanBackend;
 use fish_core::model::Model;
@@ -92,18 +92,9 @@ fn fused_decode_matches_the_unfused_span_and_the_cpu() {
     );
     // A middle layer of a decode step: q/k/v, attention (with RoPE), wo,
     // gate/up and down; the dispatched act*mul adds its own stage.
-    let middle_layer = |profile: &str| -> Vec<String> {
-        let at = profile
-            .find("middle layer, us: ")
-            .expect("level 3 lists a layer");
-        profile[at + "middle layer, us: ".len()..]
-            .split(", ")
-            .map(|stage| stage.rsplit_once(' ').expect("name and time").0.to_string())
-            .collect()
-    };
     let expected = ["matvec", "attention", "matvec", "matvec", "matvec"];
     assert_eq!(
-        middle_layer(&deferred_profile),
+        middle_layer_stages(&deferred_profile),
         expected,
         "{deferred_profile}"
     );
@@ -116,7 +107,7 @@ fn fused_decode_matches_the_unfused_span_and_the_cpu() {
         "matvec",
     ];
     assert_eq!(
-        middle_layer(&deferred_act_profile),
+        middle_layer_stages(&deferred_act_profile),
         with_act,
         "{deferred_act_profile}"
     );

@@ -79,11 +79,43 @@ pub fn compare(a: &[Vec<f32>], b: &[Vec<f32>]) -> (usize, f32) {
     (same, worst)
 }
 
+/// The stage names of the middle layer in a FISH_GPU_PROFILE=3 profile, in order.
+pub fn middle_layer_stages(profile: &str) -> Vec<String> {
+    let at = profile
+        .find("middle layer, us: ")
+        .expect("level 3 lists a layer");
+    profile[at + "middle layer, us: ".len()..]
+        .split(", ")
+        .map(|stage| stage.rsplit_once(' ').expect("name and time").0.to_string())
+        .collect()
+}
+
+/// Optional models (scripts/fetch-model.sh): run when present, required when
+/// listed in FISH_TEST_MODELS.
+pub fn optional_model(key: &str, file: &str) -> bool {
+    let listed = std::env::var("FISH_TEST_MODELS").is_ok_and(|v| v.split(' ').any(|m| m == key));
+    let present = model_path(file).exists();
+    assert!(present || !listed, "{file} is listed but missing");
+    if !present {
+        eprintln!("skipping: {file} is not fetched");
+    }
+    present
+}
+
 /// Teacher-forced logits (as [`teacher_forced`]) of the default model with
 /// every layer and the output in a span on `gpu`, and the model (its span
 /// ends when it is dropped).
 pub fn span_teacher_forced(gpu: &Arc<VulkanBackend>, forced: &[u32]) -> (Model, Vec<Vec<f32>>) {
-    let mut model = Model::load(default_model()).expect("load");
+    span_teacher_forced_on(gpu, &default_model(), forced)
+}
+
+/// [`span_teacher_forced`] for the model at `path`.
+pub fn span_teacher_forced_on(
+    gpu: &Arc<VulkanBackend>,
+    path: &std::path::Path,
+    forced: &[u32],
+) -> (Model, Vec<Vec<f32>>) {
+    let mut model = Model::load(path).expect("load");
     model.place_on(gpu.clone(), PlacementLimits { max_layers: None });
     let describe = model.gpu_describe().unwrap();
     assert!(describe.contains("span"), "{describe}");
