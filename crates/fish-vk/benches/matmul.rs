@@ -9,7 +9,10 @@
 //!   speculative verification and batched decode;
 //! - tiled (512 tokens): throughput in "elements" = floating-point operations
 //!   of one call (2 * n_in * n_out * n_tok), so criterion's Gelem/s reads as
-//!   GFLOP/s.
+//!   GFLOP/s;
+//! - grid_barrier: one iteration is one grid-wide barrier among 64..528
+//!   workgroups of one dispatch (what a persistent span kernel would pay
+//!   per stage).
 //!
 //! Each measurement rotates over enough copies of the weights to exceed
 //! FISH_VK_BENCH_ROTATE_MB (default 256 MB, over 4x the L2 of current GPUs),
@@ -468,6 +471,46 @@ fn bench_coopmat_peak(c: &mut Criterion) {
     group.finish();
 }
 
+/// Workgroups of the grid_barrier bench: at most a few per SM of a large
+/// GPU, so that all are resident at once.
+const GRID_BARRIER_GROUPS: [u32; 4] = [64, 132, 264, 528];
+/// Barriers per timed dispatch at most (the arrival counter counts every
+/// workgroup at every barrier in 32 bits).
+const GRID_BARRIER_MAX_ROUNDS: u64 = 1 << 20;
+
+/// A grid-wide barrier between the workgroups of one dispatch
+/// (shaders/grid_barrier_probe.comp), one criterion iteration per barrier:
+/// the time per iteration is what a persistent span kernel would pay per
+/// dependent stage instead of a pipeline barrier. Meaningless on devices
+/// that do not keep every workgroup resident (lavapipe).
+fn bench_grid_barrier(c: &mut Criterion) {
+    if !group_selected("grid_barrier") {
+        return;
+    }
+    let Some(gpu) = fish_vk::global() else { return };
+    let mut group = c.benchmark_group("grid_barrier");
+    group
+        .sample_size(10)
+        .measurement_time(Duration::from_secs(1));
+    for groups in GRID_BARRIER_GROUPS {
+        group.bench_function(format!("groups{groups}"), |b| {
+            b.iter_custom(|iters| {
+                let mut total = Duration::ZERO;
+                let mut left = iters;
+                while left > 0 {
+                    let rounds = left.min(GRID_BARRIER_MAX_ROUNDS);
+                    total += gpu
+                        .time_grid_barrier(groups, rounds as u32)
+                        .expect("grid_barrier");
+                    left -= rounds;
+                }
+                total
+            })
+        });
+    }
+    group.finish();
+}
+
 criterion_group!(
     benches,
     bench_matvec,
@@ -475,6 +518,7 @@ criterion_group!(
     bench_tiled,
     bench_coopmat,
     bench_batch_tile,
-    bench_coopmat_peak
+    bench_coopmat_peak,
+    bench_grid_barrier
 );
 criterion_main!(benches);

@@ -34,6 +34,10 @@ pub const SPAN_MODULES: &[(&str, &str, &[&str])] = &[
     ("l2_prefetch", "l2_prefetch.comp", &[]),
 ];
 
+/// Measurement-only modules compiled with glslc: (name, source, defines).
+pub const PROBE_MODULES: &[(&str, &str, &[&str])] =
+    &[("grid_barrier_probe", "grid_barrier_probe.comp", &[])];
+
 /// Arguments every glslc module is compiled with (part of the staleness hash).
 pub const GLSLC_ARGS: &[&str] = &["--target-env=vulkan1.1", "-O"];
 
@@ -210,6 +214,7 @@ pub fn shader_specs() -> Vec<ShaderSpec> {
     }
     let lists = [
         (SPAN_MODULES, ShaderCompiler::Glslc),
+        (PROBE_MODULES, ShaderCompiler::Glslc),
         (COOPMAT_PROBE_MODULES, ShaderCompiler::GlslangCoopMat),
     ];
     for (list, compiler) in lists {

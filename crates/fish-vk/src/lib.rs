@@ -14,6 +14,7 @@ mod device;
 mod error;
 mod full_subgroups;
 mod gpu;
+mod grid_barrier;
 mod instance;
 mod int8_dot;
 mod kernels;

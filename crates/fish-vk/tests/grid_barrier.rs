@@ -1,0 +1,16 @@
+//! The grid-barrier probe (shaders/grid_barrier_probe.comp) runs cleanly: one
+//! workgroup meets itself at every barrier, so even a device that runs
+//! workgroups one after another (lavapipe) never waits.
+
+mod common;
+
+use common::gpu_or_skip;
+
+#[test]
+fn the_grid_barrier_probe_runs_and_validates() {
+    let Some(gpu) = gpu_or_skip() else { return };
+    let one_round = gpu.time_grid_barrier(1, 1).expect("probe");
+    let many = gpu.time_grid_barrier(1, 1000).expect("probe");
+    assert!(many > std::time::Duration::ZERO && one_round > std::time::Duration::ZERO);
+    assert_eq!(gpu.validation_messages(), 0);
+}
