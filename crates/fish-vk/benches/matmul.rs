@@ -12,7 +12,9 @@
 //!   GFLOP/s;
 //! - grid_barrier: one iteration is one grid-wide barrier among 64..528
 //!   workgroups of one dispatch (what a persistent span kernel would pay
-//!   per stage).
+//!   per stage); persistent_chain: one iteration is one of a chain of
+//!   dependent Q4_K matvecs in one such dispatch (bytes of weights per
+//!   second, as matvec).
 //!
 //! Each measurement rotates over enough copies of the weights to exceed
 //! FISH_VK_BENCH_ROTATE_MB (default 256 MB, over 4x the L2 of current GPUs),
@@ -471,6 +473,19 @@ fn bench_coopmat_peak(c: &mut Criterion) {
     group.finish();
 }
 
+/// The time of `iters` iterations measured in dispatches of at most `cap`
+/// iterations each (`run(n)` times one dispatch of n).
+fn in_runs(iters: u64, cap: u64, run: impl Fn(u32) -> Duration) -> Duration {
+    let mut total = Duration::ZERO;
+    let mut left = iters;
+    while left > 0 {
+        let n = left.min(cap);
+        total += run(n as u32);
+        left -= n;
+    }
+    total
+}
+
 /// Workgroups of the grid_barrier bench: at most a few per SM of a large
 /// GPU, so that all are resident at once.
 const GRID_BARRIER_GROUPS: [u32; 4] = [64, 132, 264, 528];
@@ -495,20 +510,59 @@ fn bench_grid_barrier(c: &mut Criterion) {
     for groups in GRID_BARRIER_GROUPS {
         group.bench_function(format!("groups{groups}"), |b| {
             b.iter_custom(|iters| {
-                let mut total = Duration::ZERO;
-                let mut left = iters;
-                while left > 0 {
-                    let rounds = left.min(GRID_BARRIER_MAX_ROUNDS);
-                    total += gpu
-                        .time_grid_barrier(groups, rounds as u32)
-                        .expect("grid_barrier");
-                    left -= rounds;
-                }
-                total
+                in_runs(iters, GRID_BARRIER_MAX_ROUNDS, |rounds| {
+                    gpu.time_grid_barrier(groups, rounds).expect("grid_barrier")
+                })
             })
         });
     }
     group.finish();
+}
+
+/// Matvecs per dispatch of the persistent_chain bench at most.
+const CHAIN_MAX: u64 = 4096;
+
+/// A chain of dependent Q4_K 4096 x 4096 matvecs in one dispatch of
+/// resident workgroups with a grid-wide barrier between them
+/// (shaders/persistent_matvec_probe.comp), one criterion iteration per
+/// matvec, rotating over enough weight copies to stream from memory:
+/// compare with `matvec_serial` (the same matvecs as dependent dispatches)
+/// and `matvec` (back to back). Meaningless on devices that do not keep
+/// every workgroup resident (lavapipe).
+fn bench_persistent_chain(c: &mut Criterion) {
+    if !group_selected("persistent_chain") {
+        return;
+    }
+    let Some(gpu) = fish_vk::global() else { return };
+    let ty = WeightFormat::Ggml(GgmlType::Q4_K);
+    let n = 4096;
+    let matrix = (n / ty.block_size() * ty.block_bytes() * n) as u64;
+    let copies = rotate_bytes().div_ceil(matrix).max(1) as usize;
+    let data = weight_bytes(matrix as usize * copies, ty.block_bytes() as u64 + 1);
+    let handle = match gpu.upload(ty, &data, n, n * copies) {
+        Ok(h) => h,
+        Err(e) => {
+            eprintln!("persistent_chain: skipped ({e})");
+            return;
+        }
+    };
+    let mut group = c.benchmark_group("persistent_chain");
+    group
+        .sample_size(10)
+        .measurement_time(Duration::from_secs(1))
+        .throughput(Throughput::Bytes(matrix));
+    for groups in [132u32, 264, 528, 1056] {
+        group.bench_function(format!("Q4_K/{n}x{n}/groups{groups}"), |b| {
+            b.iter_custom(|iters| {
+                in_runs(iters, CHAIN_MAX, |chain| {
+                    gpu.time_persistent_chain(handle, copies, chain, groups)
+                        .expect("persistent_chain")
+                })
+            })
+        });
+    }
+    group.finish();
+    let _ = gpu.free(handle);
 }
 
 criterion_group!(
@@ -519,6 +573,7 @@ criterion_group!(
     bench_coopmat,
     bench_batch_tile,
     bench_coopmat_peak,
-    bench_grid_barrier
+    bench_grid_barrier,
+    bench_persistent_chain
 );
 criterion_main!(benches);

@@ -35,8 +35,10 @@ pub const SPAN_MODULES: &[(&str, &str, &[&str])] = &[
 ];
 
 /// Measurement-only modules compiled with glslc: (name, source, defines).
-pub const PROBE_MODULES: &[(&str, &str, &[&str])] =
-    &[("grid_barrier_probe", "grid_barrier_probe.comp", &[])];
+pub const PROBE_MODULES: &[(&str, &str, &[&str])] = &[
+    ("grid_barrier_probe", "grid_barrier_probe.comp", &[]),
+    ("persistent_matvec_probe", "persistent_matvec_probe.comp", &[]),
+];
 
 /// Arguments every glslc module is compiled with (part of the staleness hash).
 pub const GLSLC_ARGS: &[&str] = &["--target-env=vulkan1.1", "-O"];

@@ -14,3 +14,22 @@ fn the_grid_barrier_probe_runs_and_validates() {
     assert!(many > std::time::Duration::ZERO && one_round > std::time::Duration::ZERO);
     assert_eq!(gpu.validation_messages(), 0);
 }
+
+#[test]
+fn the_persistent_chain_probe_runs_and_validates() {
+    let Some(gpu) = gpu_or_skip() else { return };
+    let n = 256;
+    let copies = 2;
+    let bytes = vec![0u8; n / 256 * 144 * n * copies];
+    let handle = gpu
+        .upload(fish_gguf::GgmlType::Q4_K, &bytes, n, n * copies)
+        .expect("upload");
+    let time = gpu
+        .time_persistent_chain(handle, copies, 4, 1)
+        .expect("probe");
+    assert!(time > std::time::Duration::ZERO);
+    // Only copies of square Q4_K matrices.
+    assert!(gpu.time_persistent_chain(handle, 3, 4, 1).is_err());
+    gpu.free(handle).expect("free");
+    assert_eq!(gpu.validation_messages(), 0);
+}
