@@ -501,10 +501,10 @@ impl Gpu {
         self.time_dispatches(&dispatches, x_bytes, y_bytes, need, repeats, sync)
     }
 
-    /// GPU time of `dispatches` recorded `repeats` times in one submit
-    /// without barriers, on the scratch x (zeroed first, `x_bytes`) and y
-    /// (`y_bytes`). Timestamp queries where the queue has them, else the
-    /// host clock around the submit.
+    /// GPU time of `dispatches` recorded `repeats` times in one submit,
+    /// separated as `sync` says, on the scratch x (zeroed first, `x_bytes`)
+    /// and y (`y_bytes`). Timestamp queries where the queue has them, else
+    /// the host clock around the submit.
     pub(crate) fn time_dispatches(
         &self,
         dispatches: &[Dispatch],
