@@ -10,6 +10,18 @@
 // dispatch). Workgroups take blocks of ROWS rows in turn (p.groups_x of
 // them, all resident); p.n_tok is the chain's length. The arrival counter
 // is the word after x at binding 1 (zeroed before the dispatch).
+//
+// With PREFETCH (module persistent_matvec_probe_prefetch) each workgroup
+// copies x into shared memory once per matvec, and loads the weights of
+// its first block of the next matvec before the grid-wide barrier, so they
+// stream while it waits: the form a persistent span kernel would take.
+// Rows of at most PREFETCH_UNITS * WG units (4096 Q4_K values).
+//
+// With L1_X as well (module persistent_matvec_probe_prefetch_l1) x is
+// staged through the ordinary, L1-cached loads, as a kernel that writes
+// every stage's output to fresh addresses could read it. Here the two
+// vectors are rewritten in place, so the values may be stale: a timing
+// probe only.
 #extension GL_GOOGLE_include_directive : require
 #extension GL_KHR_shader_subgroup_arithmetic : require
 #extension GL_KHR_shader_subgroup_basic : require
@@ -35,6 +47,23 @@ const uint SPIN_LIMIT = 1u << 22;
 // One partial sum per subgroup (subgroups are at least 4 lanes wide).
 shared float partial[ROWS][WG / 4u];
 
+
+#if defined(PREFETCH)
+const uint PREFETCH_UNITS = 2u;
+shared vec4 xs[PREFETCH_UNITS * WG * UNIT_VALUES / 4u];
+
+// The units of rows row0.. of the matrix starting at row copy_row0 that
+// this thread takes (units past the row's end reload its last one).
+void load_block(out Unit un[PREFETCH_UNITS][ROWS], uint copy_row0, uint row0, uint n_units) {
+    for (uint k = 0u; k < PREFETCH_UNITS; k++) {
+        uint u = min(gl_LocalInvocationID.x + k * WG, n_units - 1u);
+        for (uint r = 0u; r < ROWS; r++) {
+            un[k][r] = load_unit((copy_row0 + row0 + r) * p.row_stride, u);
+        }
+    }
+}
+#endif
+
 vec4 input4(bool from_a, uint i) {
     if (from_a) {
         return a4[i];
@@ -42,6 +71,105 @@ vec4 input4(bool from_a, uint i) {
     return b4[i];
 }
 
+#if defined(L1_X)
+layout(std430, binding = 1) readonly buffer VecAr { vec4 ar4[]; };
+layout(std430, binding = 2) readonly buffer VecBr { vec4 br4[]; };
+
+vec4 staged4(bool from_a, uint i) {
+    if (from_a) {
+        return ar4[i];
+    }
+    return br4[i];
+}
+#else
+vec4 staged4(bool from_a, uint i) {
+    return input4(from_a, i);
+}
+#endif
+
+#if defined(PREFETCH)
+void main() {
+    uint tid = gl_LocalInvocationID.x;
+    uint n_units = p.n_in / UNIT_VALUES;
+    uint counter = p.n_in;
+    uint first_block = gl_WorkGroupID.x * ROWS;
+    Unit un[PREFETCH_UNITS][ROWS];
+    if (first_block < p.n_rows) {
+        load_block(un, 0u, first_block, n_units);
+    }
+    for (uint m = 0u; m < p.n_tok; m++) {
+        bool from_a = (m & 1u) == 0u;
+        uint copy_row0 = (m % p.y_stride) * p.n_rows;
+        for (uint i = tid; i < p.n_in / 4u; i += WG) {
+            xs[i] = staged4(from_a, i);
+        }
+        barrier();
+        for (uint row0 = first_block; row0 < p.n_rows; row0 += p.groups_x * ROWS) {
+            if (row0 != first_block) {
+                load_block(un, copy_row0, row0, n_units);
+            }
+            float acc[ROWS];
+            for (uint r = 0u; r < ROWS; r++) {
+                acc[r] = 0.0;
+            }
+            for (uint k = 0u; k < PREFETCH_UNITS; k++) {
+                uint u = tid + k * WG;
+                if (u >= n_units) {
+                    break;
+                }
+                for (uint run = 0u; run < RUNS; run++) {
+                    uint xr = run_x4(u, run);
+                    vec4 x0 = xs[xr];
+                    vec4 x1 = xs[xr + 1u];
+                    vec4 x2 = xs[xr + 2u];
+                    vec4 x3 = xs[xr + 3u];
+                    float xsum = dot((x0 + x1) + (x2 + x3), vec4(1.0));
+                    for (uint r = 0u; r < ROWS; r++) {
+                        vec4 q[4];
+                        float scale;
+                        float minv;
+                        decode_run(un[k][r], run, q, scale, minv);
+                        float s = (dot(q[0], x0) + dot(q[1], x1)) + (dot(q[2], x2) + dot(q[3], x3));
+                        acc[r] += scale * s + minv * xsum;
+                    }
+                }
+            }
+            for (uint r = 0u; r < ROWS; r++) {
+                float s = subgroupAdd(acc[r]);
+                if (subgroupElect()) {
+                    partial[r][gl_SubgroupID] = s;
+                }
+            }
+            barrier();
+            if (tid < ROWS) {
+                float s = 0.0;
+                for (uint j = 0u; j < gl_NumSubgroups; j++) {
+                    s += partial[tid][j];
+                }
+                if (from_a) {
+                    b1[row0 + tid] = s * 1e-3;
+                } else {
+                    a1[row0 + tid] = s * 1e-3;
+                }
+            }
+            barrier();
+        }
+        // The next matvec's first block streams in during the barrier.
+        if (m + 1u < p.n_tok && first_block < p.n_rows) {
+            load_block(un, ((m + 1u) % p.y_stride) * p.n_rows, first_block, n_units);
+        }
+        if (tid == 0u) {
+            memoryBarrierBuffer();
+            atomicAdd(arrivals[counter], 1u);
+            uint target = (m + 1u) * p.groups_x;
+            for (uint spins = 0u; arrivals[counter] < target && spins < SPIN_LIMIT; spins++) {
+            }
+            memoryBarrierBuffer();
+        }
+        barrier();
+    }
+}
+#else
 void main() {
     uint tid = gl_LocalInvocationID.x;
     uint n_units = p.n_in / UNIT_VALUES;
@@ -110,3 +238,4 @@ void main() {
         barrier();
     }
 }
+#endif

@@ -27,7 +27,9 @@
 
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
 use fish_gguf::GgmlType;
-use fish_vk::{CoopMatTile, DispatchSync, Gpu, Kernel, PeakShape, TensorHandle, WeightFormat};
+use fish_vk::{
+    ChainProbe, CoopMatTile, DispatchSync, Gpu, Kernel, PeakShape, TensorHandle, WeightFormat,
+};
 use std::time::Duration;
 
 const TYPES: [WeightFormat; 11] = [
@@ -551,15 +553,21 @@ fn bench_persistent_chain(c: &mut Criterion) {
         .sample_size(10)
         .measurement_time(Duration::from_secs(1))
         .throughput(Throughput::Bytes(matrix));
-    for groups in [132u32, 264, 528, 1056] {
-        group.bench_function(format!("Q4_K/{n}x{n}/groups{groups}"), |b| {
-            b.iter_custom(|iters| {
-                in_runs(iters, CHAIN_MAX, |chain| {
-                    gpu.time_persistent_chain(handle, copies, chain, groups)
-                        .expect("persistent_chain")
+    for (id, probe) in [
+        ("plain", ChainProbe::Plain),
+        ("prefetch", ChainProbe::Prefetch),
+        ("prefetch_l1", ChainProbe::PrefetchL1),
+    ] {
+        for groups in [132u32, 264, 528, 1024] {
+            group.bench_function(format!("{id}/Q4_K/{n}x{n}/groups{groups}"), |b| {
+                b.iter_custom(|iters| {
+                    in_runs(iters, CHAIN_MAX, |chain| {
+                        gpu.time_persistent_chain(probe, handle, copies, chain, groups)
+                            .expect("persistent_chain")
+                    })
                 })
-            })
-        });
+            });
+        }
     }
     group.finish();
     let _ = gpu.free(handle);

@@ -38,6 +38,16 @@ pub const SPAN_MODULES: &[(&str, &str, &[&str])] = &[
 pub const PROBE_MODULES: &[(&str, &str, &[&str])] = &[
     ("grid_barrier_probe", "grid_barrier_probe.comp", &[]),
     ("persistent_matvec_probe", "persistent_matvec_probe.comp", &[]),
+    (
+        "persistent_matvec_probe_prefetch",
+        "persistent_matvec_probe.comp",
+        &["PREFETCH"],
+    ),
+    (
+        "persistent_matvec_probe_prefetch_l1",
+        "persistent_matvec_probe.comp",
+        &["PREFETCH", "L1_X"],
+    ),
 ];
 
 /// Arguments every glslc module is compiled with (part of the staleness hash).

@@ -55,16 +55,33 @@ impl Gpu {
 /// Rows per workgroup block of the persistent chain probe (ROWS in
 /// shaders/persistent_matvec_probe.comp).
 const CHAIN_ROWS: usize = 4;
+/// The longest rows its PREFETCH variant takes (PREFETCH_UNITS * WG units).
+const CHAIN_PREFETCH_MAX_N: usize = 4096;
+
+/// The persistent chain probe's variants.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ChainProbe {
+    /// Workgroups take row blocks in turn, x from L2.
+    Plain,
+    /// x staged in shared memory once per matvec; the next matvec's first
+    /// block of weights loaded before the grid-wide barrier.
+    Prefetch,
+    /// `Prefetch` with x staged through L1-cached loads (timing only: the
+    /// probe rewrites x in place, so the values may be stale).
+    PrefetchL1,
+}
 
 impl Gpu {
     /// GPU time of one dispatch of `groups` workgroups running a chain of
     /// `chain` dependent matvecs with a grid-wide barrier after each
     /// (shaders/persistent_matvec_probe.comp): matvec m multiplies copy
     /// m % copies of the rows of `handle`, which holds `copies` square
-    /// matrices of `handle.n_in()` rows one after another. Q4_K only; the
-    /// same residency caveat as `time_grid_barrier`.
+    /// matrices of `handle.n_in()` rows one after another. Q4_K only (rows
+    /// of at most 4096 values for `ChainProbe::Prefetch`); the same
+    /// residency caveat as `time_grid_barrier`.
     pub fn time_persistent_chain(
         &self,
+        probe: ChainProbe,
         handle: TensorHandle,
         copies: usize,
         chain: u32,
@@ -75,6 +92,7 @@ impl Gpu {
             || copies == 0
             || handle.n_out() != copies * n
             || !n.is_multiple_of(CHAIN_ROWS)
+            || (probe != ChainProbe::Plain && n > CHAIN_PREFETCH_MAX_N)
         {
             return Err(VkError::Input(format!(
                 "the chain probe takes Q4_K copies of square matrices ({:?} {}x{} as {copies})",
@@ -89,9 +107,12 @@ impl Gpu {
                 "the chain probe needs one weight buffer".into(),
             ));
         };
-        let pipeline = self
-            .pipelines
-            .get(&self.device, "persistent_matvec_probe", &[])?;
+        let module = match probe {
+            ChainProbe::Plain => "persistent_matvec_probe",
+            ChainProbe::Prefetch => "persistent_matvec_probe_prefetch",
+            ChainProbe::PrefetchL1 => "persistent_matvec_probe_prefetch_l1",
+        };
+        let pipeline = self.pipelines.get(&self.device, module, &[])?;
         let dispatch = Dispatch {
             pipeline,
             params: Params {

@@ -35,6 +35,7 @@ pub use coopmat_peak::{peak_flops, PeakRun, PeakShape};
 pub use device::DeviceInfo;
 pub use error::{Result, VkError};
 pub use gpu::Gpu;
+pub use grid_barrier::ChainProbe;
 pub use int8_dot::{int8_activations, Int8Dot, Int8Policy, INT8_BLOCK};
 pub use kernels::{supports, DispatchSync, GatedActivation, Kernel, MATVEC_MAX_TOKENS};
 pub use pipeline::{module_bytes, COMPILED_AT_BUILD};

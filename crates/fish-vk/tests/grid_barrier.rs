@@ -5,6 +5,7 @@
 mod common;
 
 use common::gpu_or_skip;
+use fish_vk::ChainProbe;
 
 #[test]
 fn the_grid_barrier_probe_runs_and_validates() {
@@ -24,12 +25,18 @@ fn the_persistent_chain_probe_runs_and_validates() {
     let handle = gpu
         .upload(fish_gguf::GgmlType::Q4_K, &bytes, n, n * copies)
         .expect("upload");
-    let time = gpu
-        .time_persistent_chain(handle, copies, 4, 1)
-        .expect("probe");
-    assert!(time > std::time::Duration::ZERO);
-    // Only copies of square Q4_K matrices.
-    assert!(gpu.time_persistent_chain(handle, 3, 4, 1).is_err());
+    for probe in [
+        ChainProbe::Plain,
+        ChainProbe::Prefetch,
+        ChainProbe::PrefetchL1,
+    ] {
+        let time = gpu
+            .time_persistent_chain(probe, handle, copies, 4, 1)
+            .expect("probe");
+        assert!(time > std::time::Duration::ZERO);
+        // Only copies of square Q4_K matrices.
+        assert!(gpu.time_persistent_chain(probe, handle, 3, 4, 1).is_err());
+    }
     gpu.free(handle).expect("free");
     assert_eq!(gpu.validation_messages(), 0);
 }
