@@ -87,11 +87,61 @@ vec4 staged4(bool from_a, uint i) {
 }
 #endif
 
+// Adds run `run` of unit `un` (values at x4 index xr..xr+3 of x) to acc.
+void add_run(inout float acc, Unit un, uint run, vec4 x0, vec4 x1, vec4 x2, vec4 x3, float xsum) {
+    vec4 q[4];
+    float scale;
+    float minv;
+    decode_run(un, run, q, scale, minv);
+    float s = (dot(q[0], x0) + dot(q[1], x1)) + (dot(q[2], x2) + dot(q[3], x3));
+    acc += scale * s + minv * xsum;
+}
+
+// Reduces the block's sums over the workgroup and writes rows row0.. of
+// the output (the vector not read this matvec); every invocation calls it.
+void store_block(float acc[ROWS], uint row0, bool from_a) {
+    uint tid = gl_LocalInvocationID.x;
+    for (uint r = 0u; r < ROWS; r++) {
+        float s = subgroupAdd(acc[r]);
+        if (subgroupElect()) {
+            partial[r][gl_SubgroupID] = s;
+        }
+    }
+    barrier();
+    if (tid < ROWS) {
+        float s = 0.0;
+        for (uint j = 0u; j < gl_NumSubgroups; j++) {
+            s += partial[tid][j];
+        }
+        // Scaled down so that the chain stays finite.
+        if (from_a) {
+            b1[row0 + tid] = s * 1e-3;
+        } else {
+            a1[row0 + tid] = s * 1e-3;
+        }
+    }
+    barrier();
+}
+
+// The grid-wide barrier after matvec m: every workgroup's rows of it are
+// written before any workgroup reads them in matvec m + 1.
+void grid_barrier(uint m) {
+    if (gl_LocalInvocationID.x == 0u) {
+        uint counter = p.n_in;
+        memoryBarrierBuffer();
+        atomicAdd(arrivals[counter], 1u);
+        uint target = (m + 1u) * p.groups_x;
+        for (uint spins = 0u; arrivals[counter] < target && spins < SPIN_LIMIT; spins++) {
+        }
+        memoryBarrierBuffer();
+    }
+    barrier();
+}
+
 #if defined(PREFETCH)
 void main() {
     uint tid = gl_LocalInvocationID.x;
     uint n_units = p.n_in / UNIT_VALUES;
-    uint counter = p.n_in;
     uint first_block = gl_WorkGroupID.x * ROWS;
     Unit un[PREFETCH_UNITS][ROWS];
     if (first_block < p.n_rows) {
@@ -125,55 +175,23 @@ void main() {
                     vec4 x3 = xs[xr + 3u];
                     float xsum = dot((x0 + x1) + (x2 + x3), vec4(1.0));
                     for (uint r = 0u; r < ROWS; r++) {
-                        vec4 q[4];
-                        float scale;
-                        float minv;
-                        decode_run(un[k][r], run, q, scale, minv);
-                        float s = (dot(q[0], x0) + dot(q[1], x1)) + (dot(q[2], x2) + dot(q[3], x3));
-                        acc[r] += scale * s + minv * xsum;
+                        add_run(acc[r], un[k][r], run, x0, x1, x2, x3, xsum);
                     }
                 }
             }
-            for (uint r = 0u; r < ROWS; r++) {
-                float s = subgroupAdd(acc[r]);
-                if (subgroupElect()) {
-                    partial[r][gl_SubgroupID] = s;
-                }
-            }
-            barrier();
-            if (tid < ROWS) {
-                float s = 0.0;
-                for (uint j = 0u; j < gl_NumSubgroups; j++) {
-                    s += partial[tid][j];
-                }
-                if (from_a) {
-                    b1[row0 + tid] = s * 1e-3;
-                } else {
-                    a1[row0 + tid] = s * 1e-3;
-                }
-            }
-            barrier();
+            store_block(acc, row0, from_a);
         }
         // The next matvec's first block streams in during the barrier.
         if (m + 1u < p.n_tok && first_block < p.n_rows) {
             load_block(un, ((m + 1u) % p.y_stride) * p.n_rows, first_block, n_units);
         }
-        if (tid == 0u) {
-            memoryBarrierBuffer();
-            atomicAdd(arrivals[counter], 1u);
-            uint target = (m + 1u) * p.groups_x;
-            for (uint spins = 0u; arrivals[counter] < target && spins < SPIN_LIMIT; spins++) {
-            }
-            memoryBarrierBuffer();
-        }
-        barrier();
+        grid_barrier(m);
     }
 }
 #else
 void main() {
     uint tid = gl_LocalInvocationID.x;
     uint n_units = p.n_in / UNIT_VALUES;
-    uint counter = p.n_in;
     for (uint m = 0u; m < p.n_tok; m++) {
         bool from_a = (m & 1u) == 0u;
         uint copy_row0 = (m % p.y_stride) * p.n_rows;
@@ -195,47 +213,13 @@ void main() {
                     vec4 x3 = input4(from_a, xr + 3u);
                     float xsum = dot((x0 + x1) + (x2 + x3), vec4(1.0));
                     for (uint r = 0u; r < ROWS; r++) {
-                        vec4 q[4];
-                        float scale;
-                        float minv;
-                        decode_run(un[r], run, q, scale, minv);
-                        float s = (dot(q[0], x0) + dot(q[1], x1)) + (dot(q[2], x2) + dot(q[3], x3));
-                        acc[r] += scale * s + minv * xsum;
+                        add_run(acc[r], un[r], run, x0, x1, x2, x3, xsum);
                     }
                 }
             }
-            for (uint r = 0u; r < ROWS; r++) {
-                float s = subgroupAdd(acc[r]);
-                if (subgroupElect()) {
-                    partial[r][gl_SubgroupID] = s;
-                }
-            }
-            barrier();
-            if (tid < ROWS) {
-                float s = 0.0;
-                for (uint j = 0u; j < gl_NumSubgroups; j++) {
-                    s += partial[tid][j];
-                }
-                // Scaled down so that the chain stays finite.
-                if (from_a) {
-                    b1[row0 + tid] = s * 1e-3;
-                } else {
-                    a1[row0 + tid] = s * 1e-3;
-                }
-            }
-            barrier();
+            store_block(acc, row0, from_a);
         }
-        // Every workgroup's rows of matvec m are written before any
-        // workgroup reads them in matvec m + 1.
-        if (tid == 0u) {
-            memoryBarrierBuffer();
-            atomicAdd(arrivals[counter], 1u);
-            uint target = (m + 1u) * p.groups_x;
-            for (uint spins = 0u; arrivals[counter] < target && spins < SPIN_LIMIT; spins++) {
-            }
-            memoryBarrierBuffer();
-        }
-        barrier();
+        grid_barrier(m);
     }
 }
 #endif

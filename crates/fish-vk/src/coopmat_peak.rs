@@ -2,12 +2,8 @@
 //! for the `coopmat_peak` bench: it separates what the device and driver
 //! give for bare products from what the prefill kernel achieves around them.
 
-use crate::buffer::MemoryKind;
 use crate::error::{Result, VkError};
 use crate::gpu::Gpu;
-use crate::kernels::{Dispatch, DispatchSync};
-use crate::pipeline::Params;
-use crate::split_k::ScratchNeed;
 use std::time::Duration;
 
 /// Accumulators per subgroup (ACCS in shaders/coopmat_peak.comp).
@@ -92,29 +88,9 @@ impl Gpu {
                 .get_cooperative(&self.device, module, &tile.spec(), tile.threads())?;
         let subgroups = tile.warps_m * tile.warps_n;
         let y_bytes = u64::from(groups * subgroups * tile.tm * tile.tn) * 4;
-        // The probe reads nothing; binding 0 still needs a buffer.
-        let unused = self.alloc(256, MemoryKind::Device)?;
-        let dispatch = Dispatch {
-            pipeline,
-            params: Params {
-                n_in: rounds,
-                groups_x: groups,
-                ..Params::default()
-            },
-            groups: (groups, 1),
-            weights: unused.raw,
-        };
-        let time = self.time_dispatches(
-            &[dispatch],
-            16,
-            y_bytes,
-            ScratchNeed::NONE,
-            repeats,
-            DispatchSync::None,
-        );
-        self.release(unused);
+        let time = self.time_weightless_probe(pipeline, rounds, groups, (16, y_bytes), repeats)?;
         Ok(PeakRun {
-            time: time?,
+            time,
             flops: peak_flops(
                 tile.tm, tile.tn, tile.tk, subgroups, groups, rounds, repeats,
             ),

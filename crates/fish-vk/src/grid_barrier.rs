@@ -5,7 +5,6 @@
 //! run that way (shaders/persistent_matvec_probe.comp, the
 //! `persistent_chain` bench).
 
-use crate::buffer::MemoryKind;
 use crate::error::{Result, VkError};
 use crate::gpu::Gpu;
 use crate::kernels::{Dispatch, DispatchSync, Kernel};
@@ -26,29 +25,8 @@ impl Gpu {
         let pipeline = self
             .pipelines
             .get(&self.device, "grid_barrier_probe", &[])?;
-        // The probe reads no weights; binding 0 still needs a buffer.
-        let unused = self.alloc(256, MemoryKind::Device)?;
-        let dispatch = Dispatch {
-            pipeline,
-            params: Params {
-                n_in: rounds,
-                groups_x: groups,
-                ..Params::default()
-            },
-            groups: (groups, 1),
-            weights: unused.raw,
-        };
         // The arrival counter is the zeroed x scratch.
-        let time = self.time_dispatches(
-            &[dispatch],
-            256,
-            16,
-            ScratchNeed::NONE,
-            1,
-            DispatchSync::None,
-        );
-        self.release(unused);
-        time
+        self.time_weightless_probe(pipeline, rounds, groups, (256, 16), 1)
     }
 }
 

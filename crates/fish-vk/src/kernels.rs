@@ -501,6 +501,41 @@ impl Gpu {
         self.time_dispatches(&dispatches, x_bytes, y_bytes, need, repeats, sync)
     }
 
+    /// GPU time of a measurement probe that reads no weights (its binding 0
+    /// still needs a buffer): `repeats` dispatches of `groups` workgroups of
+    /// `pipeline`, which takes its rounds as `n_in` and its workgroup count
+    /// as `groups_x`, on the scratch x (zeroed first) and y.
+    pub(crate) fn time_weightless_probe(
+        &self,
+        pipeline: vk::Pipeline,
+        rounds: u32,
+        groups: u32,
+        (x_bytes, y_bytes): (u64, u64),
+        repeats: u32,
+    ) -> Result<Duration> {
+        let unused = self.alloc(256, MemoryKind::Device)?;
+        let dispatch = Dispatch {
+            pipeline,
+            params: Params {
+                n_in: rounds,
+                groups_x: groups,
+                ..Params::default()
+            },
+            groups: (groups, 1),
+            weights: unused.raw,
+        };
+        let time = self.time_dispatches(
+            &[dispatch],
+            x_bytes,
+            y_bytes,
+            ScratchNeed::NONE,
+            repeats,
+            DispatchSync::None,
+        );
+        self.release(unused);
+        time
+    }
+
     /// GPU time of `dispatches` recorded `repeats` times in one submit,
     /// separated as `sync` says, on the scratch x (zeroed first, `x_bytes`)
     /// and y (`y_bytes`). Timestamp queries where the queue has them, else
