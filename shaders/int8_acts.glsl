@@ -11,3 +11,32 @@ uint int8_sum_vec4s(uint n) { return (n / 16u + 3u) / 4u; }
 uint int8_token_vec4s(uint n) {
     return int8_quant_vec4s(n) + int8_scale_vec4s(n) + int8_sum_vec4s(n);
 }
+
+#if defined(INT8_WRITER)
+// Writes block `blk` (32 values, v) of row `row` of rows of n values into
+// q8 (a uint buffer the including shader declares): d = max|v| / 127, the
+// quants round(v / d), d * (sum of quants) per 16. int8_dot.rs computes
+// the same on the host.
+void store_int8_block(vec4 v[8], uint row, uint blk, uint n) {
+    uint base = 4u * row * int8_token_vec4s(n);
+    uint scales = base + 4u * int8_quant_vec4s(n);
+    uint sums = scales + 4u * int8_scale_vec4s(n);
+    float amax = 0.0;
+    for (uint k = 0u; k < 8u; k++) {
+        vec4 a = abs(v[k]);
+        amax = max(amax, max(max(a.x, a.y), max(a.z, a.w)));
+    }
+    float d = amax / 127.0;
+    float id = amax > 0.0 ? 127.0 / amax : 0.0;
+    int sum[2] = int[2](0, 0);
+    for (uint k = 0u; k < 8u; k++) {
+        ivec4 q = ivec4(round(v[k] * id));
+        sum[k / 4u] += (q.x + q.y) + (q.z + q.w);
+        uvec4 u = uvec4(q) & 0xFFu;
+        q8[base + 8u * blk + k] = u.x | (u.y << 8) | (u.z << 16) | (u.w << 24);
+    }
+    q8[scales + blk] = floatBitsToUint(d);
+    q8[sums + 2u * blk] = floatBitsToUint(d * float(sum[0]));
+    q8[sums + 2u * blk + 1u] = floatBitsToUint(d * float(sum[1]));
+}
+#endif

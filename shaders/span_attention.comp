@@ -57,6 +57,9 @@ layout(std430, binding = 2) KV_ACCESS buffer VCache { uint vc[]; };
 // multiples of 8).
 layout(std430, binding = 2) KV_READ buffer VCache4 { uvec4 vc4[]; };
 layout(std430, binding = 3) writeonly buffer Out { float attn[]; };
+// The output quantised for the int8 matvec (int8_acts.glsl; rows of
+// n_head * head_dim_v values), written as well when `quantise` is set.
+layout(std430, binding = 6) writeonly buffer Int8Acts { uint q8[]; };
 #if defined(ROPE_FUSED)
 // The span's parameters: the cos/sin table.
 layout(std430, binding = 5) readonly buffer Params { float params[]; };
@@ -74,8 +77,7 @@ layout(push_constant) uniform Push {
     // Sliding window in positions (0: every earlier position).
     uint window;
     float scale;
-#if defined(ROPE_FUSED)
-    // As span_rope.comp: rotated dimensions per head, NeoX halves or
+    // With ROPE_FUSED, as span_rope.comp: rotated dimensions per head, NeoX halves or
     // adjacent pairs, the cos/sin table's float offset, and where the
     // chunk's keys and values start in qkv.
     uint n_rot;
@@ -83,8 +85,15 @@ layout(push_constant) uniform Push {
     uint table_off;
     uint k_off;
     uint v_off;
-#endif
+    // (The plain kernel is given the same five words and ignores them.)
+    // 1: also write the output quantised (decode steps whose wo takes int8
+    // activations; the host sets it only where head_dim_v % 32 == 0, which
+    // also puts the output on the wide path).
+    uint quantise;
 } p;
+
+#define INT8_WRITER 1
+#include "int8_acts.glsl"
 
 shared vec4 q4[MAX_HEAD_DIM / 4u];
 shared float weight[WG];
@@ -350,6 +359,23 @@ void main() {
             for (uint c = 0u; c < 4u; c++) {
                 attn[o0 + c] = lo[c] / l;
                 attn[o0 + 4u + c] = hi[c] / l;
+            }
+            // The same values for the quantisation below.
+            partial4[0][tid] = vec4(lo.x / l, lo.y / l, lo.z / l, lo.w / l);
+            partial4[1][tid] = vec4(hi.x / l, hi.y / l, hi.z / l, hi.w / l);
+        }
+        if (p.quantise != 0u) {
+            // Uniform: every thread reaches the barrier. Block j of the
+            // head is lanes 4j .. 4j + 3 (eight values each).
+            barrier();
+            if (tid < p.head_dim_v / 32u) {
+                vec4 v[8];
+                for (uint k = 0u; k < 4u; k++) {
+                    v[2u * k] = partial4[0][4u * tid + k];
+                    v[2u * k + 1u] = partial4[1][4u * tid + k];
+                }
+                uint per_row = p.n_head * p.head_dim_v;
+                store_int8_block(v, t, h * (p.head_dim_v / 32u) + tid, per_row);
             }
         }
         return;

@@ -37,38 +37,27 @@ layout(push_constant) uniform Push {
     uint quantise;
 } p;
 
+#define INT8_WRITER 1
 #include "int8_acts.glsl"
 
 // Quantises the normed row in blocks of 32 values, one block per thread; the
 // values are recomputed from src (unchanged: src is not dst here) rather
-// than read back from dst, so no barrier is needed.
-void quantise_row(uint row, uint s0, float scale) {
-    uint n = p.n;
-    uint base = 4u * row * int8_token_vec4s(n);
-    uint scales = base + 4u * int8_quant_vec4s(n);
-    uint sums = scales + 4u * int8_scale_vec4s(n);
-    for (uint b = gl_LocalInvocationID.x; b < n / 32u; b += WG_SIZE) {
-        float v[32];
-        float amax = 0.0;
-        for (uint i = 0u; i < 32u; i++) {
-            v[i] = src[s0 + 32u * b + i] * scale * params[p.w_off + 32u * b + i];
-            amax = max(amax, abs(v[i]));
-        }
-        float d = amax / 127.0;
-        float id = amax > 0.0 ? 127.0 / amax : 0.0;
-        int sum[2] = int[2](0, 0);
-        for (uint w = 0u; w < 8u; w++) {
-            uint word = 0u;
-            for (uint i = 0u; i < 4u; i++) {
-                int q = int(round(v[4u * w + i] * id));
-                sum[w / 4u] += q;
-                word |= (uint(q) & 0xFFu) << (8u * i);
+// than read back from dst, so no barrier is needed. Rows on 16-byte words
+// load them as such (a block is then 16 loads in flight, not 64).
+void quantise_row(uint row, uint s0, float scale, bool wide) {
+    for (uint b = gl_LocalInvocationID.x; b < p.n / 32u; b += WG_SIZE) {
+        vec4 v[8];
+        for (uint k = 0u; k < 8u; k++) {
+            uint i = 32u * b + 4u * k;
+            if (wide) {
+                v[k] = src4[(s0 + i) / 4u] * scale * params4[(p.w_off + i) / 4u];
+            } else {
+                for (uint c = 0u; c < 4u; c++) {
+                    v[k][c] = src[s0 + i + c] * scale * params[p.w_off + i + c];
+                }
             }
-            q8[base + 8u * b + w] = word;
         }
-        q8[scales + b] = floatBitsToUint(d);
-        q8[sums + 2u * b] = floatBitsToUint(d * float(sum[0]));
-        q8[sums + 2u * b + 1u] = floatBitsToUint(d * float(sum[1]));
+        store_int8_block(v, row, b, p.n);
     }
 }
 
@@ -102,7 +91,7 @@ void main() {
     }
     float scale = 1.0 / sqrt(partial[0] / float(p.n) + p.eps);
     if (p.quantise != 0u) {
-        quantise_row(row, s0, scale);
+        quantise_row(row, s0, scale, wide);
     }
     // Every thread writes only the elements it read, so src may alias dst.
     if (wide) {

@@ -1,11 +1,13 @@
 //! Kernel microbenches, timed with GPU timestamps; one criterion iteration is
 //! one matmul call, so `time` is per call:
 //! - matvec (1 token): throughput in bytes of weights per second, per type;
-//!   matvec_i8 the same for the int8-activation kernel (quantised types);
+//!   matvec_i8 the same for the int8-activation kernel (quantised types),
+//!   matvec_i8x (and matvec_i8x_serial) for it on x quantised beforehand
+//!   (as spans feed it);
 //!   matvec_serial the same calls with a barrier after each (as a span's
 //!   stages run them), so its time per call less matvec's is what a
 //!   dependent stage adds to a matvec (start, ramp and tail);
-//! - matvec_batch / matvec_i8_batch (2, 4, 8 tokens): the same, for
+//! - matvec_batch / matvec_i8_batch / matvec_i8x_batch (2, 4, 8 tokens): the same, for
 //!   speculative verification and batched decode;
 //! - tiled (512 tokens): throughput in "elements" = floating-point operations
 //!   of one call (2 * n_in * n_out * n_tok), so criterion's Gelem/s reads as
@@ -50,10 +52,11 @@ const SHAPES: [(usize, usize); 3] = [(4096, 4096), (4096, 14336), (14336, 4096)]
 const TILED_TOKENS: usize = 512;
 /// Batch sizes of the batched matvec bench and the types it covers.
 const BATCH_TOKENS: [usize; 3] = [2, 4, 8];
-const BATCH_TYPES: [WeightFormat; 4] = [
+const BATCH_TYPES: [WeightFormat; 5] = [
     WeightFormat::Ggml(GgmlType::Q4_0),
     WeightFormat::Ggml(GgmlType::Q8_0),
     WeightFormat::Ggml(GgmlType::Q4_K),
+    WeightFormat::Ggml(GgmlType::Q6_K),
     WeightFormat::Fq3,
 ];
 /// Dispatch rounds per submit, so that a long criterion run never builds a
@@ -212,12 +215,20 @@ fn bench_matvec(c: &mut Criterion) {
         return;
     }
     matvec_group(c, gpu, "matvec_i8", Kernel::MatvecInt8, DispatchSync::None);
+    // On x quantised beforehand (timing only: the scratch x is zeros),
+    // back to back and as dependent stages.
+    for (name, sync) in [
+        ("matvec_i8x", DispatchSync::None),
+        ("matvec_i8x_serial", DispatchSync::EveryDispatch),
+    ] {
+        matvec_group(c, gpu, name, Kernel::MatvecInt8Prequantised, sync);
+    }
 }
 
 /// Whether `kernel` runs on weights of type `ty` (the int8 matvec only
 /// takes the quantised types).
 fn kernel_takes(kernel: Kernel, ty: WeightFormat) -> bool {
-    kernel != Kernel::MatvecInt8
+    !matches!(kernel, Kernel::MatvecInt8 | Kernel::MatvecInt8Prequantised)
         || !matches!(
             ty,
             WeightFormat::Ggml(GgmlType::F32) | WeightFormat::Ggml(GgmlType::F16)
@@ -263,6 +274,7 @@ fn bench_matvec_batch(c: &mut Criterion) {
     let mut kernels = vec![("matvec_batch", Kernel::Matvec)];
     if gpu.info().int8_dot != fish_vk::Int8Dot::Absent {
         kernels.push(("matvec_i8_batch", Kernel::MatvecInt8));
+        kernels.push(("matvec_i8x_batch", Kernel::MatvecInt8Prequantised));
     }
     for (name, kernel) in kernels {
         if !group_selected(name) {

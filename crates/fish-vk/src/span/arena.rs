@@ -30,8 +30,11 @@ pub(crate) struct Arena {
     pub o: Buffer,
     /// gate | up of a chunk; the activation writes into the gate half.
     pub gate_up: Buffer,
-    /// xn quantised for the int8 matvec (shaders/int8_acts.glsl), written
-    /// by the norm for chunks of up to MATVEC_MAX_TOKENS tokens.
+    /// A matvec input quantised for the int8 matvec (shaders/int8_acts.glsl)
+    /// for chunks of up to MATVEC_MAX_TOKENS tokens: xn, written by the
+    /// norm for q/k/v and gate/up, the attention output, written by the
+    /// attention for wo once q/k/v has read xn, and act(gate) * up, written
+    /// by the activation for down once gate/up has. Sized for the widest.
     pub xn_int8: Buffer,
     /// Host-visible copies of x (in and out), sized like `x`.
     pub upload: Buffer,
@@ -61,7 +64,8 @@ fn f32_bytes(n: usize) -> u64 {
 /// The arena's buffers in allocation order: (f32 values, memory kind).
 fn sizes(shape: &SpanShape, n_ff: usize) -> [(usize, MemoryKind); 11] {
     let c = span_chunk_tokens();
-    let int8_values = (MATVEC_MAX_TOKENS * int8_token_bytes(shape.n_embd)).div_ceil(4);
+    let int8_width = shape.n_embd.max(n_ff).max(shape.attn_dim());
+    let int8_values = (MATVEC_MAX_TOKENS * int8_token_bytes(int8_width)).div_ceil(4);
     [
         (INITIAL_TOKENS * shape.n_embd, MemoryKind::Device),
         (

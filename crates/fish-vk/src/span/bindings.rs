@@ -30,6 +30,12 @@ pub(crate) struct LayerSets {
     /// for decode-sized chunks; None where the policy keeps float x.
     pub qkv_int8: Option<MatmulSets>,
     pub gate_up_int8: Option<MatmulSets>,
+    /// wo and down on the int8 copies of their inputs that the attention
+    /// and the activation write (into the buffer of xn's, which q/k/v and
+    /// gate/up have read by then), adding into their residual targets;
+    /// None where the policy keeps float x.
+    pub wo_int8: Option<MatmulSets>,
+    pub down_int8: Option<MatmulSets>,
     /// q/k/v and gate/up with their norm fused in (`Kernel::MatvecNorm`):
     /// x is the residual stream, binding 3 the parameters; None where the
     /// fusion is off (`fused_norm_wanted`).
@@ -48,7 +54,7 @@ pub(crate) struct LayerSets {
     pub gate_up_act: Option<MatmulSets>,
     /// qkv, K, V, params.
     pub rope: vk::DescriptorSet,
-    /// qkv, K, V, attn.
+    /// qkv, K, V, attn, step, params, the int8 copy of attn.
     pub attention: vk::DescriptorSet,
 }
 
@@ -131,9 +137,9 @@ impl Bindings {
             weights.iter().flatten().map(Vec::len).sum::<usize>() + output_weights.len();
         let n_span = 5 + 2 * layers.len();
         // Room for the int8 and fused-norm copies of the q/k/v and gate/up
-        // sets and the deferred-norm copies of the wo and down sets.
+        // sets and the deferred-norm and int8 copies of the wo and down sets.
         let n_normed: usize = weights.iter().map(|w| w[0].len() + w[2].len()).sum();
-        let n_residual: usize = weights.iter().map(|w| w[1].len() + w[3].len()).sum();
+        let n_residual: usize = weights.iter().map(|w| 2 * (w[1].len() + w[3].len())).sum();
         // And the gate/up sets with the activation (one per gate chunk).
         let n_gate_up_act: usize = weights.iter().map(|w| w[2].len() / 2).sum();
         let pool = create_pool(
@@ -263,6 +269,8 @@ impl Bindings {
                 gate_up_act: gate_up_act_sets(&g[2], &w[2])?,
                 qkv_int8: int8_sets(&g[0], &w[0], a.qkv.raw)?,
                 gate_up_int8: int8_sets(&g[2], &w[2], a.gate_up.raw)?,
+                wo_int8: int8_sets(&g[1], &w[1], residual_target(lp.post_attn_norm))?,
+                down_int8: int8_sets(&g[3], &w[3], residual_target(lp.post_ffn_norm))?,
                 qkv_norm: norm_sets(&g[0], &w[0], a.qkv.raw)?,
                 gate_up_norm: norm_sets(&g[2], &w[2], a.gate_up.raw)?,
                 wo_resnorm: resnorm_sets(&g[1], &w[1], a.attn.raw, lp.post_attn_norm)?,
@@ -280,7 +288,11 @@ impl Bindings {
                 attention: {
                     // The fused RoPE variant also reads the cos/sin table.
                     let set = allocate(gpu, pool, pipelines.set_layout)?;
-                    write_set(gpu, set, &[a.qkv.raw, k, v, a.attn.raw, a.step.raw, p]);
+                    write_set(
+                        gpu,
+                        set,
+                        &[a.qkv.raw, k, v, a.attn.raw, a.step.raw, p, a.xn_int8.raw],
+                    );
                     set
                 },
             });
@@ -311,7 +323,7 @@ impl Bindings {
             norm_x: span_set([a.x.raw, a.xn.raw, p, a.xn_int8.raw])?,
             qkv_self: span_set([a.qkv.raw, a.qkv.raw, p, p])?,
             norm_o_into_x: span_set([a.o.raw, a.x.raw, p, p])?,
-            act: span_set([a.gate_up.raw; 4])?,
+            act: span_set([a.gate_up.raw, a.xn_int8.raw, a.gate_up.raw, a.gate_up.raw])?,
             layers,
         })
     }

@@ -11,8 +11,9 @@ pub(crate) const PUSH_WORDS: usize = 16;
 /// Storage buffers per span descriptor set: four per kernel, then the step
 /// buffer (the forward's first position) that every set binds, then the
 /// parameter buffer for the attention kernel that does RoPE itself
-/// (`SpanKernel::AttentionRope`; the other sets leave it unwritten).
-pub(crate) const SPAN_BINDINGS: u32 = 6;
+/// (`SpanKernel::AttentionRope`; the other sets leave it unwritten), then
+/// the attention's int8 output (the arena's `xn_int8`; attention sets only).
+pub(crate) const SPAN_BINDINGS: u32 = 7;
 
 /// The span kernels, by module.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

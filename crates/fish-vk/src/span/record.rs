@@ -45,6 +45,11 @@ pub(crate) struct Chunk {
     /// Per layer: whether wo and down prepare the next norm
     /// (`Kernel::MatvecResNorm`, whose sets they then use).
     pub resnorm: Vec<[bool; 2]>,
+    /// Per layer: the attention (wo) and the act*mul dispatch (down) write
+    /// their outputs quantised as well, and the projection after them reads
+    /// that (`Kernel::MatvecInt8Prequantised` on the layer's `wo_int8` /
+    /// `down_int8` sets).
+    pub int8_in: Vec<[bool; 2]>,
 }
 
 /// Where the tokens of a forward sit, as far as recording cares (recordings
@@ -124,6 +129,7 @@ pub(crate) fn plan_chunks(
                 matmuls,
                 inputs,
                 resnorm: same.resnorm.clone(),
+                int8_in: same.int8_in.clone(),
                 gated: same.gated,
                 act_in_gate_up: same.act_in_gate_up.clone(),
                 prefetch: same.prefetch,
@@ -144,6 +150,7 @@ pub(crate) fn plan_chunks(
         let mut inputs = Vec::with_capacity(n_layers);
         let mut resnorm = Vec::with_capacity(n_layers);
         let mut act_in_gate_up = Vec::with_capacity(n_layers);
+        let mut int8_in = Vec::with_capacity(n_layers);
         let defer = defers_norms(decode, n, n_tok, layout).then(|| norm_parts_offset(shape));
         // The sums of squares the previous layer's down projection left.
         let mut qkv_parts = None;
@@ -154,14 +161,26 @@ pub(crate) fn plan_chunks(
                 kernel: matmul_kernel,
             };
             let (qkv_plan, qkv_input) = ls.qkv_group().plan(gpu, n, mode, qkv_parts, shape)?;
-            let wo = residual_plan(
-                gpu,
-                &ls.wo,
-                ls.wo_resnorm.as_ref(),
-                n,
-                matmul_kernel,
-                defer.filter(|_| ls.gate_up_int8.is_none()),
-            )?;
+            // The decode attention kernel quantises its output in whole
+            // 32-value blocks of a head.
+            let wo_int8 = ls
+                .wo_int8
+                .as_ref()
+                .filter(|_| decode && shape.head_dim_v.is_multiple_of(32));
+            let wo = match wo_int8 {
+                Some(sets) => (
+                    plan_group(gpu, sets, n, Kernel::MatvecInt8Prequantised)?,
+                    None,
+                ),
+                None => residual_plan(
+                    gpu,
+                    &ls.wo,
+                    ls.wo_resnorm.as_ref(),
+                    n,
+                    matmul_kernel,
+                    defer.filter(|_| ls.gate_up_int8.is_none()),
+                )?,
+            };
             let (gate_up_plan, gate_up_input) =
                 ls.gate_up_group().plan(gpu, n, mode, wo.1, shape)?;
             // The activation moves into the gate/up epilogue where the
@@ -179,14 +198,27 @@ pub(crate) fn plan_chunks(
                 .layers
                 .get(il + 1)
                 .is_some_and(|next| next.qkv_int8.is_none());
-            let down = residual_plan(
-                gpu,
-                &ls.down,
-                ls.down_resnorm.as_ref(),
-                n,
-                down_kernel,
-                defer.filter(|_| next_reads_xn),
-            )?;
+            // Where the act*mul dispatch runs, it can hand down its output
+            // quantised (decode chunks, int8 policy).
+            let act_dispatched = !matches!(down_kernel, Kernel::MatvecGated(_)) && !act_fused;
+            let down = match &ls.down_int8 {
+                Some(sets) if decode && act_dispatched => (
+                    plan_group(gpu, sets, n, Kernel::MatvecInt8Prequantised)?,
+                    None,
+                ),
+                _ => residual_plan(
+                    gpu,
+                    &ls.down,
+                    ls.down_resnorm.as_ref(),
+                    n,
+                    down_kernel,
+                    defer.filter(|_| next_reads_xn),
+                )?,
+            };
+            int8_in.push([
+                wo_int8.is_some(),
+                decode && act_dispatched && ls.down_int8.is_some(),
+            ]);
             qkv_parts = down.1;
             resnorm.push([wo.1.is_some(), down.1.is_some()]);
             matmuls.push([qkv_plan, wo.0, gate_up_plan, down.0]);
@@ -203,6 +235,7 @@ pub(crate) fn plan_chunks(
             rope_in_attention: n == 1 && rope_fusable(shape),
             tiled_attention: attends_tiled(shape, layout, n),
             resnorm,
+            int8_in,
         });
     }
     Ok(chunks)
@@ -342,6 +375,9 @@ struct PlanMode {
 /// tests run batched spans through the batch tile's staging, split and
 /// output paths.
 fn batch_tile(gpu: &Gpu) -> Option<Kernel> {
+    if std::env::var("FISH_GPU_BATCH_TILE").as_deref() == Ok("0") {
+        return None;
+    }
     let real = gpu
         .coopmat_batch_tile()
         .and(gpu.coopmat_tile_in_use())
@@ -773,12 +809,14 @@ impl Recording<'_> {
         };
         // The fused kernel's push constants continue after the attention's
         // with RoPE's, the tiled kernel's with the chunk's tokens.
+        let wo_int8 = sets.wo_int8.as_ref().filter(|_| chunk.int8_in[il][0]);
         let push = if attention_kernel == SpanKernel::AttentionTiled {
             [&attention[..], &[n as u32]].concat()
         } else {
             [
                 &attention[..],
                 &[s.n_rot as u32, neox, rope_table, k_off, v_off],
+                &[u32::from(wo_int8.is_some())],
             ]
             .concat()
         };
@@ -786,8 +824,9 @@ impl Recording<'_> {
         self.prefetch(r, chunk, &chunk.matmuls[il][1], &sets.wo.sets);
         r.end(SpanStage::Attention);
         let [wo_prepares, down_prepares] = chunk.resnorm[il];
-        let (wo_sets, wo_next) = match &sets.wo_resnorm {
-            Some(w) if wo_prepares => (&w.sets, Some(lp.ffn_norm)),
+        let (wo_sets, wo_next) = match (&sets.wo_resnorm, wo_int8) {
+            (_, Some(q)) => (&q.sets, None),
+            (Some(w), None) if wo_prepares => (&w.sets, Some(lp.ffn_norm)),
             _ => (&sets.wo.sets, None),
         };
         self.residual_matmul(
@@ -812,17 +851,29 @@ impl Recording<'_> {
                 self.normed_matmul(r, chunk, &gate_up, gate_up_input, gate_up_plan, lp.ffn_norm);
             }
         }
+        let down_int8 = sets.down_int8.as_ref().filter(|_| chunk.int8_in[il][1]);
         if !chunk.gated && !chunk.act_in_gate_up[il] {
             let count = n * layer.n_ff;
-            let (gx, gy) = elementwise_groups(count);
+            // Quantising, one invocation per block of 32 values.
+            let quantise = down_int8.is_some();
+            let invocations = if quantise { count / 32 } else { count };
+            let (gx, gy) = elementwise_groups(invocations);
             let gelu = u32::from(s.activation == SpanActivation::GeGlu);
-            r.dispatch(SpanKernel::Act, b.act, &[count as u32, gelu, gx], (gx, gy));
+            let push = [
+                count as u32,
+                gelu,
+                gx,
+                layer.n_ff as u32,
+                u32::from(quantise),
+            ];
+            r.dispatch(SpanKernel::Act, b.act, &push, (gx, gy));
             self.prefetch(r, chunk, &chunk.matmuls[il][3], &sets.down.sets);
             r.end(SpanStage::ActMul);
         }
         let next_layer = self.params.layers.get(il + 1);
-        let (down_sets, down_next) = match (&sets.down_resnorm, next_layer) {
-            (Some(d), Some(next)) if down_prepares => (&d.sets, Some(next.attn_norm)),
+        let (down_sets, down_next) = match (&sets.down_resnorm, next_layer, down_int8) {
+            (_, _, Some(q)) => (&q.sets, None),
+            (Some(d), Some(next), None) if down_prepares => (&d.sets, Some(next.attn_norm)),
             _ => (&sets.down.sets, None),
         };
         self.residual_matmul(
