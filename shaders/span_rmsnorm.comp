@@ -33,28 +33,25 @@ layout(push_constant) uniform Push {
     // 0: dst = norm(src) * w; 1: dst += norm(src) * w.
     uint accumulate;
     // 1: also write the normed row, quantised, to q8 (src and dst distinct,
-    // n a multiple of 32).
+    // n a multiple of 32); 2: write only that (the matvecs after the norm
+    // read nothing else).
     uint quantise;
 } p;
 
 #define INT8_WRITER 1
 #include "int8_acts.glsl"
 
-// Quantises the normed row in blocks of 32 values, one block per thread; the
-// values are recomputed from src (unchanged: src is not dst here) rather
-// than read back from dst, so no barrier is needed. Rows on 16-byte words
-// load them as such (a block is then 16 loads in flight, not 64).
-void quantise_row(uint row, uint s0, float scale, bool wide) {
+// Quantises the normed row in blocks of 32 values, one block per thread
+// (rows not on 16-byte words); the values are recomputed from src
+// (unchanged: src is not dst here) rather than read back from dst, so no
+// barrier is needed.
+void quantise_row(uint row, uint s0, float scale) {
     for (uint b = gl_LocalInvocationID.x; b < p.n / 32u; b += WG_SIZE) {
         vec4 v[8];
         for (uint k = 0u; k < 8u; k++) {
-            uint i = 32u * b + 4u * k;
-            if (wide) {
-                v[k] = src4[(s0 + i) / 4u] * scale * params4[(p.w_off + i) / 4u];
-            } else {
-                for (uint c = 0u; c < 4u; c++) {
-                    v[k][c] = src[s0 + i + c] * scale * params[p.w_off + i + c];
-                }
+            for (uint c = 0u; c < 4u; c++) {
+                uint i = 32u * b + 4u * k + c;
+                v[k][c] = src[s0 + i] * scale * params[p.w_off + i];
             }
         }
         store_int8_block(v, row, b, p.n);
@@ -62,6 +59,56 @@ void quantise_row(uint row, uint s0, float scale, bool wide) {
 }
 
 shared float partial[WG_SIZE];
+shared float partial16[16];
+shared float part_max[WG_SIZE];
+shared int part_sum[WG_SIZE];
+
+// Quantises the normed row with one 16-byte word per invocation, eight
+// invocations per 32-value block meeting in shared memory (as span_act.comp
+// does): a decode step's row is then one or two words per invocation
+// instead of 16 loads for half of the invocations. Rows on 16-byte words
+// only; every invocation must call it (barriers).
+void quantise_row_wide(uint row, uint s0, float scale) {
+    uint tid = gl_LocalInvocationID.x;
+    uint n = p.n;
+    uint base = 4u * row * int8_token_vec4s(n);
+    uint scales = base + 4u * int8_quant_vec4s(n);
+    uint sums = scales + 4u * int8_scale_vec4s(n);
+    for (uint j0 = 0u; j0 < n / 4u; j0 += WG_SIZE) {
+        uint j = j0 + tid;
+        bool in_row = j < n / 4u;
+        vec4 v = in_row ? src4[s0 / 4u + j] * scale * params4[p.w_off / 4u + j] : vec4(0.0);
+        vec4 a = abs(v);
+        part_max[tid] = max(max(a.x, a.y), max(a.z, a.w));
+        barrier();
+        uint first = tid & ~7u;
+        float amax = 0.0;
+        for (uint k = 0u; k < 8u; k++) {
+            amax = max(amax, part_max[first + k]);
+        }
+        // As store_int8_block (int8_acts.glsl).
+        float d = amax / 127.0;
+        float id = amax > 0.0 ? 127.0 / amax : 0.0;
+        ivec4 q = ivec4(round(v * id));
+        part_sum[tid] = (q.x + q.y) + (q.z + q.w);
+        barrier();
+        if (in_row) {
+            uint blk = j / 8u;
+            uint part = j % 8u;
+            uvec4 b = uvec4(q) & 0xFFu;
+            q8[base + j] = b.x | (b.y << 8) | (b.z << 16) | (b.w << 24);
+            if (part == 0u) {
+                q8[scales + blk] = floatBitsToUint(d);
+            }
+            if (part % 4u == 0u) {
+                int sum = (part_sum[tid] + part_sum[tid + 1u]) + (part_sum[tid + 2u] + part_sum[tid + 3u]);
+                q8[sums + 2u * blk + part / 4u] = floatBitsToUint(d * float(sum));
+            }
+        }
+        // part_max and part_sum are reused by the next word.
+        barrier();
+    }
+}
 
 void main() {
     uint row = gl_WorkGroupID.x;
@@ -81,17 +128,32 @@ void main() {
             sum += v * v;
         }
     }
+    // Two levels of 16 (two barriers instead of a tree's nine: a decode
+    // step's norm is a chain of latencies).
     partial[tid] = sum;
     barrier();
-    for (uint stride = WG_SIZE / 2u; stride > 0u; stride >>= 1u) {
-        if (tid < stride) {
-            partial[tid] += partial[tid + stride];
+    if (tid < 16u) {
+        float s16 = 0.0;
+        for (uint k = 0u; k < 16u; k++) {
+            s16 += partial[16u * tid + k];
         }
-        barrier();
+        partial16[tid] = s16;
     }
-    float scale = 1.0 / sqrt(partial[0] / float(p.n) + p.eps);
+    barrier();
+    float total = 0.0;
+    for (uint k = 0u; k < 16u; k++) {
+        total += partial16[k];
+    }
+    float scale = 1.0 / sqrt(total / float(p.n) + p.eps);
     if (p.quantise != 0u) {
-        quantise_row(row, s0, scale, wide);
+        if (wide) {
+            quantise_row_wide(row, s0, scale);
+        } else {
+            quantise_row(row, s0, scale);
+        }
+        if (p.quantise == 2u) {
+            return;
+        }
     }
     // Every thread writes only the elements it read, so src may alias dst.
     if (wide) {

@@ -536,8 +536,9 @@ enum NormOut {
     Set,
     /// dst += norm(src) * w (post-norms into the residual stream).
     Add,
-    /// Set, and the result quantised for the int8 matvec into binding 3.
-    SetAndInt8,
+    /// Only the result quantised for the int8 matvec, into binding 3 (the
+    /// group after the norm reads nothing else).
+    Int8,
 }
 
 /// What a recording needs besides the command buffer.
@@ -854,9 +855,9 @@ impl Recording<'_> {
         let down_int8 = sets.down_int8.as_ref().filter(|_| chunk.int8_in[il][1]);
         if !chunk.gated && !chunk.act_in_gate_up[il] {
             let count = n * layer.n_ff;
-            // Quantising, one invocation per block of 32 values.
+            // Quantising, one invocation per four values.
             let quantise = down_int8.is_some();
-            let invocations = if quantise { count / 32 } else { count };
+            let invocations = if quantise { count / 4 } else { count };
             let (gx, gy) = elementwise_groups(invocations);
             let gelu = u32::from(s.activation == SpanActivation::GeGlu);
             let push = [
@@ -903,7 +904,7 @@ impl Recording<'_> {
         let x_off = (chunk.tok0 * s.n_embd) as u32;
         let out = match input {
             NormedInput::Float => NormOut::Set,
-            NormedInput::Int8 => NormOut::SetAndInt8,
+            NormedInput::Int8 => NormOut::Int8,
             NormedInput::Fused => {
                 self.matmul(r, &with_norm(plan, norm, s.rms_eps), group.sets(input));
                 r.end(SpanStage::Matvec);
@@ -992,7 +993,8 @@ impl Recording<'_> {
             w_off,
             self.shape.rms_eps.to_bits(),
             u32::from(out == NormOut::Add),
-            u32::from(out == NormOut::SetAndInt8),
+            // span_rmsnorm.comp's `quantise`: 2 writes the int8 copy only.
+            if out == NormOut::Int8 { 2 } else { 0 },
         ];
         r.dispatch(SpanKernel::RmsNorm, set, &push, (rows as u32, 1));
     }
