@@ -1,7 +1,11 @@
 //! Packed int8 dot products (VK_KHR_shader_integer_dot_product): the
 //! int8-activation matvec (shaders/matvec_i8.comp) needs them. Which matvec
 //! a decode uses is chosen here too, from what the device reports and
-//! `FISH_VK_INT8`.
+//! `FISH_VK_INT8`: span decode steps, which quantise each matvec input once
+//! (in the norm, the attention or the act*mul dispatch before it), take the
+//! int8 matvec wherever the device accelerates the products; lone matvecs
+//! (stage 1), which would quantise x in every workgroup, only for the
+//! types where that measured faster.
 
 use crate::instance::has_extension;
 use crate::weight_format::WeightFormat;
@@ -23,14 +27,14 @@ pub enum Int8Dot {
 /// Whether the matvec uses int8 activations when the type allows it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub enum Int8Policy {
-    /// Default (and `FISH_VK_INT8=0`): always the float matvec. The int8
-    /// kernels have been timed on an NVIDIA H200 but their results checked
-    /// only on lavapipe so far, and for most types they are not faster.
-    #[default]
+    /// `FISH_VK_INT8=0`: always the float matvec.
     Never,
-    /// `FISH_VK_INT8=auto`: only where the device accelerates the packed
-    /// products, and only for the types whose int8 kernel measured faster
+    /// Default (and `FISH_VK_INT8=auto`): where the device accelerates the
+    /// packed products, span decode steps on every quantised type (on the
+    /// H200 llama-8b decode +27%, llama-1b +5%: docs/BENCHMARKS.md), lone
+    /// matvecs only on the types whose per-workgroup kernel measured faster
     /// than the float one (`INT8_FASTER`).
+    #[default]
     WhenAccelerated,
     /// `FISH_VK_INT8=1`: every quantised type, whenever the device has the
     /// products (tests on lavapipe, measurements).
@@ -48,20 +52,34 @@ impl Int8Policy {
     pub fn from_env() -> Int8Policy {
         match std::env::var("FISH_VK_INT8").as_deref() {
             Ok("1") => Int8Policy::WhenSupported,
-            Ok("auto") => Int8Policy::WhenAccelerated,
-            _ => Int8Policy::Never,
+            Ok("0") => Int8Policy::Never,
+            _ => Int8Policy::WhenAccelerated,
         }
     }
 
-    /// Whether weights of type `ty` use the int8 matvec on a device with `dot`.
+    /// Whether a lone matvec (which quantises x in every workgroup) on
+    /// weights of type `ty` uses int8 activations on a device with `dot`.
     pub fn allows(self, dot: Int8Dot, ty: WeightFormat) -> bool {
-        let quantised = !matches!(ty, WeightFormat::Ggml(GgmlType::F32 | GgmlType::F16));
         match self {
             Int8Policy::Never => false,
             Int8Policy::WhenAccelerated => dot == Int8Dot::Accelerated && INT8_FASTER.contains(&ty),
-            Int8Policy::WhenSupported => dot != Int8Dot::Absent && quantised,
+            Int8Policy::WhenSupported => dot != Int8Dot::Absent && quantised(ty),
         }
     }
+
+    /// Whether span decode steps (inputs quantised once, before the
+    /// matvec) use int8 activations on weights of type `ty`.
+    pub fn allows_prequantised(self, dot: Int8Dot, ty: WeightFormat) -> bool {
+        match self {
+            Int8Policy::Never => false,
+            Int8Policy::WhenAccelerated => dot == Int8Dot::Accelerated && quantised(ty),
+            Int8Policy::WhenSupported => dot != Int8Dot::Absent && quantised(ty),
+        }
+    }
+}
+
+fn quantised(ty: WeightFormat) -> bool {
+    !matches!(ty, WeightFormat::Ggml(GgmlType::F32 | GgmlType::F16))
 }
 
 /// Activation values per int8 scale in the int8 matvec.
@@ -196,6 +214,19 @@ mod tests {
                 dot == Accelerated
             );
             assert!(!Int8Policy::WhenAccelerated.allows(dot, q4k));
+            // Span decode steps: every quantised type where accelerated.
+            for ty in [q8, q4k, f16, WeightFormat::Fq3] {
+                assert!(!Int8Policy::Never.allows_prequantised(dot, ty));
+                assert_eq!(
+                    Int8Policy::WhenAccelerated.allows_prequantised(dot, ty),
+                    dot == Accelerated && ty != f16
+                );
+                assert_eq!(
+                    Int8Policy::WhenSupported.allows_prequantised(dot, ty),
+                    dot != Absent && ty != f16
+                );
+            }
         }
+        assert_eq!(Int8Policy::default(), Int8Policy::WhenAccelerated);
     }
 }

@@ -799,11 +799,12 @@ impl Gpu {
 
     /// Whether every tensor of a group takes the int8 matvec under the
     /// policy at up to MATVEC_MAX_TOKENS tokens (the span then quantises
-    /// their input once, in its norm, and uses `MatvecInt8Prequantised`).
+    /// their input once, in the stage before, and uses
+    /// `MatvecInt8Prequantised`).
     pub(crate) fn int8_group(&self, handles: &[TensorHandle]) -> bool {
         !handles.is_empty()
             && handles.iter().all(|h| {
-                self.int8_matvec(h.ty())
+                self.int8_span_matvec(h.ty())
                     && h.n_in().is_multiple_of(32)
                     && MatvecShape::new(
                         h.ty(),
@@ -818,6 +819,16 @@ impl Gpu {
                     )
                     .is_some()
             })
+    }
+
+    /// Whether span decode steps give matvecs of weights of type `ty` int8
+    /// activations, quantised once before them (`Int8Policy::allows_prequantised`).
+    pub fn int8_span_matvec(&self, ty: impl Into<WeightFormat>) -> bool {
+        self.info.subgroup_arithmetic
+            && self
+                .config
+                .int8_matvec
+                .allows_prequantised(self.info.int8_dot, ty.into())
     }
 
     /// Whether decode matvecs (`Kernel::Auto`, up to MATVEC_MAX_TOKENS
