@@ -5,7 +5,10 @@
 //! activations, so the two runs differ by that rounding noise rather than
 //! by float error; the bound is set against the float span's own distance
 //! from the CPU, measured in the same test. One test only: the knob is read
-//! from the environment.
+//! from the environment. The int8 run must give every layer matvec its
+//! input quantised once, before it (the norm for q/k/v and gate/up, the
+//! attention for wo, the act*mul dispatch for down): no layer matvec may
+//! quantise x in every workgroup (`matvec_i8_*`).
 
 mod common;
 
@@ -55,6 +58,16 @@ fn int8_span_decode_matches_the_cpu_and_answers_paris() {
         "int8 span vs CPU {:.3}% (float span {:.3}%)",
         worst * 100.0,
         float_worst * 100.0
+    );
+    // SmolLM2's layers are Q4_1 (its output Q8_0).
+    let built = gpu.gpu().built_matmul_pipelines();
+    assert!(
+        built.iter().any(|p| p.starts_with("matvec_i8x_q4_1")),
+        "no pre-quantised int8 matvec ran: {built:?}"
+    );
+    assert!(
+        !built.iter().any(|p| p.starts_with("matvec_i8_q4_1")),
+        "a layer matvec quantised its x per workgroup: {built:?}"
     );
     assert_eq!(gpu.gpu().validation_messages(), 0);
     assert_eq!(float_gpu.gpu().validation_messages(), 0);

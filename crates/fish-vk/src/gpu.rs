@@ -170,6 +170,13 @@ impl Gpu {
         self.instance.validation_messages()
     }
 
+    /// The matmul pipelines built so far, each as its module and
+    /// specialisation constants (`matvec_i8x_q4_1[64, 4, 1, 1, 96]`), sorted:
+    /// which kernels the forwards so far have run.
+    pub fn built_matmul_pipelines(&self) -> Vec<String> {
+        self.pipelines.built_names()
+    }
+
     /// True when FISH_VK_VALIDATE=1 and the validation layer is active.
     pub fn validation_enabled(&self) -> bool {
         self.instance.validation_enabled

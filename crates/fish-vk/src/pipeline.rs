@@ -239,6 +239,14 @@ impl Pipelines {
         Ok(pipeline)
     }
 
+    /// The keys (module and specialisation) of the pipelines built so far, sorted.
+    pub fn built_names(&self) -> Vec<String> {
+        let built = self.built.lock().unwrap_or_else(|e| e.into_inner());
+        let mut names: Vec<String> = built.keys().cloned().collect();
+        names.sort();
+        names
+    }
+
     pub fn destroy(&self, device: &ash::Device) {
         let mut built = self.built.lock().unwrap_or_else(|e| e.into_inner());
         // SAFETY: the device is idle (called from the device's Drop).

@@ -108,7 +108,10 @@ impl Bindings {
         layers: &[LayerTensors],
         bufs: &SpanBuffers<'_>,
     ) -> Result<Bindings> {
-        // Plans for one token tell how many dispatches (tensor chunks) each group has.
+        // Plans for one token tell how many dispatches (tensor chunks) each
+        // group has; any kernel gives the same chunks, and the plain matvec
+        // builds no pipeline a decode step may not run (`Kernel::Auto` would
+        // build the per-workgroup int8 kernel under FISH_VK_INT8=1).
         let groups: Vec<[Vec<TensorHandle>; 4]> = layers
             .iter()
             .map(|l| [l.qkv.to_vec(), vec![l.wo], l.gate_up.to_vec(), vec![l.down]])
@@ -118,7 +121,7 @@ impl Bindings {
             let mut w: [Vec<vk::Buffer>; 4] = Default::default();
             for (slot, handles) in w.iter_mut().zip(g) {
                 *slot = gpu
-                    .plan_handles(handles, 1, Kernel::Auto)?
+                    .plan_handles(handles, 1, Kernel::Matvec)?
                     .iter()
                     .map(|d| d.weights)
                     .collect();
@@ -127,7 +130,7 @@ impl Bindings {
         }
         let output_weights: Vec<vk::Buffer> = match bufs.output {
             Some(o) => gpu
-                .plan_handles(&[o.weight], 1, Kernel::Auto)?
+                .plan_handles(&[o.weight], 1, Kernel::Matvec)?
                 .iter()
                 .map(|d| d.weights)
                 .collect(),
