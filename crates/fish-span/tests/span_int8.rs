@@ -16,8 +16,9 @@ use common::{
     backend, compare, default_model, greedy_after_prompt, span_teacher_forced, teacher_forced,
     PARIS,
 };
-use fish_core::model::Model;
+use fish_core::model::{LogitsFor, Model};
 use fish_core::sampling::argmax;
+use fish_core::session::Session;
 use fish_gguf::GgmlType;
 
 #[test]
@@ -41,7 +42,7 @@ fn int8_span_decode_matches_the_cpu_and_answers_paris() {
     let cpu_logits = teacher_forced(&cpu, &forced);
 
     let float_logits = span_teacher_forced(&float_gpu, &forced).1;
-    let logits = span_teacher_forced(&gpu, &forced).1;
+    let (model, logits) = span_teacher_forced(&gpu, &forced);
     assert_eq!(argmax(&logits[0]), PARIS);
     let (float_same, float_worst) = compare(&float_logits, &cpu_logits);
     let (same, worst) = compare(&logits, &cpu_logits);
@@ -59,6 +60,31 @@ fn int8_span_decode_matches_the_cpu_and_answers_paris() {
         worst * 100.0,
         float_worst * 100.0
     );
+    // Speculative verification relies on a multi-token round's rows being
+    // one-token decode's logits bit for bit: the round's chunk quantises its
+    // inputs in the multi-token kernels (plain attention, norm and act*mul
+    // rows) and must round exactly as decode's single-token ones do.
+    let (prompt, round) = forced.split_at(forced.len() - fish_vk::MATVEC_MAX_TOKENS);
+    let mut single = Session::new(&model, 128, 2).expect("session");
+    single.set_prompt(prompt).expect("prompt");
+    let ones: Vec<Vec<f32>> = round
+        .iter()
+        .map(|&t| single.eval(&[t], LogitsFor::Last).expect("decode"))
+        .collect();
+    drop(single);
+    let mut batched = Session::new(&model, 128, 2).expect("session");
+    batched.set_prompt(prompt).expect("prompt");
+    let rows = batched.eval(round, LogitsFor::All).expect("verification");
+    drop(batched);
+    let n_vocab = model.cfg.n_vocab;
+    for (i, one) in ones.iter().enumerate() {
+        let row = &rows[i * n_vocab..][..n_vocab];
+        assert!(
+            row.iter().zip(one).all(|(a, b)| a.to_bits() == b.to_bits()),
+            "row {i} of a verification round differs from one-token decode"
+        );
+    }
+
     // SmolLM2's layers are Q4_1 (its output Q8_0).
     let built = gpu.gpu().built_matmul_pipelines();
     assert!(

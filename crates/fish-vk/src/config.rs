@@ -41,8 +41,8 @@ pub struct Config {
     /// `FISH_VK_LOADER`: an explicit loader library path instead of the
     /// platform's default names.
     pub loader: Option<String>,
-    /// `FISH_VK_INT8=0|1|auto` (unset: auto): when the matvec runs on int8
-    /// activations (`Int8Policy`).
+    /// `FISH_VK_INT8=0|1|auto` (unset: `Int8Policy::SpanSteps`): when the
+    /// matvec runs on int8 activations.
     pub int8_matvec: Int8Policy,
 }
 

@@ -4,8 +4,8 @@
 //! `FISH_VK_INT8`: span decode steps, which quantise each matvec input once
 //! (in the norm, the attention or the act*mul dispatch before it), take the
 //! int8 matvec wherever the device accelerates the products; lone matvecs
-//! (stage 1), which would quantise x in every workgroup, only for the
-//! types where that measured faster.
+//! (stage 1, a span's output projection), which would quantise x in every
+//! workgroup, keep the float kernel unless `FISH_VK_INT8` asks.
 
 use crate::instance::has_extension;
 use crate::weight_format::WeightFormat;
@@ -29,12 +29,15 @@ pub enum Int8Dot {
 pub enum Int8Policy {
     /// `FISH_VK_INT8=0`: always the float matvec.
     Never,
-    /// Default (and `FISH_VK_INT8=auto`): where the device accelerates the
-    /// packed products, span decode steps on every quantised type (on the
-    /// H200 llama-8b decode +27%, llama-1b +5%: docs/BENCHMARKS.md), lone
-    /// matvecs only on the types whose per-workgroup kernel measured faster
-    /// than the float one (`INT8_FASTER`).
+    /// Default: where the device accelerates the packed products, span
+    /// decode steps (and verification-sized chunks) on every quantised type
+    /// (on the H200 llama-8b decode +27%, llama-1b +5-16%:
+    /// docs/BENCHMARKS.md); lone matvecs keep the float kernel.
     #[default]
+    SpanSteps,
+    /// `FISH_VK_INT8=auto`: as the default, and lone matvecs too on the
+    /// types whose per-workgroup kernel measured faster than the float one
+    /// (`INT8_FASTER`).
     WhenAccelerated,
     /// `FISH_VK_INT8=1`: every quantised type, whenever the device has the
     /// products (tests on lavapipe, measurements).
@@ -53,7 +56,8 @@ impl Int8Policy {
         match std::env::var("FISH_VK_INT8").as_deref() {
             Ok("1") => Int8Policy::WhenSupported,
             Ok("0") => Int8Policy::Never,
-            _ => Int8Policy::WhenAccelerated,
+            Ok("auto") => Int8Policy::WhenAccelerated,
+            _ => Int8Policy::SpanSteps,
         }
     }
 
@@ -61,7 +65,7 @@ impl Int8Policy {
     /// weights of type `ty` uses int8 activations on a device with `dot`.
     pub fn allows(self, dot: Int8Dot, ty: WeightFormat) -> bool {
         match self {
-            Int8Policy::Never => false,
+            Int8Policy::Never | Int8Policy::SpanSteps => false,
             Int8Policy::WhenAccelerated => dot == Int8Dot::Accelerated && INT8_FASTER.contains(&ty),
             Int8Policy::WhenSupported => dot != Int8Dot::Absent && quantised(ty),
         }
@@ -72,7 +76,9 @@ impl Int8Policy {
     pub fn allows_prequantised(self, dot: Int8Dot, ty: WeightFormat) -> bool {
         match self {
             Int8Policy::Never => false,
-            Int8Policy::WhenAccelerated => dot == Int8Dot::Accelerated && quantised(ty),
+            Int8Policy::SpanSteps | Int8Policy::WhenAccelerated => {
+                dot == Int8Dot::Accelerated && quantised(ty)
+            }
             Int8Policy::WhenSupported => dot != Int8Dot::Absent && quantised(ty),
         }
     }
@@ -204,6 +210,7 @@ mod tests {
         for dot in [Absent, Emulated, Accelerated] {
             for ty in [q8, q4k, f16, WeightFormat::Fq3] {
                 assert!(!Int8Policy::Never.allows(dot, ty));
+                assert!(!Int8Policy::SpanSteps.allows(dot, ty));
                 assert_eq!(
                     Int8Policy::WhenSupported.allows(dot, ty),
                     dot != Absent && ty != f16
@@ -217,16 +224,18 @@ mod tests {
             // Span decode steps: every quantised type where accelerated.
             for ty in [q8, q4k, f16, WeightFormat::Fq3] {
                 assert!(!Int8Policy::Never.allows_prequantised(dot, ty));
-                assert_eq!(
-                    Int8Policy::WhenAccelerated.allows_prequantised(dot, ty),
-                    dot == Accelerated && ty != f16
-                );
+                for policy in [Int8Policy::SpanSteps, Int8Policy::WhenAccelerated] {
+                    assert_eq!(
+                        policy.allows_prequantised(dot, ty),
+                        dot == Accelerated && ty != f16
+                    );
+                }
                 assert_eq!(
                     Int8Policy::WhenSupported.allows_prequantised(dot, ty),
                     dot != Absent && ty != f16
                 );
             }
         }
-        assert_eq!(Int8Policy::default(), Int8Policy::WhenAccelerated);
+        assert_eq!(Int8Policy::default(), Int8Policy::SpanSteps);
     }
 }

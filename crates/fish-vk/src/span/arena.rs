@@ -3,6 +3,7 @@
 //! buffers that carry x in and out.
 
 use super::desc::{LayerTensors, SpanShape};
+use super::record::INT8_CHUNK_MAX_TOKENS;
 use super::span_chunk_tokens;
 use super::step::STEP_WORDS;
 use crate::buffer::{Buffer, MemoryKind};
@@ -31,7 +32,7 @@ pub(crate) struct Arena {
     /// gate | up of a chunk; the activation writes into the gate half.
     pub gate_up: Buffer,
     /// A matvec input quantised for the int8 matvec (shaders/int8_acts.glsl)
-    /// for chunks of up to MATVEC_MAX_TOKENS tokens: xn, written by the
+    /// for chunks of up to INT8_CHUNK_MAX_TOKENS tokens: xn, written by the
     /// norm for q/k/v and gate/up, the attention output, written by the
     /// attention for wo once q/k/v has read xn, and act(gate) * up, written
     /// by the activation for down once gate/up has. Sized for the widest.
@@ -65,7 +66,7 @@ fn f32_bytes(n: usize) -> u64 {
 fn sizes(shape: &SpanShape, n_ff: usize) -> [(usize, MemoryKind); 11] {
     let c = span_chunk_tokens();
     let int8_width = shape.n_embd.max(n_ff).max(shape.attn_dim());
-    let int8_values = (MATVEC_MAX_TOKENS * int8_token_bytes(int8_width)).div_ceil(4);
+    let int8_values = (INT8_CHUNK_MAX_TOKENS * int8_token_bytes(int8_width)).div_ceil(4);
     [
         (INITIAL_TOKENS * shape.n_embd, MemoryKind::Device),
         (

@@ -68,6 +68,15 @@ pub(crate) enum TokenLayout {
 /// each other.
 const TILED_ATTENTION_MIN_TOKENS: usize = 32;
 
+/// Most tokens of a chunk whose matvecs take int8 activations (where the
+/// policy gives a group int8 sets and no batch rule takes the chunk): every
+/// chunk the decode attention kernel serves, which quantises its output.
+/// Speculative verification (up to 31 tokens, drafts of up to 30) then
+/// scores its drafts with the same kernels and bits as decoding them one by
+/// one (each token's int8 sums run alike in any pass); longer plain
+/// chunks (prefill) take the float tiles.
+pub(crate) const INT8_CHUNK_MAX_TOKENS: usize = TILED_ATTENTION_MIN_TOKENS - 1;
+
 /// The input of a matmul group that follows a layer norm.
 #[derive(Clone, Copy, PartialEq, Eq)]
 pub(crate) enum NormedInput {
@@ -140,6 +149,7 @@ pub(crate) fn plan_chunks(
         }
         let batch_kernel = batch_kernel(layout, n, batch_tile(gpu));
         let decode = n <= MATVEC_MAX_TOKENS && batch_kernel.is_none();
+        let int8 = n <= INT8_CHUNK_MAX_TOKENS && batch_kernel.is_none();
         let matmul_kernel = batch_kernel.unwrap_or(Kernel::Auto);
         let down_kernel = match gated_act {
             Some(act) if decode => Kernel::MatvecGated(act),
@@ -157,6 +167,7 @@ pub(crate) fn plan_chunks(
         for (il, ls) in bindings.layers.iter().enumerate() {
             let mode = PlanMode {
                 decode,
+                int8,
                 first: tok0 == 0,
                 kernel: matmul_kernel,
             };
@@ -166,7 +177,7 @@ pub(crate) fn plan_chunks(
             let wo_int8 = ls
                 .wo_int8
                 .as_ref()
-                .filter(|_| decode && shape.head_dim_v.is_multiple_of(32));
+                .filter(|_| int8 && shape.head_dim_v.is_multiple_of(32));
             let wo = match wo_int8 {
                 Some(sets) => (
                     plan_group(gpu, sets, n, Kernel::MatvecInt8Prequantised)?,
@@ -202,7 +213,7 @@ pub(crate) fn plan_chunks(
             // quantised (decode chunks, int8 policy).
             let act_dispatched = !matches!(down_kernel, Kernel::MatvecGated(_)) && !act_fused;
             let down = match &ls.down_int8 {
-                Some(sets) if decode && act_dispatched => (
+                Some(sets) if int8 && act_dispatched => (
                     plan_group(gpu, sets, n, Kernel::MatvecInt8Prequantised)?,
                     None,
                 ),
@@ -217,7 +228,7 @@ pub(crate) fn plan_chunks(
             };
             int8_in.push([
                 wo_int8.is_some(),
-                decode && act_dispatched && ls.down_int8.is_some(),
+                int8 && act_dispatched && ls.down_int8.is_some(),
             ]);
             qkv_parts = down.1;
             resnorm.push([wo.1.is_some(), down.1.is_some()]);
@@ -365,6 +376,8 @@ fn activation(shape: &SpanShape) -> GatedActivation {
 #[derive(Clone, Copy)]
 struct PlanMode {
     decode: bool,
+    /// The chunk may read int8 copies (INT8_CHUNK_MAX_TOKENS).
+    int8: bool,
     first: bool,
     kernel: Kernel,
 }
@@ -437,8 +450,8 @@ pub(crate) struct NormedGroup<'a> {
 }
 
 impl NormedGroup<'_> {
-    /// The plan and input for a chunk of `n_tok` tokens: decode-sized chunks
-    /// read the int8 copy where the group has one, else the xn a residual
+    /// The plan and input for a chunk of `n_tok` tokens: int8 chunks
+    /// (`PlanMode::int8`) read the int8 copy where the group has one, else the xn a residual
     /// matvec prepared (`deferred`, set only where that matvec is planned
     /// as `MatvecResNorm`), else (first chunk only) fuse the norm where the
     /// group has those sets; the rest read xn after a norm dispatch.
@@ -452,11 +465,12 @@ impl NormedGroup<'_> {
     ) -> Result<(Vec<Dispatch>, NormedInput)> {
         let PlanMode {
             decode,
+            int8,
             first,
             kernel,
         } = mode;
         match (self.int8, deferred, self.fused) {
-            (Some(q), _, _) if decode => Ok((
+            (Some(q), _, _) if int8 => Ok((
                 plan_group(gpu, q, n_tok, Kernel::MatvecInt8Prequantised)?,
                 NormedInput::Int8,
             )),
