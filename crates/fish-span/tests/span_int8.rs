@@ -13,12 +13,11 @@
 mod common;
 
 use common::{
-    backend, compare, default_model, greedy_after_prompt, span_teacher_forced, teacher_forced,
-    PARIS,
+    assert_round_equals_one_by_one, backend, compare, default_model, greedy_after_prompt,
+    span_teacher_forced, teacher_forced, PARIS,
 };
-use fish_core::model::{LogitsFor, Model};
+use fish_core::model::Model;
 use fish_core::sampling::argmax;
-use fish_core::session::Session;
 use fish_gguf::GgmlType;
 
 #[test]
@@ -65,25 +64,7 @@ fn int8_span_decode_matches_the_cpu_and_answers_paris() {
     // inputs in the multi-token kernels (plain attention, norm and act*mul
     // rows) and must round exactly as decode's single-token ones do.
     let (prompt, round) = forced.split_at(forced.len() - fish_vk::MATVEC_MAX_TOKENS);
-    let mut single = Session::new(&model, 128, 2).expect("session");
-    single.set_prompt(prompt).expect("prompt");
-    let ones: Vec<Vec<f32>> = round
-        .iter()
-        .map(|&t| single.eval(&[t], LogitsFor::Last).expect("decode"))
-        .collect();
-    drop(single);
-    let mut batched = Session::new(&model, 128, 2).expect("session");
-    batched.set_prompt(prompt).expect("prompt");
-    let rows = batched.eval(round, LogitsFor::All).expect("verification");
-    drop(batched);
-    let n_vocab = model.cfg.n_vocab;
-    for (i, one) in ones.iter().enumerate() {
-        let row = &rows[i * n_vocab..][..n_vocab];
-        assert!(
-            row.iter().zip(one).all(|(a, b)| a.to_bits() == b.to_bits()),
-            "row {i} of a verification round differs from one-token decode"
-        );
-    }
+    assert_round_equals_one_by_one(&model, prompt, round, 128);
 
     // SmolLM2's layers are Q4_1 (its output Q8_0).
     let built = gpu.gpu().built_matmul_pipelines();

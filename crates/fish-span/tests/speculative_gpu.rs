@@ -10,7 +10,7 @@ mod common;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use common::{backend, default_model};
+use common::{assert_round_equals_one_by_one, backend, default_model};
 use fish_core::backend::{BackendError, ComputeBackend, SpanBackend, SpanSpec};
 use fish_core::batch::BatchSession;
 use fish_core::generate::{generate, Flow, GenerateOptions};
@@ -255,26 +255,6 @@ fn rolled_back_positions(log: &[SpanCall], prompt_len: usize, stats: &Speculativ
     rolled_back
 }
 
-/// Logits after each of `forced` tokens decoded one at a time, and the same
-/// rows from one forward over all of them (a verification round).
-fn one_by_one_and_batched(
-    model: &Model,
-    prompt: &[u32],
-    forced: &[u32],
-) -> (Vec<Vec<f32>>, Vec<f32>) {
-    let mut single = Session::new(model, N_CTX, 2).expect("session");
-    single.set_prompt(prompt).expect("prompt");
-    let ones = forced
-        .iter()
-        .map(|&t| single.eval(&[t], LogitsFor::Last).expect("decode"))
-        .collect();
-    drop(single);
-    let mut batched = Session::new(model, N_CTX, 2).expect("session");
-    batched.set_prompt(prompt).expect("prompt");
-    let rows = batched.eval(forced, LogitsFor::All).expect("verification");
-    (ones, rows)
-}
-
 #[test]
 fn speculative_on_a_span_equals_plain_greedy() {
     let _device = device_lock();
@@ -302,15 +282,7 @@ fn speculative_on_a_span_equals_plain_greedy() {
     // kernel's batch limit (larger rounds run the tiled kernel; SmolLM2's
     // rows then differ by ~2e-4 on lavapipe).
     let exact = fish_vk::MATVEC_MAX_TOKENS;
-    let (ones, rows) = one_by_one_and_batched(&target, &prompt, &want[..exact]);
-    let n_vocab = target.cfg.n_vocab;
-    for (i, one) in ones.iter().enumerate() {
-        let row = &rows[i * n_vocab..][..n_vocab];
-        assert!(
-            row.iter().zip(one).all(|(a, b)| a.to_bits() == b.to_bits()),
-            "row {i} of a {exact}-token verification differs from one-token decode"
-        );
-    }
+    assert_round_equals_one_by_one(&target, &prompt, &want[..exact], N_CTX);
     recording.take_log();
 
     for policy in policies() {

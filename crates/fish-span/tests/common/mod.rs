@@ -198,3 +198,28 @@ macro_rules! forwarding_backend {
     };
     (@as_span plain) => {};
 }
+
+/// Checks that a verification round over `round` after `prompt` (one
+/// forward, logits for every row) gives each row the logits of decoding
+/// that token alone, bit for bit: speculative greedy decoding rests on it.
+pub fn assert_round_equals_one_by_one(model: &Model, prompt: &[u32], round: &[u32], n_ctx: usize) {
+    let mut single = Session::new(model, n_ctx, 2).expect("session");
+    single.set_prompt(prompt).expect("prompt");
+    let ones: Vec<Vec<f32>> = round
+        .iter()
+        .map(|&t| single.eval(&[t], LogitsFor::Last).expect("decode"))
+        .collect();
+    drop(single);
+    let mut batched = Session::new(model, n_ctx, 2).expect("session");
+    batched.set_prompt(prompt).expect("prompt");
+    let rows = batched.eval(round, LogitsFor::All).expect("verification");
+    let n_vocab = model.cfg.n_vocab;
+    for (i, one) in ones.iter().enumerate() {
+        let row = &rows[i * n_vocab..][..n_vocab];
+        assert!(
+            row.iter().zip(one).all(|(a, b)| a.to_bits() == b.to_bits()),
+            "row {i} of a {}-token verification differs from one-token decode",
+            round.len()
+        );
+    }
+}
