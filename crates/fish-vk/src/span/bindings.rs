@@ -89,6 +89,9 @@ pub(crate) struct Bindings {
     pub layers: Vec<LayerSets>,
     /// The output projection: normed rows (xn) -> logits.
     pub output: Option<MatmulSets>,
+    /// The same on the output norm's int8 copy, where the policy gives the
+    /// output weights int8 activations (`Gpu::int8_group`).
+    pub output_int8: Option<MatmulSets>,
     /// The same with the output norm fused in (x, parameters at binding 3).
     pub output_norm: Option<MatmulSets>,
 }
@@ -145,9 +148,15 @@ impl Bindings {
         let n_residual: usize = weights.iter().map(|w| 2 * (w[1].len() + w[3].len())).sum();
         // And the gate/up sets with the activation (one per gate chunk).
         let n_gate_up_act: usize = weights.iter().map(|w| w[2].len() / 2).sum();
+        // The output's plain sets, and its fused-norm and int8 copies.
         let pool = create_pool(
             gpu,
-            n_matmul + output_weights.len() + 2 * n_normed + n_residual + n_gate_up_act + n_span,
+            n_matmul
+                + 2 * output_weights.len()
+                + 2 * n_normed
+                + n_residual
+                + n_gate_up_act
+                + n_span,
         )?;
         let built = Self::write(
             gpu,
@@ -309,6 +318,15 @@ impl Bindings {
             )?),
             None => None,
         };
+        let output_int8 = match bufs.output {
+            Some(o) if gpu.int8_group(&[o.weight]) => Some(matmul_sets(
+                &[o.weight],
+                output_weights,
+                a.xn_int8.raw,
+                o.logits.raw,
+            )?),
+            _ => None,
+        };
         let output_norm = match bufs.output {
             Some(o) if fuse_norm => Some(sets_binding(
                 &[o.weight],
@@ -322,6 +340,7 @@ impl Bindings {
         Ok(Bindings {
             pool,
             output,
+            output_int8,
             output_norm,
             norm_x: span_set([a.x.raw, a.xn.raw, p, a.xn_int8.raw])?,
             qkv_self: span_set([a.qkv.raw, a.qkv.raw, p, p])?,

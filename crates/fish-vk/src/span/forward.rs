@@ -5,7 +5,8 @@ use super::bindings::{Bindings, SpanBuffers};
 use super::output::SpanOutput;
 use super::profile::Profiler;
 use super::record::{
-    max_timestamps, output_kernel, plan_chunks, OutputRecording, Recording, TokenLayout,
+    max_timestamps, output_kernel, plan_chunks, OutputInput, OutputRecording, Recording,
+    TokenLayout, INT8_CHUNK_MAX_TOKENS,
 };
 use super::step::{Placement, SpanRow, STEP_BYTES};
 use super::{span_chunk_tokens, Span};
@@ -296,16 +297,29 @@ fn output_recording<'a>(
         .output_norm
         .as_ref()
         .filter(|_| rows == n_tok && rows <= MATVEC_MAX_TOKENS);
-    let (sets, plan, fused) = match fused_sets {
-        Some(f) => (
+    // Rows the layers would multiply on int8 activations take them here
+    // too, so that every logits row of a verification round is one-token
+    // decode's, bit for bit.
+    let kernel = output_kernel(gpu, rows, layout);
+    let int8_sets = bindings
+        .output_int8
+        .as_ref()
+        .filter(|_| kernel == Kernel::Auto && rows <= INT8_CHUNK_MAX_TOKENS);
+    let (sets, plan, input) = match (fused_sets, int8_sets) {
+        (Some(f), _) => (
             &f.sets,
             gpu.plan_handles(&[o.weight], rows, Kernel::MatvecNorm)?,
-            true,
+            OutputInput::Fused,
         ),
-        None => (
+        (None, Some(q)) => (
+            &q.sets,
+            gpu.plan_handles(&[o.weight], rows, Kernel::MatvecInt8Prequantised)?,
+            OutputInput::Int8,
+        ),
+        (None, None) => (
             &bindings.output.as_ref().ok_or_else(missing)?.sets,
-            gpu.plan_handles(&[o.weight], rows, output_kernel(gpu, rows, layout))?,
-            false,
+            gpu.plan_handles(&[o.weight], rows, kernel)?,
+            OutputInput::Float,
         ),
     };
     if plan.len() != sets.len() {
@@ -319,7 +333,7 @@ fn output_recording<'a>(
         norm: norm.ok_or_else(missing)?,
         rows,
         n_tok,
-        fused,
+        input,
     })
 }
 

@@ -179,10 +179,7 @@ pub(crate) fn plan_chunks(
                 .as_ref()
                 .filter(|_| int8 && shape.head_dim_v.is_multiple_of(32));
             let wo = match wo_int8 {
-                Some(sets) => (
-                    plan_group(gpu, sets, n, Kernel::MatvecInt8Prequantised)?,
-                    None,
-                ),
+                Some(sets) => int8_residual_plan(gpu, sets, n)?,
                 None => residual_plan(
                     gpu,
                     &ls.wo,
@@ -213,10 +210,7 @@ pub(crate) fn plan_chunks(
             // quantised (decode chunks, int8 policy).
             let act_dispatched = !matches!(down_kernel, Kernel::MatvecGated(_)) && !act_fused;
             let down = match &ls.down_int8 {
-                Some(sets) if int8 && act_dispatched => (
-                    plan_group(gpu, sets, n, Kernel::MatvecInt8Prequantised)?,
-                    None,
-                ),
+                Some(sets) if int8 && act_dispatched => int8_residual_plan(gpu, sets, n)?,
                 _ => residual_plan(
                     gpu,
                     &ls.down,
@@ -294,6 +288,20 @@ fn residual_plan(
         }
     }
     Ok((plan_group(gpu, plain, n, kernel)?, None))
+}
+
+/// A residual projection (wo, down) on the int8 copy of its input, which
+/// the stage before it wrote; it prepares no deferred norm (the norm after
+/// it writes an int8 copy of its own).
+fn int8_residual_plan(
+    gpu: &Gpu,
+    sets: &MatmulSets,
+    n: usize,
+) -> Result<(Vec<Dispatch>, Option<DeferredNorm>)> {
+    Ok((
+        plan_group(gpu, sets, n, Kernel::MatvecInt8Prequantised)?,
+        None,
+    ))
 }
 
 /// Whether single-token chunks run RoPE and the KV store inside the
@@ -519,9 +527,19 @@ pub(crate) struct OutputRecording<'a> {
     pub norm: u32,
     pub rows: usize,
     pub n_tok: usize,
-    /// The norm runs inside the projection (`Kernel::MatvecNorm` on the
-    /// residual stream): decode steps whose every row is a logits row.
-    pub fused: bool,
+    pub input: OutputInput,
+}
+
+/// What the output projection reads.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum OutputInput {
+    /// xn, written by the output norm.
+    Float,
+    /// The output norm's int8 copy (`Kernel::MatvecInt8Prequantised`).
+    Int8,
+    /// The residual stream, normed inside the projection
+    /// (`Kernel::MatvecNorm`): decode steps whose every row is a logits row.
+    Fused,
 }
 
 /// `plan` (of `Kernel::MatvecNorm`) applying the norm at float offset `norm`.
@@ -684,7 +702,7 @@ impl Recording<'_> {
             p.layer_starts.push(p.marks.len());
         }
         if let Some(o) = &self.output {
-            if o.fused {
+            if o.input == OutputInput::Fused {
                 self.matmul(
                     &mut r,
                     &with_norm(&o.plan, o.norm, self.shape.rms_eps),
@@ -702,7 +720,10 @@ impl Recording<'_> {
                     src_off,
                     0,
                     o.norm,
-                    NormOut::Set,
+                    match o.input {
+                        OutputInput::Int8 => NormOut::Int8,
+                        _ => NormOut::Set,
+                    },
                 );
                 r.end(SpanStage::RmsNorm);
                 self.matmul(&mut r, &o.plan, o.sets);
