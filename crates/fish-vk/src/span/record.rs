@@ -207,7 +207,7 @@ pub(crate) fn plan_chunks(
                 .get(il + 1)
                 .is_some_and(|next| next.qkv_int8.is_none());
             // Where the act*mul dispatch runs, it can hand down its output
-            // quantised (decode chunks, int8 policy).
+            // quantised (int8 chunks, where the policy gave down int8 sets).
             let act_dispatched = !matches!(down_kernel, Kernel::MatvecGated(_)) && !act_fused;
             let down = match &ls.down_int8 {
                 Some(sets) if int8 && act_dispatched => int8_residual_plan(gpu, sets, n)?,
@@ -459,8 +459,8 @@ pub(crate) struct NormedGroup<'a> {
 
 impl NormedGroup<'_> {
     /// The plan and input for a chunk of `n_tok` tokens: int8 chunks
-    /// (`PlanMode::int8`) read the int8 copy where the group has one, else the xn a residual
-    /// matvec prepared (`deferred`, set only where that matvec is planned
+    /// (`PlanMode::int8`) read the int8 copy where the group has one, else
+    /// the xn a residual matvec prepared (`deferred`, set only where that matvec is planned
     /// as `MatvecResNorm`), else (first chunk only) fuse the norm where the
     /// group has those sets; the rest read xn after a norm dispatch.
     fn plan(
