@@ -9,16 +9,19 @@
 //! quantised once, before it (the norm for q/k/v, gate/up and the output,
 //! the attention for wo, the act*mul dispatch for down): none may quantise
 //! x in every workgroup (`matvec_i8_*`). A verification round longer than
-//! one matvec pass must give one-token decode's logits bit for bit.
+//! one matvec pass must give one-token decode's logits bit for bit, and a
+//! batched decode step (rows in slots of their own) the sequences' own.
 
 mod common;
 
 use common::{
     assert_round_equals_one_by_one, backend, compare, default_model, greedy_after_prompt,
-    span_teacher_forced, teacher_forced, PARIS,
+    span_teacher_forced, teacher_forced, PARIS, PROMPT,
 };
-use fish_core::model::Model;
+use fish_core::batch::BatchSession;
+use fish_core::model::{LogitsFor, Model};
 use fish_core::sampling::argmax;
+use fish_core::session::Session;
 use fish_gguf::GgmlType;
 
 #[test]
@@ -67,6 +70,42 @@ fn int8_span_decode_matches_the_cpu_and_answers_paris() {
     // 12 tokens: more than one pass of the matvec (8 tokens).
     let (prompt, round) = forced.split_at(forced.len() - 12);
     assert_round_equals_one_by_one(&model, prompt, round, 128);
+
+    // Batched decode below the batch tile's rows (each row its own slot, the
+    // int8 decode plan): the sequences as decoded alone, within the seeds'
+    // bound and with the same greedy tokens.
+    let prompts: [&[u32]; 3] = [&PROMPT, &PROMPT[..2], &forced[..8]];
+    const STEPS: usize = 3;
+    let mut batch = BatchSession::new(&model, prompts.len(), 64, 2).expect("batch");
+    let mut batched: Vec<Vec<Vec<f32>>> = prompts
+        .iter()
+        .enumerate()
+        .map(|(i, p)| vec![batch.eval_one(i, p, LogitsFor::Last).expect("prompt")])
+        .collect();
+    for _ in 0..STEPS {
+        let next: Vec<u32> = batched.iter().map(|l| argmax(&l[l.len() - 1])).collect();
+        for (l, row) in batched.iter_mut().zip(batch.step_all(&next).expect("step")) {
+            l.push(row);
+        }
+    }
+    let stats = batch.stats();
+    assert_eq!(
+        (stats.span_steps, stats.host_steps),
+        (STEPS, 0),
+        "{stats:?}"
+    );
+    drop(batch);
+    for (p, rows) in prompts.iter().zip(&batched) {
+        let mut single = Session::new(&model, 64, 2).expect("session");
+        let mut alone = vec![single.set_prompt(p).expect("prompt")];
+        for _ in 0..STEPS {
+            let t = argmax(&alone[alone.len() - 1]);
+            alone.push(single.eval(&[t], LogitsFor::Last).expect("decode"));
+        }
+        let (same, worst) = compare(rows, &alone);
+        assert_eq!(same, STEPS + 1, "batched int8 decode: greedy tokens differ");
+        assert!(worst <= 0.02, "batched int8 decode: {:.3}%", worst * 100.0);
+    }
 
     // SmolLM2's layers are Q4_1, its output Q8_0: both on pre-quantised x.
     let built = gpu.gpu().built_matmul_pipelines();
