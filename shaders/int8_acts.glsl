@@ -40,3 +40,44 @@ void store_int8_block(vec4 v[8], uint row, uint blk, uint n) {
     q8[sums + 2u * blk + 1u] = floatBitsToUint(d * float(sum[1]));
 }
 #endif
+
+#if defined(INT8_PARTS_WRITER)
+// The same layout written by eight invocations per block, four values (v)
+// each: invocation 8m + k of the workgroup holds part k (values 4k .. 4k +
+// 3) of block `blk` of row `row`. They meet in part_max and part_sum
+// (shared, one slot per invocation, declared by the including shader) for
+// the block's max and sums, which store_int8_block computes alike. Every
+// invocation must call it (barriers); those with `write` false only lend
+// their slot (v zero). The slots are free again after a barrier.
+void store_int8_part(vec4 v, bool write, uint row, uint blk, uint n) {
+    uint tid = gl_LocalInvocationID.x;
+    uint part = tid % 8u;
+    vec4 a = abs(v);
+    part_max[tid] = max(max(a.x, a.y), max(a.z, a.w));
+    barrier();
+    float amax = 0.0;
+    for (uint k = 0u; k < 8u; k++) {
+        amax = max(amax, part_max[tid - part + k]);
+    }
+    float d = amax / 127.0;
+    float id = amax > 0.0 ? 127.0 / amax : 0.0;
+    ivec4 q = ivec4(round(v * id));
+    part_sum[tid] = (q.x + q.y) + (q.z + q.w);
+    barrier();
+    if (!write) {
+        return;
+    }
+    uint base = 4u * row * int8_token_vec4s(n);
+    uint scales = base + 4u * int8_quant_vec4s(n);
+    uint sums = scales + 4u * int8_scale_vec4s(n);
+    uvec4 b = uvec4(q) & 0xFFu;
+    q8[base + 8u * blk + part] = b.x | (b.y << 8) | (b.z << 16) | (b.w << 24);
+    if (part == 0u) {
+        q8[scales + blk] = floatBitsToUint(d);
+    }
+    if (part % 4u == 0u) {
+        int sum = (part_sum[tid] + part_sum[tid + 1u]) + (part_sum[tid + 2u] + part_sum[tid + 3u]);
+        q8[sums + 2u * blk + part / 4u] = floatBitsToUint(d * float(sum));
+    }
+}
+#endif

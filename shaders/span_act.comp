@@ -31,10 +31,12 @@ layout(push_constant) uniform Push {
 } p;
 
 #include "gated_act.glsl"
-#include "int8_acts.glsl"
 
 shared float part_max[256];
 shared int part_sum[256];
+
+#define INT8_PARTS_WRITER 1
+#include "int8_acts.glsl"
 
 void main() {
     uint i = (gl_WorkGroupID.y * p.groups_x + gl_WorkGroupID.x) * 256u + gl_LocalInvocationID.x;
@@ -44,10 +46,10 @@ void main() {
         }
         return;
     }
-    // Quantising (uniform: the barriers below are reached by every
-    // invocation). i covers values 4i .. 4i + 3, part i % 8 of block i / 8;
-    // count and n are multiples of 32, so blocks never straddle workgroups.
-    uint tid = gl_LocalInvocationID.x;
+    // Quantising (uniform: the barriers in store_int8_part are reached by
+    // every invocation). i covers values 4i .. 4i + 3, part i % 8 of block
+    // i / 8; count and n are multiples of 32, so blocks never straddle
+    // workgroups.
     bool in_range = i < p.count / 4u;
     vec4 v = vec4(0.0);
     if (in_range) {
@@ -57,39 +59,7 @@ void main() {
             v[c] = gated_act(g[c], p.gelu) * u[c];
         }
     }
-    vec4 a = abs(v);
-    part_max[tid] = max(max(a.x, a.y), max(a.z, a.w));
-    barrier();
-    uint first = tid & ~7u;
-    float amax = 0.0;
-    for (uint k = 0u; k < 8u; k++) {
-        amax = max(amax, part_max[first + k]);
-    }
-    // As store_int8_block (int8_acts.glsl).
-    float d = amax / 127.0;
-    float id = amax > 0.0 ? 127.0 / amax : 0.0;
-    ivec4 q = ivec4(round(v * id));
-    part_sum[tid] = (q.x + q.y) + (q.z + q.w);
-    barrier();
-    if (!in_range) {
-        return;
-    }
-    uint n = p.n;
-    uint blocks_per_row = n / 32u;
+    // A row is n / 32 blocks of eight invocations.
     uint block = i / 8u;
-    uint row = block / blocks_per_row;
-    uint blk = block % blocks_per_row;
-    uint part = i % 8u;
-    uint base = 4u * row * int8_token_vec4s(n);
-    uint scales = base + 4u * int8_quant_vec4s(n);
-    uint sums = scales + 4u * int8_scale_vec4s(n);
-    uvec4 b = uvec4(q) & 0xFFu;
-    q8[base + 8u * blk + part] = b.x | (b.y << 8) | (b.z << 16) | (b.w << 24);
-    if (part == 0u) {
-        q8[scales + blk] = floatBitsToUint(d);
-    }
-    if (part % 4u == 0u) {
-        int sum = (part_sum[tid] + part_sum[tid + 1u]) + (part_sum[tid + 2u] + part_sum[tid + 3u]);
-        q8[sums + 2u * blk + part / 4u] = floatBitsToUint(d * float(sum));
-    }
+    store_int8_part(v, in_range, block / (p.n / 32u), block % (p.n / 32u), p.n);
 }

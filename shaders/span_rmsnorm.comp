@@ -38,7 +38,11 @@ layout(push_constant) uniform Push {
     uint quantise;
 } p;
 
+shared float part_max[WG_SIZE];
+shared int part_sum[WG_SIZE];
+
 #define INT8_WRITER 1
+#define INT8_PARTS_WRITER 1
 #include "int8_acts.glsl"
 
 // Quantises the normed row in blocks of 32 values, one block per thread
@@ -60,8 +64,6 @@ void quantise_row(uint row, uint s0, float scale) {
 
 shared float partial[WG_SIZE];
 shared float partial16[16];
-shared float part_max[WG_SIZE];
-shared int part_sum[WG_SIZE];
 
 // Quantises the normed row with one 16-byte word per invocation, eight
 // invocations per 32-value block meeting in shared memory (as span_act.comp
@@ -69,42 +71,12 @@ shared int part_sum[WG_SIZE];
 // instead of 16 loads for half of the invocations. Rows on 16-byte words
 // only; every invocation must call it (barriers).
 void quantise_row_wide(uint row, uint s0, float scale) {
-    uint tid = gl_LocalInvocationID.x;
-    uint n = p.n;
-    uint base = 4u * row * int8_token_vec4s(n);
-    uint scales = base + 4u * int8_quant_vec4s(n);
-    uint sums = scales + 4u * int8_scale_vec4s(n);
-    for (uint j0 = 0u; j0 < n / 4u; j0 += WG_SIZE) {
-        uint j = j0 + tid;
-        bool in_row = j < n / 4u;
-        vec4 v = in_row ? src4[s0 / 4u + j] * scale * params4[p.w_off / 4u + j] : vec4(0.0);
-        vec4 a = abs(v);
-        part_max[tid] = max(max(a.x, a.y), max(a.z, a.w));
-        barrier();
-        uint first = tid & ~7u;
-        float amax = 0.0;
-        for (uint k = 0u; k < 8u; k++) {
-            amax = max(amax, part_max[first + k]);
-        }
-        // As store_int8_block (int8_acts.glsl).
-        float d = amax / 127.0;
-        float id = amax > 0.0 ? 127.0 / amax : 0.0;
-        ivec4 q = ivec4(round(v * id));
-        part_sum[tid] = (q.x + q.y) + (q.z + q.w);
-        barrier();
-        if (in_row) {
-            uint blk = j / 8u;
-            uint part = j % 8u;
-            uvec4 b = uvec4(q) & 0xFFu;
-            q8[base + j] = b.x | (b.y << 8) | (b.z << 16) | (b.w << 24);
-            if (part == 0u) {
-                q8[scales + blk] = floatBitsToUint(d);
-            }
-            if (part % 4u == 0u) {
-                int sum = (part_sum[tid] + part_sum[tid + 1u]) + (part_sum[tid + 2u] + part_sum[tid + 3u]);
-                q8[sums + 2u * blk + part / 4u] = floatBitsToUint(d * float(sum));
-            }
-        }
+    uint j = gl_LocalInvocationID.x;
+    for (uint j0 = 0u; j0 < p.n / 4u; j0 += WG_SIZE) {
+        uint w = j0 + j;
+        bool in_row = w < p.n / 4u;
+        vec4 v = in_row ? src4[s0 / 4u + w] * scale * params4[p.w_off / 4u + w] : vec4(0.0);
+        store_int8_part(v, in_row, row, w / 8u, p.n);
         // part_max and part_sum are reused by the next word.
         barrier();
     }
