@@ -5,8 +5,8 @@ use super::bindings::{Bindings, SpanBuffers};
 use super::output::SpanOutput;
 use super::profile::Profiler;
 use super::record::{
-    max_timestamps, output_kernel, plan_chunks, OutputInput, OutputRecording, Recording,
-    TokenLayout, INT8_CHUNK_MAX_TOKENS,
+    max_timestamps, output_kernel, output_takes_int8, plan_chunks, OutputInput, OutputRecording,
+    Recording, TokenLayout,
 };
 use super::step::{Placement, SpanRow, STEP_BYTES};
 use super::{span_chunk_tokens, Span};
@@ -300,11 +300,10 @@ fn output_recording<'a>(
     // Rows the layers would multiply on int8 activations take them here
     // too, so that every logits row of a verification round is one-token
     // decode's, bit for bit.
-    let kernel = output_kernel(gpu, rows, layout);
     let int8_sets = bindings
         .output_int8
         .as_ref()
-        .filter(|_| kernel == Kernel::Auto && rows <= INT8_CHUNK_MAX_TOKENS);
+        .filter(|_| output_takes_int8(gpu, rows, layout));
     let (sets, plan, input) = match (fused_sets, int8_sets) {
         (Some(f), _) => (
             &f.sets,
@@ -318,7 +317,7 @@ fn output_recording<'a>(
         ),
         (None, None) => (
             &bindings.output.as_ref().ok_or_else(missing)?.sets,
-            gpu.plan_handles(&[o.weight], rows, kernel)?,
+            gpu.plan_handles(&[o.weight], rows, output_kernel(gpu, rows, layout))?,
             OutputInput::Float,
         ),
     };

@@ -77,6 +77,14 @@ const TILED_ATTENTION_MIN_TOKENS: usize = 32;
 /// chunks (prefill) take the float tiles.
 pub(crate) const INT8_CHUNK_MAX_TOKENS: usize = TILED_ATTENTION_MIN_TOKENS - 1;
 
+/// Whether `n` rows (a chunk's tokens, or a forward's logits rows) multiply
+/// on int8 activations where the policy gives their weights int8 sets: the
+/// one rule of the layers and the output, which must agree for a
+/// verification round to give decode's logits.
+fn int8_rows(n: usize, batch_kernel: Option<Kernel>) -> bool {
+    n <= INT8_CHUNK_MAX_TOKENS && batch_kernel.is_none()
+}
+
 /// The input of a matmul group that follows a layer norm.
 #[derive(Clone, Copy, PartialEq, Eq)]
 pub(crate) enum NormedInput {
@@ -149,7 +157,7 @@ pub(crate) fn plan_chunks(
         }
         let batch_kernel = batch_kernel(layout, n, batch_tile(gpu));
         let decode = n <= MATVEC_MAX_TOKENS && batch_kernel.is_none();
-        let int8 = n <= INT8_CHUNK_MAX_TOKENS && batch_kernel.is_none();
+        let int8 = int8_rows(n, batch_kernel);
         let matmul_kernel = batch_kernel.unwrap_or(Kernel::Auto);
         let down_kernel = match gated_act {
             Some(act) if decode => Kernel::MatvecGated(act),
@@ -416,6 +424,12 @@ fn batch_tile(gpu: &Gpu) -> Option<Kernel> {
 /// verification scores its drafts with f32 products as decode does.
 pub(crate) fn output_kernel(gpu: &Gpu, rows: usize, layout: TokenLayout) -> Kernel {
     batch_kernel(layout, rows, batch_tile(gpu)).unwrap_or(Kernel::Auto)
+}
+
+/// Whether the output projection of `rows` logits rows reads the output
+/// norm's int8 copy where it has int8 sets (`int8_rows`, as the layers).
+pub(crate) fn output_takes_int8(gpu: &Gpu, rows: usize, layout: TokenLayout) -> bool {
+    int8_rows(rows, batch_kernel(layout, rows, batch_tile(gpu)))
 }
 
 /// Fewest rows of a batched forward that take the cooperative batch tile.
