@@ -57,8 +57,9 @@ fn int8_span_decode_matches_the_cpu_and_answers_paris() {
     assert!(same >= 32, "argmax differs at {} steps", 33 - same);
     // Two int8 roundings (GPU and CPU) of slightly different inputs: at most
     // twice the distance of the float kernels, which round only on the CPU.
+    let int8_bound = 2.0 * float_worst.max(0.01);
     assert!(
-        worst <= 2.0 * float_worst.max(0.01),
+        worst <= int8_bound,
         "int8 span vs CPU {:.3}% (float span {:.3}%)",
         worst * 100.0,
         float_worst * 100.0
@@ -72,9 +73,15 @@ fn int8_span_decode_matches_the_cpu_and_answers_paris() {
     assert_round_equals_one_by_one(&model, prompt, round, 128);
 
     // Batched decode below the batch tile's rows (each row its own slot, the
-    // int8 decode plan): the sequences as decoded alone, within the seeds'
-    // bound and with the same greedy tokens.
-    let prompts: [&[u32]; 3] = [&PROMPT, &PROMPT[..2], &forced[..8]];
+    // int8 decode plan, whose four rows take the batched rows' shape,
+    // `Kernel::MatvecInt8Rows`): the sequences as decoded alone, with the
+    // same greedy tokens and within the int8 bound above. Not the bits, nor
+    // the float kernels' 2%: the batched shape sums in another order, and
+    // every stage requantises its input, so last-bit differences become
+    // flipped int8 codes; two int8 runs then differ by their rounding noise
+    // (2-4.7% of max |logit| per step on SmolLM2), as an int8 run differs
+    // from the CPU. A misplaced row or position gives other tokens.
+    let prompts: [&[u32]; 4] = [&PROMPT, &PROMPT[..2], &forced[..8], &forced[..5]];
     const STEPS: usize = 3;
     let mut batch = BatchSession::new(&model, prompts.len(), 64, 2).expect("batch");
     let mut batched: Vec<Vec<Vec<f32>>> = prompts
@@ -104,7 +111,12 @@ fn int8_span_decode_matches_the_cpu_and_answers_paris() {
         }
         let (same, worst) = compare(rows, &alone);
         assert_eq!(same, STEPS + 1, "batched int8 decode: greedy tokens differ");
-        assert!(worst <= 0.02, "batched int8 decode: {:.3}%", worst * 100.0);
+        assert!(
+            worst <= int8_bound,
+            "batched int8 decode: {:.3}% (bound {:.3}%)",
+            worst * 100.0,
+            int8_bound * 100.0
+        );
     }
 
     // SmolLM2's layers are Q4_1, its output Q8_0: both on pre-quantised x.
@@ -117,6 +129,12 @@ fn int8_span_decode_matches_the_cpu_and_answers_paris() {
             "no pre-quantised int8 matvec ran on {ty}: {built:?}"
         );
     }
+    // The batched rows' shape: one subgroup-sized workgroup of 32 threads
+    // (the one-token shape of these types has 128).
+    assert!(
+        built.iter().any(|p| p.starts_with("matvec_i8x_q4_1[32, ")),
+        "the batched rows did not take their own shape: {built:?}"
+    );
     assert!(
         !built.iter().any(|p| p.starts_with("matvec_i8_")),
         "a matvec quantised its x per workgroup: {built:?}"

@@ -63,6 +63,11 @@ pub enum Kernel {
     /// `MatvecInt8` on x already quantised (shaders/int8_acts.glsl), as the
     /// span's norm writes it for the q/k/v and gate/up matvecs.
     MatvecInt8Prequantised,
+    /// `MatvecInt8Prequantised` shaped for the rows of a batched forward
+    /// (`MatvecShape::for_batch_rows`): each row is its own sequence and
+    /// needs only the seeds' bound, not the bits of a one-token call, so
+    /// the workgroups can take the shape that streams several tokens best.
+    MatvecInt8Rows,
     /// The matvec with the RMS norm before it fused in (shaders/matvec.comp
     /// NORM): x is the raw residual stream, the norm weights are at
     /// binding 3 (`Params::norm_off`). Needs subgroup arithmetic.
@@ -130,6 +135,14 @@ impl GatedActivation {
 }
 
 impl Kernel {
+    /// The matvecs on int8 activations (shaders/matvec_i8.comp).
+    fn is_int8(self) -> bool {
+        matches!(
+            self,
+            Kernel::MatvecInt8 | Kernel::MatvecInt8Prequantised | Kernel::MatvecInt8Rows
+        )
+    }
+
     fn resolve(self, n_tok: usize, prefill: Kernel) -> Kernel {
         match self {
             Kernel::Auto if n_tok <= MATVEC_MAX_TOKENS => Kernel::Matvec,
@@ -211,20 +224,37 @@ impl MatvecOverrides {
 /// docs/BENCHMARKS.md). Each token's sums run in the same order in any
 /// pass, so batched and verification forwards keep the bits of decode.
 /// The other types and the int8 kernels take up to MATVEC_MAX_TOKENS per
-/// pass; `FISH_VK_MATVEC_TOKENS=n` forces n everywhere (tuning).
+/// pass, except the batched rows' int8 shape (`Kernel::MatvecInt8Rows`),
+/// which also takes 4 for those types: on the H200 its Q6_K 4096 x 14336
+/// call of 8 tokens took 55 us in passes of 4 against 68 in one pass
+/// (docs/BENCHMARKS.md). `FISH_VK_MATVEC_TOKENS=n` forces n everywhere
+/// (tuning).
 const K_CLASS_PASS_TOKENS: u32 = 4;
 
 fn pass_tokens(ty: WeightFormat, kernel: Kernel, forced: Option<u32>) -> usize {
     use GgmlType::*;
-    let float_kernel = !matches!(kernel, Kernel::MatvecInt8 | Kernel::MatvecInt8Prequantised);
+    let float_kernel = !kernel.is_int8();
     let k_class = matches!(ty, WeightFormat::Ggml(Q5_0 | Q5_1 | Q4_K | Q5_K | Q6_K));
-    let natural = if float_kernel && k_class {
+    let natural = if (float_kernel || kernel == Kernel::MatvecInt8Rows) && k_class {
         K_CLASS_PASS_TOKENS
     } else {
         MATVEC_MAX_TOKENS as u32
     };
     forced.unwrap_or(natural) as usize
 }
+
+/// Threads per workgroup of the batched rows' int8 shape
+/// (`Kernel::MatvecInt8Rows`) from BATCH_ROWS_MIN_TOKENS rows. On the H200,
+/// 4096 x 14336, us per call at 2 / 4 / 8 tokens against the one-token
+/// shape (docs/BENCHMARKS.md): Q4_K 10.9 / 17.6 / 34.8 vs 12.0 / 20.3 /
+/// 40.5, Q6_K 13.6 / 25.4 vs 17.9 / 32.5, Q4_0 9.8 / 20.8 / 39.4 vs 16.9 /
+/// 33.1 / 67.3. End to end (`fish-cli bench --batch B`, aggregate tok/s)
+/// llama-8b B = 8 went 729 -> 848-855 and B = 4 664-677 -> 677-701, but
+/// B = 2 on llama-1b lost 5-10% (its 8192-value down rows then have half
+/// the threads in flight), so batches of 2 and 3 rows (3 unmeasured) keep
+/// the one-token shape.
+const BATCH_ROWS_THREADS: u32 = 32;
+const BATCH_ROWS_MIN_TOKENS: usize = 4;
 
 impl MatvecShape {
     /// The shapes measured fastest on the H200 (docs/BENCHMARKS.md): for one
@@ -261,6 +291,12 @@ impl MatvecShape {
             WeightFormat::Ggml(Q5_0 | Q5_1 | Q4_K | Q5_K | Q6_K) if n_in <= SHORT_ROW => (2, 32),
             WeightFormat::Ggml(Q5_0 | Q5_1 | Q4_K | Q5_K | Q6_K) => (4, 64),
             _ => (4, 128),
+        };
+        // Batched rows need no one-token bits: from BATCH_ROWS_MIN_TOKENS
+        // one subgroup per workgroup streams them faster (BATCH_ROWS_THREADS).
+        let threads = match kernel {
+            Kernel::MatvecInt8Rows if n_tok >= BATCH_ROWS_MIN_TOKENS => BATCH_ROWS_THREADS,
+            _ => threads,
         };
         let o = MatvecOverrides::get();
         let threads = o.threads.unwrap_or(threads);
@@ -318,7 +354,9 @@ impl Gpu {
             Kernel::Matvec if self.info.subgroup_arithmetic => format!("matvec_subgroup_{suffix}"),
             Kernel::Matvec | Kernel::MatvecSharedReduce => format!("matvec_{suffix}"),
             Kernel::MatvecInt8 => format!("matvec_i8_{suffix}"),
-            Kernel::MatvecInt8Prequantised => format!("matvec_i8x_{suffix}"),
+            Kernel::MatvecInt8Prequantised | Kernel::MatvecInt8Rows => {
+                format!("matvec_i8x_{suffix}")
+            }
             Kernel::MatvecNorm => format!("matvec_norm_{suffix}"),
             Kernel::MatvecResNorm => format!("matvec_resnorm_{suffix}"),
             Kernel::MatvecPrenormed => format!("matvec_prenormed_{suffix}"),
@@ -672,7 +710,7 @@ impl Gpu {
                     spec.push(act.selector());
                     spec
                 }
-                (Kernel::MatvecInt8 | Kernel::MatvecInt8Prequantised, _) => {
+                (k, _) if k.is_int8() => {
                     let mut spec = matvec.spec().to_vec();
                     spec.push((h.n_in() / 16) as u32);
                     spec
@@ -756,9 +794,10 @@ impl Gpu {
     ) -> Result<(Kernel, MatvecShape)> {
         let shape = MatvecShape::new(ty, kernel, n_tok, n_in);
         let int8 = || {
-            let int8_kind = match kernel {
-                Kernel::MatvecInt8Prequantised => kernel,
-                _ => Kernel::MatvecInt8,
+            let int8_kind = if kernel.is_int8() {
+                kernel
+            } else {
+                Kernel::MatvecInt8
             };
             let shape = MatvecShape::new(ty, int8_kind, n_tok, n_in);
             if self.info.int8_dot == Int8Dot::Absent
@@ -771,13 +810,11 @@ impl Gpu {
             shape.for_int8(n_in, self.info.subgroup_size, self.info.max_shared_memory)
         };
         match kernel {
-            Kernel::MatvecInt8 | Kernel::MatvecInt8Prequantised => {
-                int8().map(|s| (kernel, s)).ok_or_else(|| {
-                    VkError::Input(format!(
-                        "no int8 matvec for {ty:?} rows of {n_in} on this device"
-                    ))
-                })
-            }
+            k if k.is_int8() => int8().map(|s| (kernel, s)).ok_or_else(|| {
+                VkError::Input(format!(
+                    "no int8 matvec for {ty:?} rows of {n_in} on this device"
+                ))
+            }),
             Kernel::MatvecNorm
             | Kernel::MatvecResNorm
             | Kernel::MatvecPrenormed

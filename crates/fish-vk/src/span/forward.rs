@@ -5,8 +5,8 @@ use super::bindings::{Bindings, SpanBuffers};
 use super::output::SpanOutput;
 use super::profile::Profiler;
 use super::record::{
-    max_timestamps, output_kernel, output_takes_int8, plan_chunks, OutputInput, OutputRecording,
-    Recording, TokenLayout,
+    int8_kernel, max_timestamps, output_kernel, output_takes_int8, plan_chunks, OutputInput,
+    OutputRecording, Recording, TokenLayout,
 };
 use super::step::{Placement, SpanRow, STEP_BYTES};
 use super::{span_chunk_tokens, Span};
@@ -312,7 +312,7 @@ fn output_recording<'a>(
         ),
         (None, Some(q)) => (
             &q.sets,
-            gpu.plan_handles(&[o.weight], rows, Kernel::MatvecInt8Prequantised)?,
+            gpu.plan_handles(&[o.weight], rows, int8_kernel(layout))?,
             OutputInput::Int8,
         ),
         (None, None) => (

@@ -85,6 +85,17 @@ fn int8_rows(n: usize, batch_kernel: Option<Kernel>) -> bool {
     n <= INT8_CHUNK_MAX_TOKENS && batch_kernel.is_none()
 }
 
+/// The int8 matvec of a forward laid out as `layout`: plain forwards keep
+/// the one-token shape, whose bits verification rounds share; a batched
+/// forward's rows, each its own sequence, take the shape that streams
+/// several tokens best (`Kernel::MatvecInt8Rows`).
+pub(crate) fn int8_kernel(layout: TokenLayout) -> Kernel {
+    match layout {
+        TokenLayout::Consecutive => Kernel::MatvecInt8Prequantised,
+        TokenLayout::PerRow => Kernel::MatvecInt8Rows,
+    }
+}
+
 /// The input of a matmul group that follows a layer norm.
 #[derive(Clone, Copy, PartialEq, Eq)]
 pub(crate) enum NormedInput {
@@ -176,6 +187,7 @@ pub(crate) fn plan_chunks(
             let mode = PlanMode {
                 decode,
                 int8,
+                int8_kernel: int8_kernel(layout),
                 first: tok0 == 0,
                 kernel: matmul_kernel,
             };
@@ -187,7 +199,7 @@ pub(crate) fn plan_chunks(
                 .as_ref()
                 .filter(|_| int8 && shape.head_dim_v.is_multiple_of(32));
             let wo = match wo_int8 {
-                Some(sets) => int8_residual_plan(gpu, sets, n)?,
+                Some(sets) => int8_residual_plan(gpu, sets, n, mode.int8_kernel)?,
                 None => residual_plan(
                     gpu,
                     &ls.wo,
@@ -218,7 +230,9 @@ pub(crate) fn plan_chunks(
             // quantised (int8 chunks, where the policy gave down int8 sets).
             let act_dispatched = !matches!(down_kernel, Kernel::MatvecGated(_)) && !act_fused;
             let down = match &ls.down_int8 {
-                Some(sets) if int8 && act_dispatched => int8_residual_plan(gpu, sets, n)?,
+                Some(sets) if int8 && act_dispatched => {
+                    int8_residual_plan(gpu, sets, n, int8_kernel(layout))?
+                }
                 _ => residual_plan(
                     gpu,
                     &ls.down,
@@ -305,11 +319,9 @@ fn int8_residual_plan(
     gpu: &Gpu,
     sets: &MatmulSets,
     n: usize,
+    kernel: Kernel,
 ) -> Result<(Vec<Dispatch>, Option<DeferredNorm>)> {
-    Ok((
-        plan_group(gpu, sets, n, Kernel::MatvecInt8Prequantised)?,
-        None,
-    ))
+    Ok((plan_group(gpu, sets, n, kernel)?, None))
 }
 
 /// Whether single-token chunks run RoPE and the KV store inside the
@@ -394,6 +406,8 @@ struct PlanMode {
     decode: bool,
     /// The chunk may read int8 copies (INT8_CHUNK_MAX_TOKENS).
     int8: bool,
+    /// The int8 matvec of the forward's layout (`int8_kernel`).
+    int8_kernel: Kernel,
     first: bool,
     kernel: Kernel,
 }
@@ -432,10 +446,13 @@ pub(crate) fn output_takes_int8(gpu: &Gpu, rows: usize, layout: TokenLayout) -> 
     int8_rows(rows, batch_kernel(layout, rows, batch_tile(gpu)))
 }
 
-/// Fewest rows of a batched forward that take the cooperative batch tile.
-/// On the H200 (llama-8b, aggregate tok/s, matvec vs tile): 8 rows 464 vs
-/// 595, 6 rows 367 vs 422 (loads one step ahead), 4 rows 418 vs 307.
-const BATCH_TILE_MIN_ROWS: usize = 6;
+/// Fewest rows of a batched forward that take the cooperative batch tile:
+/// up to 8 rows (MATVEC_MAX_TOKENS) the decode plan's int8 matvecs, shaped
+/// for batched rows (`int8_kernel`), are faster. On the H200 (`fish-cli
+/// bench MODEL -p 0 -n 32 -r 2 --batch 8`, aggregate tok/s): llama-8b
+/// 848 / 855 against the tile's 661 / 668, llama-1b 2173 / 2274 against
+/// 2055 / 2092. (With float matvecs the tile had won from 6 rows.)
+const BATCH_TILE_MIN_ROWS: usize = MATVEC_MAX_TOKENS + 1;
 
 /// Most rows of a batched forward that multiply on the matvec (in passes
 /// of its token count) where no batch tile takes them.
@@ -488,14 +505,14 @@ impl NormedGroup<'_> {
         let PlanMode {
             decode,
             int8,
+            int8_kernel,
             first,
             kernel,
         } = mode;
         match (self.int8, deferred, self.fused) {
-            (Some(q), _, _) if int8 => Ok((
-                plan_group(gpu, q, n_tok, Kernel::MatvecInt8Prequantised)?,
-                NormedInput::Int8,
-            )),
+            (Some(q), _, _) if int8 => {
+                Ok((plan_group(gpu, q, n_tok, int8_kernel)?, NormedInput::Int8))
+            }
             (_, Some(norm), _) => {
                 let plan = plan_group(gpu, self.float, n_tok, Kernel::MatvecPrenormed)?;
                 let plan = with_params(&norm.apply(&plan), |p| p.norm_eps = shape.rms_eps);
@@ -1088,7 +1105,7 @@ mod tests {
     }
 
     #[test]
-    fn batches_take_the_batch_tile_from_six_rows_or_the_matvec() {
+    fn batches_take_the_batch_tile_beyond_decode_size_or_the_matvec() {
         // A device with the batch tile.
         const TILE: Option<Kernel> = Some(Kernel::CoopMatBatch);
         let per_row = |n, tile: bool| batch_kernel(TokenLayout::PerRow, n, TILE.filter(|_| tile));
@@ -1096,10 +1113,12 @@ mod tests {
         for n in [1, 6, 9, 16, 32, 63] {
             assert_eq!(batch_kernel(TokenLayout::Consecutive, n, TILE), None, "{n}");
         }
-        // With the batch tile: decode below BATCH_TILE_MIN_ROWS rows, then
-        // the tile (batched forwards hold at most 64 rows).
+        // With the batch tile: decode below BATCH_TILE_MIN_ROWS rows (every
+        // decode-sized batch), then the tile (batched forwards hold at most
+        // 64 rows).
         assert_eq!(per_row(BATCH_TILE_MIN_ROWS - 1, true), None);
-        for n in [BATCH_TILE_MIN_ROWS, MATVEC_MAX_TOKENS, 9, 16, 63, 64] {
+        assert_eq!(per_row(MATVEC_MAX_TOKENS, true), None);
+        for n in [BATCH_TILE_MIN_ROWS, 9, 16, 63, 64] {
             assert_eq!(per_row(n, true), Some(Kernel::CoopMatBatch), "{n}");
         }
         // Without it: decode up to MATVEC_MAX_TOKENS, the matvec in passes
