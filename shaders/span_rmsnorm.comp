@@ -32,9 +32,8 @@ layout(push_constant) uniform Push {
     float eps;
     // 0: dst = norm(src) * w; 1: dst += norm(src) * w.
     uint accumulate;
-    // 1: also write the normed row, quantised, to q8 (src and dst distinct,
-    // n a multiple of 32); 2: write only that (the matvecs after the norm
-    // read nothing else).
+    // 1: write the normed row quantised to q8 instead of to dst (n a
+    // multiple of 32; the matvecs after the norm read nothing else).
     uint quantise;
 } p;
 
@@ -46,9 +45,7 @@ shared int part_sum[WG_SIZE];
 #include "int8_acts.glsl"
 
 // Quantises the normed row in blocks of 32 values, one block per thread
-// (rows not on 16-byte words); the values are recomputed from src
-// (unchanged: src is not dst here) rather than read back from dst, so no
-// barrier is needed.
+// (rows not on 16-byte words), computing the values from src.
 void quantise_row(uint row, uint s0, float scale) {
     for (uint b = gl_LocalInvocationID.x; b < p.n / 32u; b += WG_SIZE) {
         vec4 v[8];
@@ -123,9 +120,7 @@ void main() {
         } else {
             quantise_row(row, s0, scale);
         }
-        if (p.quantise == 2u) {
-            return;
-        }
+        return;
     }
     // Every thread writes only the elements it read, so src may alias dst.
     if (wide) {

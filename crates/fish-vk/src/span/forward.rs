@@ -147,6 +147,7 @@ impl Gpu {
         let result_bytes = copies.result.2;
         let layout = match placement {
             Placement::Consecutive { .. } => TokenLayout::Consecutive,
+            Placement::Rows(rows) if slots_distinct(rows) => TokenLayout::PerSlot,
             Placement::Rows(_) => TokenLayout::PerRow,
         };
         let key = (n_tok, logit_rows, layout);
@@ -412,4 +413,26 @@ unsafe fn barrier(
         &[],
         &[],
     );
+}
+
+/// Whether every row of a batched forward is in a slot of its own.
+fn slots_distinct(rows: &[SpanRow]) -> bool {
+    rows.iter()
+        .enumerate()
+        .all(|(i, r)| rows[..i].iter().all(|o| o.slot != r.slot))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_batch_is_per_slot_only_when_no_two_rows_share_a_slot() {
+        let row = |slot, pos| SpanRow { slot, pos };
+        assert!(slots_distinct(&[row(0, 5), row(1, 3), row(2, 9)]));
+        assert!(slots_distinct(&[row(3, 0)]));
+        // A prompt's rows (one slot, consecutive positions), or a slot twice.
+        assert!(!slots_distinct(&[row(1, 0), row(1, 1)]));
+        assert!(!slots_distinct(&[row(0, 5), row(1, 3), row(0, 6)]));
+    }
 }
