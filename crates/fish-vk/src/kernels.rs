@@ -64,9 +64,10 @@ pub enum Kernel {
     /// span's norm writes it for the q/k/v and gate/up matvecs.
     MatvecInt8Prequantised,
     /// `MatvecInt8Prequantised` shaped for the rows of a batched forward
-    /// (`MatvecShape::for_batch_rows`): each row is its own sequence and
-    /// needs only the seeds' bound, not the bits of a one-token call, so
-    /// the workgroups can take the shape that streams several tokens best.
+    /// (`BATCH_ROWS_THREADS`, K-quant passes of 4 tokens): each row is its
+    /// own sequence and needs only the seeds' bound, not the bits of a
+    /// one-token call, so the workgroups can take the shape that streams
+    /// several tokens best.
     MatvecInt8Rows,
     /// The matvec with the RMS norm before it fused in (shaders/matvec.comp
     /// NORM): x is the raw residual stream, the norm weights are at

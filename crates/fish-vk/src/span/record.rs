@@ -243,7 +243,7 @@ pub(crate) fn plan_chunks(
             let act_dispatched = !matches!(down_kernel, Kernel::MatvecGated(_)) && !act_fused;
             let down = match &ls.down_int8 {
                 Some(sets) if int8 && act_dispatched => {
-                    int8_residual_plan(gpu, sets, n, int8_kernel(layout))?
+                    int8_residual_plan(gpu, sets, n, mode.int8_kernel)?
                 }
                 _ => residual_plan(
                     gpu,
