@@ -8,7 +8,7 @@ use super::record::{
     int8_kernel, max_timestamps, output_kernel, output_takes_int8, plan_chunks, OutputInput,
     OutputRecording, Recording, TokenLayout,
 };
-use super::step::{Placement, SpanRow, STEP_BYTES};
+use super::step::{Placement, SlotRun, SpanRow, STEP_BYTES};
 use super::{span_chunk_tokens, Span};
 use crate::error::{Result, VkError};
 use crate::gpu::Gpu;
@@ -145,11 +145,7 @@ impl Gpu {
             },
         };
         let result_bytes = copies.result.2;
-        let layout = match placement {
-            Placement::Consecutive { .. } => TokenLayout::Consecutive,
-            Placement::Rows(rows) if slots_distinct(rows) => TokenLayout::PerSlot,
-            Placement::Rows(_) => TokenLayout::PerRow,
-        };
+        let layout = token_layout(&placement, &runs);
         let key = (n_tok, logit_rows, layout);
         let submit_start;
         let submitted = match span.recorded.get(key) {
@@ -415,11 +411,15 @@ unsafe fn barrier(
     );
 }
 
-/// Whether every row of a batched forward is in a slot of its own.
-fn slots_distinct(rows: &[SpanRow]) -> bool {
-    rows.iter()
-        .enumerate()
-        .all(|(i, r)| rows[..i].iter().all(|o| o.slot != r.slot))
+/// The layout of a forward placed as `placement`, whose rows group into
+/// the slot runs `runs` (`Placement::slot_runs`): a batched forward with one
+/// run per row has every row in a slot of its own.
+fn token_layout(placement: &Placement<'_>, runs: &[SlotRun]) -> TokenLayout {
+    match placement {
+        Placement::Consecutive { .. } => TokenLayout::Consecutive,
+        Placement::Rows(rows) if runs.len() == rows.len() => TokenLayout::PerSlot,
+        Placement::Rows(_) => TokenLayout::PerRow,
+    }
 }
 
 #[cfg(test)]
@@ -429,10 +429,22 @@ mod tests {
     #[test]
     fn a_batch_is_per_slot_only_when_no_two_rows_share_a_slot() {
         let row = |slot, pos| SpanRow { slot, pos };
-        assert!(slots_distinct(&[row(0, 5), row(1, 3), row(2, 9)]));
-        assert!(slots_distinct(&[row(3, 0)]));
-        // A prompt's rows (one slot, consecutive positions), or a slot twice.
-        assert!(!slots_distinct(&[row(1, 0), row(1, 1)]));
-        assert!(!slots_distinct(&[row(0, 5), row(1, 3), row(0, 6)]));
+        let run = |slot, first, end| SlotRun { slot, first, end };
+        let distinct = [row(0, 5), row(1, 3)];
+        let runs = [run(0, 5, 6), run(1, 3, 4)];
+        assert_eq!(
+            token_layout(&Placement::Rows(&distinct), &runs),
+            TokenLayout::PerSlot
+        );
+        // A prompt's rows: one slot, consecutive positions.
+        let prompt = [row(1, 0), row(1, 1)];
+        assert_eq!(
+            token_layout(&Placement::Rows(&prompt), &[run(1, 0, 2)]),
+            TokenLayout::PerRow
+        );
+        assert_eq!(
+            token_layout(&Placement::Consecutive { pos0: 3 }, &[run(0, 3, 5)]),
+            TokenLayout::Consecutive
+        );
     }
 }
