@@ -1,7 +1,12 @@
 //! Kernel microbenches, timed with GPU timestamps; one criterion iteration is
 //! one matmul call, so `time` is per call:
-//! - matvec (1 token): throughput in bytes of weights per second, per type;
-//!   matvec_i8 the same for the int8-activation kernel (quantised types),
+//! - matvec_auto (1 token): throughput in bytes of weights per second, per
+//!   type, of what `Gpu::matmul` runs for one token (the lone int8 matvec on
+//!   host-quantised x where the device accelerates the products; the
+//!   streaming target of docs/BENCHMARKS.md is measured here),
+//!   matvec_auto_serial the same calls
+//!   with a barrier after each;
+//! - matvec (1 token): the same for the float kernel; matvec_i8 the same for the int8-activation kernel (quantised types),
 //!   matvec_i8x (and matvec_i8x_serial) for it on x quantised beforehand
 //!   (as spans feed it);
 //!   matvec_serial the same calls with a barrier after each (as a span's
@@ -200,6 +205,15 @@ fn bench_matvec(c: &mut Criterion) {
         return;
     };
     eprintln!("{}", gpu.describe());
+    // What `Gpu::matmul` runs for one token: on devices with accelerated
+    // int8 products the lone int8 matvec on host-quantised x for the
+    // quantised types (`Kernel::MatvecInt8Lone`), else the float kernel.
+    for (name, sync) in [
+        ("matvec_auto", DispatchSync::None),
+        ("matvec_auto_serial", DispatchSync::EveryDispatch),
+    ] {
+        matvec_group(c, gpu, name, Kernel::Auto, sync);
+    }
     matvec_group(c, gpu, "matvec", Kernel::Matvec, DispatchSync::None);
     // The same calls each waiting for the one before, as a span's stages
     // do: the difference per call is what a stage adds to its matvec.

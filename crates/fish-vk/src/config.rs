@@ -41,7 +41,7 @@ pub struct Config {
     /// `FISH_VK_LOADER`: an explicit loader library path instead of the
     /// platform's default names.
     pub loader: Option<String>,
-    /// `FISH_VK_INT8=0|1|auto` (unset: `Int8Policy::SpanSteps`): when the
+    /// `FISH_VK_INT8=0|1` (unset or `auto`: `Int8Policy::Accelerated`): when the
     /// matvec runs on int8 activations.
     pub int8_matvec: Int8Policy,
 }

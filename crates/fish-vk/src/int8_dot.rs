@@ -1,11 +1,12 @@
 //! Packed int8 dot products (VK_KHR_shader_integer_dot_product): the
 //! int8-activation matvec (shaders/matvec_i8.comp) needs them. Which matvec
 //! a decode uses is chosen here too, from what the device reports and
-//! `FISH_VK_INT8`: span decode steps, which quantise each matvec input once
-//! (in the norm, the attention or the act*mul dispatch before it), take the
-//! int8 matvec wherever the device accelerates the products; lone matvecs
-//! (stage 1, a span's output projection), which would quantise x in every
-//! workgroup, keep the float kernel unless `FISH_VK_INT8` asks.
+//! `FISH_VK_INT8`: wherever the device accelerates the products, span
+//! decode steps quantise each matvec input once (in the norm, the attention
+//! or the act*mul dispatch before it) and lone matvecs (stage 1) upload x
+//! quantised by the host (`quantise_activations`); the kernel that
+//! quantises x in every workgroup (`Kernel::MatvecInt8`) runs only when
+//! asked for by name.
 
 use crate::instance::has_extension;
 use crate::weight_format::WeightFormat;
@@ -29,56 +30,35 @@ pub enum Int8Dot {
 pub enum Int8Policy {
     /// `FISH_VK_INT8=0`: always the float matvec.
     Never,
-    /// Default: where the device accelerates the packed products, span
-    /// decode steps (and verification-sized chunks) on every quantised type
-    /// (on the H200 llama-8b decode +27%, llama-1b +5-16%:
-    /// docs/BENCHMARKS.md); lone matvecs keep the float kernel.
+    /// Default (also `FISH_VK_INT8=auto`): every quantised type where the
+    /// device accelerates the packed products. Span decode steps (and
+    /// verification-sized chunks) quantise each matvec input once, in the
+    /// stage before it (on the H200 llama-8b decode +27%, llama-1b +5-16%:
+    /// docs/BENCHMARKS.md); lone matvecs (`Kernel::Auto` up to
+    /// MATVEC_MAX_TOKENS tokens) take x quantised by the host
+    /// (`Kernel::MatvecInt8Lone`).
     #[default]
-    SpanSteps,
-    /// `FISH_VK_INT8=auto`: as the default, and lone matvecs too on the
-    /// types whose per-workgroup kernel measured faster than the float one
-    /// (`INT8_FASTER`).
-    WhenAccelerated,
+    Accelerated,
     /// `FISH_VK_INT8=1`: every quantised type, whenever the device has the
     /// products (tests on lavapipe, measurements).
     WhenSupported,
 }
-
-/// The types whose int8 matvec measured faster. On the H200 the kernel
-/// streams Q8_0 at up to 3.4 TiB/s against the float kernel's 3.1, but
-/// the nibble types run slower than their float kernel (Q4_K 1.4-1.9 TiB/s
-/// against 1.7, Q6_K 1.7-2.0 against 2.4): quantising x in every workgroup
-/// costs them more than the packed products save (docs/BENCHMARKS.md).
-const INT8_FASTER: [WeightFormat; 1] = [WeightFormat::Ggml(GgmlType::Q8_0)];
 
 impl Int8Policy {
     pub fn from_env() -> Int8Policy {
         match std::env::var("FISH_VK_INT8").as_deref() {
             Ok("1") => Int8Policy::WhenSupported,
             Ok("0") => Int8Policy::Never,
-            Ok("auto") => Int8Policy::WhenAccelerated,
-            _ => Int8Policy::SpanSteps,
+            _ => Int8Policy::Accelerated,
         }
     }
 
-    /// Whether a lone matvec (which quantises x in every workgroup) on
-    /// weights of type `ty` uses int8 activations on a device with `dot`.
+    /// Whether matvecs on weights of type `ty` take int8 activations on a
+    /// device with `dot`.
     pub fn allows(self, dot: Int8Dot, ty: WeightFormat) -> bool {
         match self {
-            Int8Policy::Never | Int8Policy::SpanSteps => false,
-            Int8Policy::WhenAccelerated => dot == Int8Dot::Accelerated && INT8_FASTER.contains(&ty),
-            Int8Policy::WhenSupported => dot != Int8Dot::Absent && quantised(ty),
-        }
-    }
-
-    /// Whether span decode steps (inputs quantised once, before the
-    /// matvec) use int8 activations on weights of type `ty`.
-    pub fn allows_prequantised(self, dot: Int8Dot, ty: WeightFormat) -> bool {
-        match self {
             Int8Policy::Never => false,
-            Int8Policy::SpanSteps | Int8Policy::WhenAccelerated => {
-                dot == Int8Dot::Accelerated && quantised(ty)
-            }
+            Int8Policy::Accelerated => dot == Int8Dot::Accelerated && quantised(ty),
             Int8Policy::WhenSupported => dot != Int8Dot::Absent && quantised(ty),
         }
     }
@@ -86,6 +66,18 @@ impl Int8Policy {
 
 fn quantised(ty: WeightFormat) -> bool {
     !matches!(ty, WeightFormat::Ggml(GgmlType::F32 | GgmlType::F16))
+}
+
+/// y (|y| <= 127 up to rounding) rounded to the nearest integer, ties to
+/// even, clamped to the int8 quants' range. Adding 1.5 * 2^23 rounds y
+/// into the low bits of the sum's mantissa, which are read as an integer:
+/// no library call (`f32::round` is one on baseline x86-64) and no
+/// saturating conversion, so the block loops vectorise (host quantisation
+/// with `round` cost llama-8b stage-1 decode a third of its speed). NaN
+/// gives some value in range.
+fn quant(y: f32) -> i32 {
+    const MAGIC: f32 = 12_582_912.0;
+    ((y + MAGIC).to_bits() as i32 - MAGIC.to_bits() as i32).clamp(-127, 127)
 }
 
 /// Activation values per int8 scale in the int8 matvec.
@@ -102,7 +94,7 @@ pub fn int8_activations(x: &[f32]) -> (Vec<f32>, Vec<f32>) {
         let amax = block.iter().fold(0f32, |m, v| m.max(v.abs()));
         let d = amax / 127.0;
         let id = if amax > 0.0 { 127.0 / amax } else { 0.0 };
-        out.extend(block.iter().map(|v| (v * id).round() * d));
+        out.extend(block.iter().map(|v| quant(v * id) as f32 * d));
         scales.push(d);
     }
     (out, scales)
@@ -113,6 +105,55 @@ pub fn int8_activations(x: &[f32]) -> (Vec<f32>, Vec<f32>) {
 /// padded to 16 bytes); `n` is a multiple of 32.
 pub(crate) fn int8_token_bytes(n: usize) -> usize {
     16 * (n / 16 + (n / 32).div_ceil(4) + (n / 16).div_ceil(4))
+}
+
+/// Tokens of `n` values (`n` a multiple of INT8_BLOCK) quantised on the host
+/// into the layout of shaders/int8_acts.glsl, which the span's stages write
+/// on the device: per token the quants (one signed byte per value), d =
+/// max|x| / 127 per 32 values, then d * (sum of quants) per 16 values, each
+/// part padded to 16 bytes. Lone matvecs (`Kernel::MatvecInt8Lone`) upload
+/// it in place of x; the quants are those of `int8_activations`.
+pub(crate) fn quantise_activations(x: &[f32], n: usize) -> Vec<u8> {
+    let token = int8_token_bytes(n);
+    let scale_bytes = 16 * (n / INT8_BLOCK).div_ceil(4);
+    let mut out = vec![0u8; x.len() / n.max(1) * token];
+    for (src, dst) in x.chunks_exact(n).zip(out.chunks_exact_mut(token)) {
+        let (quants, rest) = dst.split_at_mut(n);
+        let (scales, sums) = rest.split_at_mut(scale_bytes);
+        for (b, block) in src.chunks_exact(INT8_BLOCK).enumerate() {
+            // Fixed-size arrays, so that the loops vectorise.
+            let block: &[f32; INT8_BLOCK] = block.try_into().expect("whole block");
+            // Compare-and-select lanes (f32::max must order NaN, which keeps
+            // the compiler from vectorising it).
+            let mut lanes = [0f32; 8];
+            for eight in block.chunks_exact(8) {
+                for (m, v) in lanes.iter_mut().zip(eight) {
+                    let a = v.abs();
+                    *m = if a > *m { a } else { *m };
+                }
+            }
+            let amax = lanes.iter().fold(0f32, |m, &v| if v > m { v } else { m });
+            let d = amax / 127.0;
+            let id = if amax > 0.0 { 127.0 / amax } else { 0.0 };
+            let mut q = [0i32; INT8_BLOCK];
+            for (q, v) in q.iter_mut().zip(block) {
+                *q = quant(v * id);
+            }
+            for (dst, q) in quants[INT8_BLOCK * b..INT8_BLOCK * (b + 1)]
+                .iter_mut()
+                .zip(q)
+            {
+                *dst = q as i8 as u8;
+            }
+            scales[4 * b..4 * b + 4].copy_from_slice(&d.to_le_bytes());
+            for (h, half) in q.chunks_exact(16).enumerate() {
+                let sum: i32 = half.iter().sum();
+                let at = 4 * (2 * b + h);
+                sums[at..at + 4].copy_from_slice(&(d * sum as f32).to_le_bytes());
+            }
+        }
+    }
+    out
 }
 
 /// Queries the feature and its acceleration; `exts` are the device's extensions.
@@ -192,6 +233,42 @@ mod tests {
     }
 
     #[test]
+    fn host_quantised_tokens_follow_the_shader_layout() {
+        let n = 64;
+        let x: Vec<f32> = (0..2 * n)
+            .map(|i| ((i * 37 % 29) as f32 - 14.0) * 0.1)
+            .collect();
+        let bytes = quantise_activations(&x, n);
+        let token = int8_token_bytes(n);
+        assert_eq!(bytes.len(), 2 * token);
+        let (deq, scales) = int8_activations(&x);
+        let f32_at = |t: usize, at: usize| {
+            let o = t * token + at;
+            f32::from_le_bytes(bytes[o..o + 4].try_into().unwrap())
+        };
+        for t in 0..2 {
+            for i in 0..n {
+                let q = bytes[t * token + i] as i8;
+                let d = scales[t * 2 + i / 32];
+                assert_eq!(f32::from(q) * d, deq[t * n + i], "token {t} value {i}");
+            }
+            // Scales start after the quants; sums after the scales' 16 bytes.
+            for b in 0..2 {
+                assert_eq!(f32_at(t, n + 4 * b), scales[t * 2 + b]);
+            }
+            for h in 0..4 {
+                let sum: i32 = (0..16)
+                    .map(|i| i32::from(bytes[t * token + 16 * h + i] as i8))
+                    .sum();
+                assert_eq!(
+                    f32_at(t, n + 16 + 4 * h),
+                    scales[t * 2 + h / 2] * sum as f32
+                );
+            }
+        }
+    }
+
+    #[test]
     fn token_bytes_pad_each_part_to_16_bytes() {
         // 576 values: 576 quant bytes, 18 scales (5 words), 36 sums (9 words).
         assert_eq!(int8_token_bytes(576), 576 + 80 + 144);
@@ -210,32 +287,16 @@ mod tests {
         for dot in [Absent, Emulated, Accelerated] {
             for ty in [q8, q4k, f16, WeightFormat::Fq3] {
                 assert!(!Int8Policy::Never.allows(dot, ty));
-                assert!(!Int8Policy::SpanSteps.allows(dot, ty));
+                assert_eq!(
+                    Int8Policy::Accelerated.allows(dot, ty),
+                    dot == Accelerated && ty != f16
+                );
                 assert_eq!(
                     Int8Policy::WhenSupported.allows(dot, ty),
                     dot != Absent && ty != f16
                 );
             }
-            assert_eq!(
-                Int8Policy::WhenAccelerated.allows(dot, q8),
-                dot == Accelerated
-            );
-            assert!(!Int8Policy::WhenAccelerated.allows(dot, q4k));
-            // Span decode steps: every quantised type where accelerated.
-            for ty in [q8, q4k, f16, WeightFormat::Fq3] {
-                assert!(!Int8Policy::Never.allows_prequantised(dot, ty));
-                for policy in [Int8Policy::SpanSteps, Int8Policy::WhenAccelerated] {
-                    assert_eq!(
-                        policy.allows_prequantised(dot, ty),
-                        dot == Accelerated && ty != f16
-                    );
-                }
-                assert_eq!(
-                    Int8Policy::WhenSupported.allows_prequantised(dot, ty),
-                    dot != Absent && ty != f16
-                );
-            }
         }
-        assert_eq!(Int8Policy::default(), Int8Policy::SpanSteps);
+        assert_eq!(Int8Policy::default(), Int8Policy::Accelerated);
     }
 }

@@ -56,9 +56,10 @@ pub enum Kernel {
     Matvec,
     /// The matvec kernel reducing through shared memory only.
     MatvecSharedReduce,
-    /// The matvec on int8-quantised activations (shaders/matvec_i8.comp):
-    /// quantised weight types on devices with packed int8 dot products;
-    /// `Auto` picks it per `Config::int8_matvec`.
+    /// The matvec on int8-quantised activations (shaders/matvec_i8.comp)
+    /// that quantises x in every workgroup: quantised weight types on
+    /// devices with packed int8 dot products. Only when asked for by name
+    /// (tests, benches): `Auto` takes `MatvecInt8Lone`.
     MatvecInt8,
     /// `MatvecInt8` on x already quantised (shaders/int8_acts.glsl), as the
     /// span's norm writes it for the q/k/v and gate/up matvecs.
@@ -69,6 +70,13 @@ pub enum Kernel {
     /// one-token call, so the workgroups can take the shape that streams
     /// several tokens best.
     MatvecInt8Rows,
+    /// `MatvecInt8Prequantised` for lone matvecs: `Auto` at up to
+    /// MATVEC_MAX_TOKENS tokens where `Config::int8_matvec` gives every
+    /// tensor of the call int8 activations. The host quantises x once
+    /// (int8_dot::quantise_activations) and uploads that copy. Nothing in
+    /// the submit waits on a lone matvec, so its workgroups take the shape
+    /// that streams fastest back to back (`LONE_THREADS`).
+    MatvecInt8Lone,
     /// The matvec with the RMS norm before it fused in (shaders/matvec.comp
     /// NORM): x is the raw residual stream, the norm weights are at
     /// binding 3 (`Params::norm_off`). Needs subgroup arithmetic.
@@ -138,9 +146,14 @@ impl GatedActivation {
 impl Kernel {
     /// The matvecs on int8 activations (shaders/matvec_i8.comp).
     fn is_int8(self) -> bool {
+        self == Kernel::MatvecInt8 || self.reads_int8_x()
+    }
+
+    /// The int8 matvecs that read x already quantised (shaders/int8_acts.glsl).
+    fn reads_int8_x(self) -> bool {
         matches!(
             self,
-            Kernel::MatvecInt8 | Kernel::MatvecInt8Prequantised | Kernel::MatvecInt8Rows
+            Kernel::MatvecInt8Prequantised | Kernel::MatvecInt8Rows | Kernel::MatvecInt8Lone
         )
     }
 
@@ -225,8 +238,8 @@ impl MatvecOverrides {
 /// docs/BENCHMARKS.md). Each token's sums run in the same order in any
 /// pass, so batched and verification forwards keep the bits of decode.
 /// The other types and the int8 kernels take up to MATVEC_MAX_TOKENS per
-/// pass, except the batched rows' int8 shape (`Kernel::MatvecInt8Rows`),
-/// which also takes 4 for those types: on the H200 its Q6_K 4096 x 14336
+/// pass, except the 32-thread int8 shapes (`Kernel::MatvecInt8Rows`,
+/// `Kernel::MatvecInt8Lone`), which also take 4 for those types: on the H200 its Q6_K 4096 x 14336
 /// call of 8 tokens took 55 us in passes of 4 against 68 in one pass
 /// (docs/BENCHMARKS.md). `FISH_VK_MATVEC_TOKENS=n` forces n everywhere
 /// (tuning).
@@ -236,7 +249,8 @@ fn pass_tokens(ty: WeightFormat, kernel: Kernel, forced: Option<u32>) -> usize {
     use GgmlType::*;
     let float_kernel = !kernel.is_int8();
     let k_class = matches!(ty, WeightFormat::Ggml(Q5_0 | Q5_1 | Q4_K | Q5_K | Q6_K));
-    let natural = if (float_kernel || kernel == Kernel::MatvecInt8Rows) && k_class {
+    let two_passes = matches!(kernel, Kernel::MatvecInt8Rows | Kernel::MatvecInt8Lone);
+    let natural = if (float_kernel || two_passes) && k_class {
         K_CLASS_PASS_TOKENS
     } else {
         MATVEC_MAX_TOKENS as u32
@@ -256,6 +270,14 @@ fn pass_tokens(ty: WeightFormat, kernel: Kernel, forced: Option<u32>) -> usize {
 /// the one-token shape.
 const BATCH_ROWS_THREADS: u32 = 32;
 const BATCH_ROWS_MIN_TOKENS: usize = 4;
+
+/// Threads per workgroup of lone int8 matvecs (`Kernel::MatvecInt8Lone`):
+/// one subgroup. On the H200, back to back, one token (docs/BENCHMARKS.md):
+/// Q4_0 / Q5_0 / Q8_0 / Q4_K / Q6_K at 4096x4096, 4096x14336 and
+/// 14336x4096 all stream at 3.76-4.25 TB/s of weights with 32 threads,
+/// 3.14-4.29 with the span's one-token shapes (64 or 128 threads). Spans
+/// keep those: as dependent stages the 32-thread shape lost 1-4% end to end.
+const LONE_THREADS: u32 = 32;
 
 impl MatvecShape {
     /// The shapes measured fastest on the H200 (docs/BENCHMARKS.md): for one
@@ -297,6 +319,7 @@ impl MatvecShape {
         // one subgroup per workgroup streams them faster (BATCH_ROWS_THREADS).
         let threads = match kernel {
             Kernel::MatvecInt8Rows if n_tok >= BATCH_ROWS_MIN_TOKENS => BATCH_ROWS_THREADS,
+            Kernel::MatvecInt8Lone => LONE_THREADS,
             _ => threads,
         };
         let o = MatvecOverrides::get();
@@ -324,19 +347,35 @@ impl MatvecShape {
         [self.threads, self.rows, self.tokens, self.unroll]
     }
 
-    /// Shared memory of the int8 kernel for rows of `n_in` values: the
-    /// activations of `tokens` tokens and one partial sum per subgroup.
-    fn int8_shared_bytes(&self, n_in: usize, subgroup: u32) -> u64 {
-        let acts = (self.tokens as f64 * n_in as f64 * INT8_SHARED_PER_VALUE).ceil() as u64;
+    /// Shared memory of the int8 kernel `kernel` for rows of `n_in` values:
+    /// one partial sum per subgroup, row and token, and for the kernel that
+    /// quantises x itself (`Kernel::MatvecInt8`) the activations of `tokens`
+    /// tokens. The pre-quantised kernels read x from memory (the shader
+    /// declares no shared activations for them), so their passes are not
+    /// limited by it: counting it cut the llama-8b down projection (14336
+    /// values per row) to passes of 2 tokens on a 48 KiB device.
+    fn int8_shared_bytes(&self, kernel: Kernel, n_in: usize, subgroup: u32) -> u64 {
+        let acts = match kernel {
+            Kernel::MatvecInt8 => {
+                (self.tokens as f64 * n_in as f64 * INT8_SHARED_PER_VALUE).ceil() as u64
+            }
+            _ => 0,
+        };
         let partials = u64::from(self.rows * self.tokens * self.threads.div_ceil(subgroup.max(4)));
         acts + 4 * partials
     }
 
     /// The int8 kernel's shape: the float kernel's, with as many tokens per
-    /// pass as its shared activations allow (None: not even one fits).
-    fn for_int8(mut self, n_in: usize, subgroup: u32, max_shared: u32) -> Option<MatvecShape> {
+    /// pass as its shared memory allows (None: not even one fits).
+    fn for_int8(
+        mut self,
+        kernel: Kernel,
+        n_in: usize,
+        subgroup: u32,
+        max_shared: u32,
+    ) -> Option<MatvecShape> {
         while self.tokens > 0 {
-            if self.int8_shared_bytes(n_in, subgroup) <= u64::from(max_shared) {
+            if self.int8_shared_bytes(kernel, n_in, subgroup) <= u64::from(max_shared) {
                 return Some(self);
             }
             self.tokens -= 1;
@@ -355,7 +394,7 @@ impl Gpu {
             Kernel::Matvec if self.info.subgroup_arithmetic => format!("matvec_subgroup_{suffix}"),
             Kernel::Matvec | Kernel::MatvecSharedReduce => format!("matvec_{suffix}"),
             Kernel::MatvecInt8 => format!("matvec_i8_{suffix}"),
-            Kernel::MatvecInt8Prequantised | Kernel::MatvecInt8Rows => {
+            Kernel::MatvecInt8Prequantised | Kernel::MatvecInt8Rows | Kernel::MatvecInt8Lone => {
                 format!("matvec_i8x_{suffix}")
             }
             Kernel::MatvecNorm => format!("matvec_norm_{suffix}"),
@@ -405,6 +444,7 @@ impl Gpu {
                 "{kernel:?} runs only inside a span"
             )));
         }
+        let kernel = self.lone_kernel(handles, n_tok, kernel);
         // The gated matvec reads gate and up values: two per input.
         let x_per_input = match kernel {
             Kernel::MatvecGated(_) => 2,
@@ -422,7 +462,11 @@ impl Gpu {
             .map(|h| tensors.get(&h.id()).ok_or(VkError::UnknownHandle(h.id())))
             .collect::<Result<_>>()?;
         let y_len: usize = handles.iter().map(|h| h.n_out() * n_tok).sum();
-        let x_bytes = (x.len() * 4) as u64;
+        // The pre-quantised int8 matvecs read x in the int8 layout.
+        let x_int8 = kernel
+            .reads_int8_x()
+            .then(|| crate::int8_dot::quantise_activations(x, n_in));
+        let x_bytes = x_int8.as_ref().map_or(x.len() * 4, Vec::len) as u64;
         let y_bytes = (y_len * 4) as u64;
         if y_len > u32::MAX as usize || x.len() > u32::MAX as usize / 4 {
             return Err(VkError::Input("batch too large for 32-bit indexing".into()));
@@ -433,7 +477,10 @@ impl Gpu {
         let need = self.split_need(&dispatches, kernel)?;
         self.prepare_scratch(&mut exec, x_bytes, y_bytes, need)?;
         let staging = exec.staging.as_mut().expect("prepared");
-        staging.write_f32(&self.allocator, 0, x)?;
+        match &x_int8 {
+            Some(bytes) => staging.write(&self.allocator, 0, bytes)?,
+            None => staging.write_f32(&self.allocator, 0, x)?,
+        }
         let (stage, x_dev, y_dev, readback) = scratch_handles(&exec);
         let split = split_handle(&exec);
         let pool = self.descriptor_pool(dispatches.len())?;
@@ -528,6 +575,7 @@ impl Gpu {
         sync: DispatchSync,
     ) -> Result<Duration> {
         let n_in = check_group(handles, n_tok)?;
+        let kernel = self.lone_kernel(handles, n_tok, kernel);
         let tensors = self.lock_tensors();
         let resident: Vec<&ResidentTensor> = handles
             .iter()
@@ -686,7 +734,6 @@ impl Gpu {
         n_tok: usize,
         kernel: Kernel,
     ) -> Result<Vec<Dispatch>> {
-        let requested = kernel;
         let kernel = kernel.resolve(n_tok, self.prefill_kernel(n_tok));
         let coop_tile = self.coopmat_tile(kernel)?;
         let max_x = self.info.max_workgroups_x.clamp(1, 65535);
@@ -695,8 +742,7 @@ impl Gpu {
         let mut y_base = 0u32;
         for t in tensors {
             let h = t.handle;
-            let (kernel, matvec) =
-                self.matvec_choice(requested, kernel, h.ty(), h.n_in(), n_tok)?;
+            let (kernel, matvec) = self.matvec_choice(kernel, h.ty(), h.n_in(), n_tok)?;
             let spec: Vec<u32> = match (kernel, coop_tile) {
                 (
                     Kernel::Matvec
@@ -781,13 +827,10 @@ impl Gpu {
         Ok(out)
     }
 
-    /// The matvec variant and shape for one tensor: `Auto` resolved to
-    /// `Matvec` becomes `MatvecInt8` where the policy, the type and the
-    /// shared memory allow; an explicit `MatvecInt8` the device cannot run
-    /// is an error.
+    /// The matvec variant and shape for one tensor; an int8 matvec the
+    /// device cannot run is an error.
     fn matvec_choice(
         &self,
-        requested: Kernel,
         kernel: Kernel,
         ty: WeightFormat,
         n_in: usize,
@@ -795,12 +838,6 @@ impl Gpu {
     ) -> Result<(Kernel, MatvecShape)> {
         let shape = MatvecShape::new(ty, kernel, n_tok, n_in);
         let int8 = || {
-            let int8_kind = if kernel.is_int8() {
-                kernel
-            } else {
-                Kernel::MatvecInt8
-            };
-            let shape = MatvecShape::new(ty, int8_kind, n_tok, n_in);
             if self.info.int8_dot == Int8Dot::Absent
                 || !self.info.subgroup_arithmetic
                 || !has_int8_matvec(ty)
@@ -808,7 +845,12 @@ impl Gpu {
             {
                 return None;
             }
-            shape.for_int8(n_in, self.info.subgroup_size, self.info.max_shared_memory)
+            shape.for_int8(
+                kernel,
+                n_in,
+                self.info.subgroup_size,
+                self.info.max_shared_memory,
+            )
         };
         match kernel {
             k if k.is_int8() => int8().map(|s| (kernel, s)).ok_or_else(|| {
@@ -828,21 +870,18 @@ impl Gpu {
                         .into(),
                 ))
             }
-            Kernel::Matvec if requested == Kernel::Auto && self.int8_matvec(ty) => {
-                Ok(int8().map_or((kernel, shape), |s| (Kernel::MatvecInt8, s)))
-            }
             _ => Ok((kernel, shape)),
         }
     }
 
     /// Whether every tensor of a group takes the int8 matvec under the
-    /// policy at up to MATVEC_MAX_TOKENS tokens (the span then quantises
+    /// policy at up to MATVEC_MAX_TOKENS tokens (a span then quantises
     /// their input once, in the stage before, and uses
-    /// `MatvecInt8Prequantised`).
+    /// `MatvecInt8Prequantised`; a lone call quantises it on the host).
     pub(crate) fn int8_group(&self, handles: &[TensorHandle]) -> bool {
         !handles.is_empty()
             && handles.iter().all(|h| {
-                self.int8_span_matvec(h.ty())
+                self.int8_matvec(h.ty())
                     && h.n_in().is_multiple_of(32)
                     && MatvecShape::new(
                         h.ty(),
@@ -851,6 +890,7 @@ impl Gpu {
                         h.n_in(),
                     )
                     .for_int8(
+                        Kernel::MatvecInt8Prequantised,
                         h.n_in(),
                         self.info.subgroup_size,
                         self.info.max_shared_memory,
@@ -859,24 +899,26 @@ impl Gpu {
             })
     }
 
-    /// Whether span decode steps give matvecs of weights of type `ty` int8
-    /// activations, quantised once before them (`Int8Policy::allows_prequantised`).
-    pub fn int8_span_matvec(&self, ty: impl Into<WeightFormat>) -> bool {
-        self.info.subgroup_arithmetic
-            && self
-                .config
-                .int8_matvec
-                .allows_prequantised(self.info.int8_dot, ty.into())
-    }
-
-    /// Whether decode matvecs (`Kernel::Auto`, up to MATVEC_MAX_TOKENS
-    /// tokens) of weights of type `ty` run on int8 activations.
+    /// Whether matvecs of weights of type `ty` (span decode steps, lone
+    /// matvecs up to MATVEC_MAX_TOKENS tokens) run on int8 activations.
     pub fn int8_matvec(&self, ty: impl Into<WeightFormat>) -> bool {
         self.info.subgroup_arithmetic
             && self
                 .config
                 .int8_matvec
                 .allows(self.info.int8_dot, ty.into())
+    }
+
+    /// The kernel of a lone call on `handles`: `Auto` at up to
+    /// MATVEC_MAX_TOKENS tokens becomes `MatvecInt8Lone` when every tensor
+    /// takes int8 activations (one quantised x serves them all), any other
+    /// request stays.
+    fn lone_kernel(&self, handles: &[TensorHandle], n_tok: usize, kernel: Kernel) -> Kernel {
+        if kernel == Kernel::Auto && n_tok <= MATVEC_MAX_TOKENS && self.int8_group(handles) {
+            Kernel::MatvecInt8Lone
+        } else {
+            kernel
+        }
     }
 
     fn prepare_scratch(
@@ -1067,5 +1109,28 @@ mod tests {
         assert_eq!(shape.tokens, 4);
         let shape = MatvecShape::new(q4k, Kernel::Matvec, 3, 4096);
         assert_eq!(shape.tokens, 3);
+    }
+
+    #[test]
+    fn only_the_self_quantising_int8_matvec_keeps_activations_in_shared_memory() {
+        let q4k = WeightFormat::Ggml(GgmlType::Q4_K);
+        let (n_in, subgroup, max_shared) = (14336, 32, 48 * 1024);
+        let rows = MatvecShape::new(q4k, Kernel::MatvecInt8Rows, 8, n_in);
+        assert_eq!(rows.tokens, 4);
+        // 4 tokens of 14336 int8 activations (~79 KB) would not fit, but the
+        // pre-quantised kernels read them from memory: the pass keeps 4.
+        let fitted = rows.for_int8(Kernel::MatvecInt8Rows, n_in, subgroup, max_shared);
+        assert_eq!(fitted.map(|s| s.tokens), Some(4));
+        let one = MatvecShape::new(q4k, Kernel::MatvecInt8Prequantised, 8, n_in);
+        let fitted = one.for_int8(Kernel::MatvecInt8Prequantised, n_in, subgroup, max_shared);
+        assert_eq!(fitted.map(|s| s.tokens), Some(8));
+        // The kernel that quantises x itself stages it: 2 tokens fit in 48 KiB.
+        let own = MatvecShape::new(q4k, Kernel::MatvecInt8, 8, n_in);
+        let fitted = own.for_int8(Kernel::MatvecInt8, n_in, subgroup, max_shared);
+        assert_eq!(fitted.map(|s| s.tokens), Some(2));
+        assert_eq!(
+            own.for_int8(Kernel::MatvecInt8, 1 << 20, subgroup, max_shared),
+            None
+        );
     }
 }

@@ -55,20 +55,29 @@ fn batched_matvec_gives_each_token_the_bits_of_a_single_token_call() {
     // tokens per pass (one pass of 8, two of 4, ...), each token's sums run
     // in the order of a one-token call.
     let Some(gpu) = gpu_or_skip() else { return };
+    // The lone int8 matvec (host-quantised x) too, where the device has it.
+    let int8 = gpu.info().int8_dot != fish_vk::Int8Dot::Absent;
     for_each_kernel_type(gpu, N_IN, N_OUT, 300, |w, h| {
-        for n_tok in [5usize, 8] {
-            let x = random_values(N_IN * n_tok, 21 + n_tok as u64);
-            let batched = matmul_one(gpu, h, &x, n_tok, Kernel::Matvec);
-            for t in 0..n_tok {
-                let single = matmul_one(gpu, h, &x[t * N_IN..(t + 1) * N_IN], 1, Kernel::Matvec);
-                let row = &batched[t * N_OUT..(t + 1) * N_OUT];
-                assert!(
-                    row.iter()
-                        .zip(&single)
-                        .all(|(a, b)| a.to_bits() == b.to_bits()),
-                    "{:?} n_tok={n_tok} token {t}: batched and single-token sums differ",
-                    w.ty
-                );
+        let quantised = !matches!(w.ty, GgmlType::F32 | GgmlType::F16);
+        let mut kernels = vec![Kernel::Matvec];
+        if int8 && quantised {
+            kernels.push(Kernel::MatvecInt8Lone);
+        }
+        for kernel in kernels {
+            for n_tok in [5usize, 8] {
+                let x = random_values(N_IN * n_tok, 21 + n_tok as u64);
+                let batched = matmul_one(gpu, h, &x, n_tok, kernel);
+                for t in 0..n_tok {
+                    let single = matmul_one(gpu, h, &x[t * N_IN..(t + 1) * N_IN], 1, kernel);
+                    let row = &batched[t * N_OUT..(t + 1) * N_OUT];
+                    assert!(
+                        row.iter()
+                            .zip(&single)
+                            .all(|(a, b)| a.to_bits() == b.to_bits()),
+                        "{:?} {kernel:?} n_tok={n_tok} token {t}: batched and single-token sums differ",
+                        w.ty
+                    );
+                }
             }
         }
     });
@@ -221,11 +230,19 @@ fn bad_inputs_are_errors_not_panics() {
     assert_no_validation_messages(gpu);
 }
 
-/// The int8-activation matvec of every quantised type, at one token, a batch
-/// and more tokens than one pass holds; rows of 512 and of 14336 values (a
-/// down projection: the largest shared-memory need).
+/// The int8-activation matvecs of every quantised type, at one token, a
+/// batch and more tokens than one pass holds; rows of 512 and of 14336
+/// values (a down projection: the largest shared-memory need). The kernels
+/// on pre-quantised x get it quantised by the host (as `Auto` does for lone
+/// matvecs): each shape against the same reference.
 #[test]
 fn int8_matvec_matches_the_product_with_int8_activations() {
+    const INT8_KERNELS: [Kernel; 4] = [
+        Kernel::MatvecInt8,
+        Kernel::MatvecInt8Prequantised,
+        Kernel::MatvecInt8Rows,
+        Kernel::MatvecInt8Lone,
+    ];
     let Some(gpu) = gpu_or_skip() else { return };
     if gpu.info().int8_dot == fish_vk::Int8Dot::Absent {
         assert!(
@@ -239,14 +256,18 @@ fn int8_matvec_matches_the_product_with_int8_activations() {
         .into_iter()
         .filter(|t| !matches!(t, GgmlType::F32 | GgmlType::F16));
     for (i, ty) in quantised.enumerate() {
-        for (n_in, n_out, batches) in [(N_IN, N_OUT, &[1usize, 3, 37][..]), (14336, 9, &[1, 2][..])]
-        {
+        for (n_in, n_out, batches) in [
+            (N_IN, N_OUT, &[1usize, 3, 37][..]),
+            (14336, 9, &[1, 2, 5][..]),
+        ] {
             with_uploaded(gpu, ty, (n_in, n_out), 300 + i as u64, |weights, h| {
                 for &n_tok in batches {
                     let x = random_values(n_in * n_tok, 13 + n_tok as u64);
-                    let y = matmul_one(gpu, h, &x, n_tok, Kernel::MatvecInt8);
-                    let what = format!("{ty:?} int8 {n_in} n_tok={n_tok}");
-                    check_int8_product(weights, &x, n_tok, &y, &what);
+                    for kernel in INT8_KERNELS {
+                        let y = matmul_one(gpu, h, &x, n_tok, kernel);
+                        let what = format!("{ty:?} {kernel:?} {n_in} n_tok={n_tok}");
+                        check_int8_product(weights, &x, n_tok, &y, &what);
+                    }
                 }
             });
         }

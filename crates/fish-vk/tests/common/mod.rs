@@ -202,10 +202,15 @@ pub fn runs_int8(
     ty: fish_vk::WeightFormat,
     n_tok: usize,
 ) -> bool {
-    kernel == fish_vk::Kernel::MatvecInt8
-        || (kernel == fish_vk::Kernel::Auto
-            && n_tok <= fish_vk::MATVEC_MAX_TOKENS
-            && gpu.int8_matvec(ty))
+    matches!(
+        kernel,
+        fish_vk::Kernel::MatvecInt8
+            | fish_vk::Kernel::MatvecInt8Prequantised
+            | fish_vk::Kernel::MatvecInt8Rows
+            | fish_vk::Kernel::MatvecInt8Lone
+    ) || (kernel == fish_vk::Kernel::Auto
+        && n_tok <= fish_vk::MATVEC_MAX_TOKENS
+        && gpu.int8_matvec(ty))
 }
 
 pub fn f16_round(v: f32) -> f64 {
