@@ -198,6 +198,13 @@ const TYPE_VARIANTS: &[TypeVariant] = &[
     },
 ];
 
+/// Span kernels on cooperative matrices (glslangValidator), as SPAN_MODULES:
+/// prefill attention for heads of 64 and 128 values.
+pub const COOPMAT_SPAN_MODULES: &[(&str, &str, &[&str])] = &[
+    ("span_attention_coopmat_d64", "span_attention_coopmat.comp", &["HEAD_DIM=64u"]),
+    ("span_attention_coopmat_d128", "span_attention_coopmat.comp", &["HEAD_DIM=128u"]),
+];
+
 /// Measurement-only cooperative-matrix modules (glslangValidator) as
 /// (module name, source file in shaders/, defines).
 pub const COOPMAT_PROBE_MODULES: &[(&str, &str, &[&str])] = &[
@@ -227,6 +234,7 @@ pub fn shader_specs() -> Vec<ShaderSpec> {
     let lists = [
         (SPAN_MODULES, ShaderCompiler::Glslc),
         (PROBE_MODULES, ShaderCompiler::Glslc),
+        (COOPMAT_SPAN_MODULES, ShaderCompiler::GlslangCoopMat),
         (COOPMAT_PROBE_MODULES, ShaderCompiler::GlslangCoopMat),
     ];
     for (list, compiler) in lists {

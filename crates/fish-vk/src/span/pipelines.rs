@@ -29,11 +29,21 @@ pub(crate) enum SpanKernel {
     /// workgroup per (head, block of `TILED_ATTENTION_QUERIES` tokens),
     /// keys and values staged in shared memory.
     AttentionTiled,
+    /// `AttentionTiled` on cooperative matrices, for heads of 64 and of 128
+    /// values (shaders/span_attention_coopmat.comp, one workgroup per
+    /// (head, block of `COOPMAT_ATTENTION_QUERIES` tokens)): built only on
+    /// devices with 16x16x16 f16 fragments and 32-invocation subgroups.
+    AttentionCoopMat64,
+    AttentionCoopMat128,
 }
 
 /// Tokens per workgroup of `SpanKernel::AttentionTiled`
 /// (QB in shaders/span_attention_tiled.comp).
 pub(crate) const TILED_ATTENTION_QUERIES: usize = 16;
+
+/// Tokens per workgroup of the cooperative-matrix attention kernels (QB in
+/// shaders/span_attention_coopmat.comp).
+pub(crate) const COOPMAT_ATTENTION_QUERIES: usize = 64;
 
 impl SpanKernel {
     const ALL: [SpanKernel; 7] = [
@@ -46,6 +56,22 @@ impl SpanKernel {
         SpanKernel::AttentionTiled,
     ];
 
+    /// The optional kernels on cooperative matrices.
+    const COOPMAT: [SpanKernel; 2] = [
+        SpanKernel::AttentionCoopMat64,
+        SpanKernel::AttentionCoopMat128,
+    ];
+
+    /// The cooperative-matrix attention kernel for heads of `head_dim`
+    /// values, if one is compiled for it.
+    pub(crate) fn coopmat_attention(head_dim: usize) -> Option<SpanKernel> {
+        match head_dim {
+            64 => Some(SpanKernel::AttentionCoopMat64),
+            128 => Some(SpanKernel::AttentionCoopMat128),
+            _ => None,
+        }
+    }
+
     fn module(self) -> &'static str {
         match self {
             SpanKernel::RmsNorm => "span_rmsnorm",
@@ -55,6 +81,8 @@ impl SpanKernel {
             SpanKernel::Attention => "span_attention",
             SpanKernel::AttentionRope => "span_attention_rope",
             SpanKernel::AttentionTiled => "span_attention_tiled",
+            SpanKernel::AttentionCoopMat64 => "span_attention_coopmat_d64",
+            SpanKernel::AttentionCoopMat128 => "span_attention_coopmat_d128",
         }
     }
 }
@@ -63,19 +91,29 @@ pub(crate) struct SpanPipelines {
     pub set_layout: vk::DescriptorSetLayout,
     pub layout: vk::PipelineLayout,
     modules: Vec<vk::ShaderModule>,
+    /// One per `SpanKernel::ALL`, then the cooperative-matrix kernels that
+    /// were built (`built`, in the same order).
     pipelines: Vec<vk::Pipeline>,
+    built: Vec<SpanKernel>,
 }
 
 impl SpanPipelines {
     /// With `stats` (FISH_VK_PIPELINE_STATS=1) each pipeline's statistics
-    /// are captured and printed with the matmul pipelines'.
-    pub fn new(device: &ash::Device, stats: Option<&PipelineStats>) -> Result<SpanPipelines> {
+    /// are captured and printed with the matmul pipelines'. With `coopmat`
+    /// the cooperative-matrix kernels are built too; one the driver rejects
+    /// is left out (`has` says so) and its chunks keep the plain kernel.
+    pub fn new(
+        device: &ash::Device,
+        stats: Option<&PipelineStats>,
+        coopmat: bool,
+    ) -> Result<SpanPipelines> {
         let set_layout = storage_set_layout(device, SPAN_BINDINGS)?;
         let mut out = SpanPipelines {
             set_layout,
             layout: vk::PipelineLayout::null(),
             modules: Vec::new(),
             pipelines: Vec::new(),
+            built: Vec::new(),
         };
         let ranges = [vk::PushConstantRange::default()
             .stage_flags(vk::ShaderStageFlags::COMPUTE)
@@ -99,6 +137,13 @@ impl SpanPipelines {
             if let Err(e) = out.build(device, k, stats) {
                 out.destroy(device);
                 return Err(e);
+            }
+        }
+        if coopmat {
+            for k in SpanKernel::COOPMAT {
+                if out.build(device, k, stats).is_ok() {
+                    out.built.push(k);
+                }
             }
         }
         Ok(out)
@@ -149,9 +194,15 @@ impl SpanPipelines {
     pub fn get(&self, kernel: SpanKernel) -> vk::Pipeline {
         let i = SpanKernel::ALL
             .iter()
+            .chain(&self.built)
             .position(|k| *k == kernel)
-            .expect("every kernel is in ALL");
+            .expect("only built kernels are recorded");
         self.pipelines[i]
+    }
+
+    /// Whether `kernel` was built (the optional cooperative-matrix ones).
+    pub fn has(&self, kernel: SpanKernel) -> bool {
+        SpanKernel::ALL.contains(&kernel) || self.built.contains(&kernel)
     }
 
     pub fn destroy(&self, device: &ash::Device) {

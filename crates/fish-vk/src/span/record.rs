@@ -6,7 +6,9 @@ use super::arena::norm_parts_offset;
 use super::bindings::{Bindings, MatmulSets};
 use super::desc::{LayerTensors, SpanActivation, SpanRope, SpanShape};
 use super::params::{LayerParams, Params};
-use super::pipelines::{SpanKernel, SpanPipelines, PUSH_WORDS, TILED_ATTENTION_QUERIES};
+use super::pipelines::{
+    SpanKernel, SpanPipelines, COOPMAT_ATTENTION_QUERIES, PUSH_WORDS, TILED_ATTENTION_QUERIES,
+};
 use super::prefetch::L2Prefetch;
 use super::profile::{Profiler, SpanStage};
 use crate::error::{Result, VkError};
@@ -726,6 +728,13 @@ pub(crate) fn max_timestamps(n_layers: usize, n_chunks: usize) -> u32 {
 }
 
 impl Recording<'_> {
+    /// The cooperative-matrix kernel for a tiled-attention chunk of `shape`,
+    /// where one was built for its heads (keys and values of the same width).
+    fn coopmat_attention(&self, shape: &SpanShape) -> Option<SpanKernel> {
+        SpanKernel::coopmat_attention(shape.head_dim)
+            .filter(|&k| shape.head_dim_v == shape.head_dim && self.pipelines.has(k))
+    }
+
     /// Records every layer of every chunk. Called inside the submission.
     pub unsafe fn record(&self, cmd: vk::CommandBuffer, profiler: Option<&mut Profiler>) {
         let d = &self.gpu.device;
@@ -890,16 +899,30 @@ impl Recording<'_> {
             r.dispatch(SpanKernel::Rope, sets.rope, &rope, (n as u32, 1));
             r.end(SpanStage::RopeKvStore);
             if chunk.tiled_attention {
-                let blocks = n.div_ceil(TILED_ATTENTION_QUERIES);
-                (SpanKernel::AttentionTiled, (s.n_head as u32, blocks as u32))
+                match self.coopmat_attention(self.shape) {
+                    Some(k) => {
+                        let blocks = n.div_ceil(COOPMAT_ATTENTION_QUERIES);
+                        (k, (s.n_head as u32, blocks as u32))
+                    }
+                    None => {
+                        let blocks = n.div_ceil(TILED_ATTENTION_QUERIES);
+                        (SpanKernel::AttentionTiled, (s.n_head as u32, blocks as u32))
+                    }
+                }
             } else {
                 (SpanKernel::Attention, (s.n_head as u32, n as u32))
             }
         };
         // The fused kernel's push constants continue after the attention's
-        // with RoPE's, the tiled kernel's with the chunk's tokens.
+        // with RoPE's, the query-blocked kernels' with the chunk's tokens.
         let wo_int8 = sets.wo_int8.as_ref().filter(|_| chunk.int8_in[il][0]);
-        let push = if attention_kernel == SpanKernel::AttentionTiled {
+        let blocked = matches!(
+            attention_kernel,
+            SpanKernel::AttentionTiled
+                | SpanKernel::AttentionCoopMat64
+                | SpanKernel::AttentionCoopMat128
+        );
+        let push = if blocked {
             [&attention[..], &[n as u32]].concat()
         } else {
             [
