@@ -7,22 +7,11 @@ mod common;
 
 use std::sync::Arc;
 
-use common::{model_path, optional_model};
+use common::{assert_memory_returned, float_backend as backend, model_path, optional_model};
 use fish_core::backend::ComputeBackend;
 use fish_core::model::layer_range::{embed_tokens, forward_layers, output_rows};
 use fish_core::model::{KvCache, Model, PlacementLimits};
 use fish_span::VulkanBackend;
-
-/// The device with float decode steps: these tests hold the span to the
-/// stage-1 and CPU reference within 1-2%, which int8 activations (the
-/// default where the device accelerates them) do not keep on their own
-/// (H200: 1.3% of max |x| over 5 layers, 2.8% of max |logit|);
-/// span_int8.rs checks the int8 steps with their own bound. Read when a
-/// device opens, so every test sets it first.
-fn backend() -> Option<Arc<VulkanBackend>> {
-    std::env::set_var("FISH_VK_INT8", "0");
-    common::backend()
-}
 
 /// "The capital of France is Paris. It" and a few more tokens.
 const TOKENS: [u32; 11] = [504, 3575, 282, 4649, 314, 7042, 30, 657, 314, 253, 1789];
@@ -267,15 +256,7 @@ fn span_end_and_unload_free_all_device_memory() {
     drop(model);
     assert_eq!(gpu.bytes_resident(), resident0);
     assert_eq!(gpu.gpu().allocation_count(), allocs0);
-    // The driver's budget also moves with its own allocations (pipelines,
-    // command pools: H200), so free memory only has to come back to within
-    // a small slack; on lavapipe it comes back exactly.
-    let slack = 64 << 20;
-    assert!(
-        gpu.memory_free() + slack >= free0,
-        "free memory {} after unload, {free0} before",
-        gpu.memory_free()
-    );
+    assert_memory_returned(&gpu, free0, "after span_end and unload");
     assert_eq!(gpu.gpu().validation_messages(), 0);
 }
 

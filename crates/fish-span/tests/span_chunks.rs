@@ -12,7 +12,7 @@
 
 mod common;
 
-use common::{backend, compare, default_model};
+use common::{compare, default_model, float_backend};
 use fish_core::model::{LogitsFor, Model, PlacementLimits};
 use fish_core::session::Session;
 use fish_core::tokenizer::{EncodeOptions, Tokenizer};
@@ -59,14 +59,10 @@ fn chunked_vs_stepped(model: &Model, prompt: &[u32]) -> Vec<Vec<f32>> {
 
 fn setup() -> Option<std::sync::Arc<fish_span::VulkanBackend>> {
     std::env::set_var("FISH_GPU_SPAN_CHUNK", "64");
-    // Float decode steps, so that chunked and stepped rows differ only by
-    // the chunking: where the device accelerates int8 products the stepped
-    // rows would run int8 matvecs against the chunks' f16 tiles, whose
-    // rounding noise alone exceeds the bound (H200: 134/140 argmax, 4.6%,
-    // either prefill attention kernel; float steps 140/140, 0.32%).
-    // span_int8.rs checks int8 steps against the CPU.
-    std::env::set_var("FISH_VK_INT8", "0");
-    backend()
+    // Float steps, so that chunked and stepped rows differ only by the
+    // chunking (H200 with int8 steps: 134/140 argmax, 4.6%, either prefill
+    // attention kernel; float steps 140/140, 0.32%).
+    float_backend()
 }
 
 fn prompt_of(model: &Model) -> Vec<u32> {

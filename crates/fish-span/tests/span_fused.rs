@@ -18,8 +18,8 @@ mod common;
 use std::sync::Arc;
 
 use common::{
-    backend, compare, default_model, greedy_after_prompt, middle_layer_stages, span_teacher_forced,
-    teacher_forced, PARIS,
+    compare, default_model, float_backend as backend, greedy_after_prompt, middle_layer_stages,
+    span_teacher_forced, teacher_forced, PARIS,
 };
 use fish_core::backend::SpanBackend;
 use fish_core::model::Model;

@@ -207,7 +207,8 @@ fn bench_matvec(c: &mut Criterion) {
     eprintln!("{}", gpu.describe());
     // What `Gpu::matmul` runs for one token: on devices with accelerated
     // int8 products the lone int8 matvec on host-quantised x for the
-    // quantised types (`Kernel::MatvecInt8Lone`), else the float kernel.
+    // quantised types (`Kernel::MatvecInt8Prequantised` on x the host
+    // quantises), else the float kernel.
     for (name, sync) in [
         ("matvec_auto", DispatchSync::None),
         ("matvec_auto_serial", DispatchSync::EveryDispatch),

@@ -36,7 +36,7 @@ pub enum Int8Policy {
     /// stage before it (on the H200 llama-8b decode +27%, llama-1b +5-16%:
     /// docs/BENCHMARKS.md); lone matvecs (`Kernel::Auto` up to
     /// MATVEC_MAX_TOKENS tokens) take x quantised by the host
-    /// (`Kernel::MatvecInt8Lone`).
+    /// (`Kernel::MatvecInt8Prequantised`).
     #[default]
     Accelerated,
     /// `FISH_VK_INT8=1`: every quantised type, whenever the device has the
@@ -111,7 +111,7 @@ pub(crate) fn int8_token_bytes(n: usize) -> usize {
 /// into the layout of shaders/int8_acts.glsl, which the span's stages write
 /// on the device: per token the quants (one signed byte per value), d =
 /// max|x| / 127 per 32 values, then d * (sum of quants) per 16 values, each
-/// part padded to 16 bytes. Lone matvecs (`Kernel::MatvecInt8Lone`) upload
+/// part padded to 16 bytes. Lone matvecs (`Kernel::MatvecInt8Prequantised`) upload
 /// it in place of x; the quants are those of `int8_activations`.
 pub(crate) fn quantise_activations(x: &[f32], n: usize) -> Vec<u8> {
     let token = int8_token_bytes(n);

@@ -59,24 +59,17 @@ pub enum Kernel {
     /// The matvec on int8-quantised activations (shaders/matvec_i8.comp)
     /// that quantises x in every workgroup: quantised weight types on
     /// devices with packed int8 dot products. Only when asked for by name
-    /// (tests, benches): `Auto` takes `MatvecInt8Lone`.
+    /// (tests, benches): `Auto` takes `MatvecInt8Prequantised`.
     MatvecInt8,
-    /// `MatvecInt8` on x already quantised (shaders/int8_acts.glsl), as the
-    /// span's norm writes it for the q/k/v and gate/up matvecs.
+    /// `MatvecInt8` on x already quantised (shaders/int8_acts.glsl): in
+    /// spans the stage before writes that copy (the norm for q/k/v and
+    /// gate/up, attention for wo, act*mul for down); lone matvecs (`Auto` at
+    /// up to MATVEC_MAX_TOKENS tokens where `Config::int8_matvec` gives every
+    /// tensor of the call int8 activations) upload x quantised by the host
+    /// (int8_dot::quantise_activations). One shape for every use
+    /// (`INT8X_THREADS`), so decode steps, verification rounds and batched
+    /// rows give each token the same bits.
     MatvecInt8Prequantised,
-    /// `MatvecInt8Prequantised` shaped for the rows of a batched forward
-    /// (`BATCH_ROWS_THREADS`, K-quant passes of 4 tokens): each row is its
-    /// own sequence and needs only the seeds' bound, not the bits of a
-    /// one-token call, so the workgroups can take the shape that streams
-    /// several tokens best.
-    MatvecInt8Rows,
-    /// `MatvecInt8Prequantised` for lone matvecs: `Auto` at up to
-    /// MATVEC_MAX_TOKENS tokens where `Config::int8_matvec` gives every
-    /// tensor of the call int8 activations. The host quantises x once
-    /// (int8_dot::quantise_activations) and uploads that copy. Nothing in
-    /// the submit waits on a lone matvec, so its workgroups take the shape
-    /// that streams fastest back to back (`LONE_THREADS`).
-    MatvecInt8Lone,
     /// The matvec with the RMS norm before it fused in (shaders/matvec.comp
     /// NORM): x is the raw residual stream, the norm weights are at
     /// binding 3 (`Params::norm_off`). Needs subgroup arithmetic.
@@ -146,15 +139,7 @@ impl GatedActivation {
 impl Kernel {
     /// The matvecs on int8 activations (shaders/matvec_i8.comp).
     fn is_int8(self) -> bool {
-        self == Kernel::MatvecInt8 || self.reads_int8_x()
-    }
-
-    /// The int8 matvecs that read x already quantised (shaders/int8_acts.glsl).
-    fn reads_int8_x(self) -> bool {
-        matches!(
-            self,
-            Kernel::MatvecInt8Prequantised | Kernel::MatvecInt8Rows | Kernel::MatvecInt8Lone
-        )
+        matches!(self, Kernel::MatvecInt8 | Kernel::MatvecInt8Prequantised)
     }
 
     fn resolve(self, n_tok: usize, prefill: Kernel) -> Kernel {
@@ -237,10 +222,11 @@ impl MatvecOverrides {
 /// Q4_K 4096 x 14336: 44.6 us per 4-token call, 107.4 us per 8-token call;
 /// docs/BENCHMARKS.md). Each token's sums run in the same order in any
 /// pass, so batched and verification forwards keep the bits of decode.
-/// The other types and the int8 kernels take up to MATVEC_MAX_TOKENS per
-/// pass, except the 32-thread int8 shapes (`Kernel::MatvecInt8Rows`,
-/// `Kernel::MatvecInt8Lone`), which also take 4 for those types: on the H200 its Q6_K 4096 x 14336
-/// call of 8 tokens took 55 us in passes of 4 against 68 in one pass
+/// The other types and the int8 kernel that quantises x itself take up to
+/// MATVEC_MAX_TOKENS per pass; the pre-quantised int8 kernel also takes 4
+/// for those types: on the H200 its Q6_K 4096 x 14336 call of 8 tokens took
+/// 55 us in passes of 4 against 68 in one pass, and llama-8b batched decode
+/// at B = 8 read 958 / 928 tok/s against 715 with one pass of 8
 /// (docs/BENCHMARKS.md). `FISH_VK_MATVEC_TOKENS=n` forces n everywhere
 /// (tuning).
 const K_CLASS_PASS_TOKENS: u32 = 4;
@@ -249,8 +235,7 @@ fn pass_tokens(ty: WeightFormat, kernel: Kernel, forced: Option<u32>) -> usize {
     use GgmlType::*;
     let float_kernel = !kernel.is_int8();
     let k_class = matches!(ty, WeightFormat::Ggml(Q5_0 | Q5_1 | Q4_K | Q5_K | Q6_K));
-    let two_passes = matches!(kernel, Kernel::MatvecInt8Rows | Kernel::MatvecInt8Lone);
-    let natural = if (float_kernel || two_passes) && k_class {
+    let natural = if (float_kernel || kernel == Kernel::MatvecInt8Prequantised) && k_class {
         K_CLASS_PASS_TOKENS
     } else {
         MATVEC_MAX_TOKENS as u32
@@ -258,26 +243,20 @@ fn pass_tokens(ty: WeightFormat, kernel: Kernel, forced: Option<u32>) -> usize {
     forced.unwrap_or(natural) as usize
 }
 
-/// Threads per workgroup of the batched rows' int8 shape
-/// (`Kernel::MatvecInt8Rows`) from BATCH_ROWS_MIN_TOKENS rows. On the H200,
-/// 4096 x 14336, us per call at 2 / 4 / 8 tokens against the one-token
-/// shape (docs/BENCHMARKS.md): Q4_K 10.9 / 17.6 / 34.8 vs 12.0 / 20.3 /
-/// 40.5, Q6_K 13.6 / 25.4 vs 17.9 / 32.5, Q4_0 9.8 / 20.8 / 39.4 vs 16.9 /
-/// 33.1 / 67.3. End to end (`fish-cli bench --batch B`, aggregate tok/s)
-/// llama-8b B = 8 went 729 -> 848-855 and B = 4 664-677 -> 677-701, but
-/// B = 2 on llama-1b lost 5-10% (its 8192-value down rows then have half
-/// the threads in flight), so batches of 2 and 3 rows (3 unmeasured) keep
-/// the one-token shape.
-const BATCH_ROWS_THREADS: u32 = 32;
-const BATCH_ROWS_MIN_TOKENS: usize = 4;
-
-/// Threads per workgroup of lone int8 matvecs (`Kernel::MatvecInt8Lone`):
-/// one subgroup. On the H200, back to back, one token (docs/BENCHMARKS.md):
-/// Q4_0 / Q5_0 / Q8_0 / Q4_K / Q6_K at 4096x4096, 4096x14336 and
-/// 14336x4096 all stream at 3.76-4.25 TB/s of weights with 32 threads,
-/// 3.14-4.29 with the span's one-token shapes (64 or 128 threads). Spans
-/// keep those: as dependent stages the 32-thread shape lost 1-4% end to end.
-const LONE_THREADS: u32 = 32;
+/// Threads per workgroup of the pre-quantised int8 matvec, in every use
+/// (decode steps, verification rounds, batched rows, lone matvecs): one
+/// subgroup. One shape means one order of sums per token, so a batched
+/// row or a verified draft gives the bits of its one-token step (batched
+/// greedy decoding equals single runs). On the H200 (docs/BENCHMARKS.md):
+/// back to back every quantised type streams at 3.76-4.25 TB/s of weights
+/// with it, 3.14-4.29 with 64/128 threads; 4096 x 14336 at 2 / 4 / 8
+/// tokens, us per call, Q4_K 10.9 / 17.6 / 34.8 against 12.0 / 20.3 / 40.5
+/// with 64 threads; end to end (`fish-cli bench`, forced with
+/// FISH_VK_MATVEC_THREADS=32) llama-8b tg128 306.8 / 300.0 against 305.4 /
+/// 306.3, B = 8 907 against 880, llama-1b tg128 812 / 809 against 843 /
+/// 807, B = 2 1209 against 1334 (its 8192-value down rows have half the
+/// threads in flight: the price of batch-invariant rows).
+const INT8X_THREADS: u32 = 32;
 
 impl MatvecShape {
     /// The shapes measured fastest on the H200 (docs/BENCHMARKS.md): for one
@@ -315,11 +294,8 @@ impl MatvecShape {
             WeightFormat::Ggml(Q5_0 | Q5_1 | Q4_K | Q5_K | Q6_K) => (4, 64),
             _ => (4, 128),
         };
-        // Batched rows need no one-token bits: from BATCH_ROWS_MIN_TOKENS
-        // one subgroup per workgroup streams them faster (BATCH_ROWS_THREADS).
         let threads = match kernel {
-            Kernel::MatvecInt8Rows if n_tok >= BATCH_ROWS_MIN_TOKENS => BATCH_ROWS_THREADS,
-            Kernel::MatvecInt8Lone => LONE_THREADS,
+            Kernel::MatvecInt8Prequantised => INT8X_THREADS,
             _ => threads,
         };
         let o = MatvecOverrides::get();
@@ -394,9 +370,7 @@ impl Gpu {
             Kernel::Matvec if self.info.subgroup_arithmetic => format!("matvec_subgroup_{suffix}"),
             Kernel::Matvec | Kernel::MatvecSharedReduce => format!("matvec_{suffix}"),
             Kernel::MatvecInt8 => format!("matvec_i8_{suffix}"),
-            Kernel::MatvecInt8Prequantised | Kernel::MatvecInt8Rows | Kernel::MatvecInt8Lone => {
-                format!("matvec_i8x_{suffix}")
-            }
+            Kernel::MatvecInt8Prequantised => format!("matvec_i8x_{suffix}"),
             Kernel::MatvecNorm => format!("matvec_norm_{suffix}"),
             Kernel::MatvecResNorm => format!("matvec_resnorm_{suffix}"),
             Kernel::MatvecPrenormed => format!("matvec_prenormed_{suffix}"),
@@ -463,8 +437,7 @@ impl Gpu {
             .collect::<Result<_>>()?;
         let y_len: usize = handles.iter().map(|h| h.n_out() * n_tok).sum();
         // The pre-quantised int8 matvecs read x in the int8 layout.
-        let x_int8 = kernel
-            .reads_int8_x()
+        let x_int8 = (kernel == Kernel::MatvecInt8Prequantised)
             .then(|| crate::int8_dot::quantise_activations(x, n_in));
         let x_bytes = x_int8.as_ref().map_or(x.len() * 4, Vec::len) as u64;
         let y_bytes = (y_len * 4) as u64;
@@ -910,12 +883,13 @@ impl Gpu {
     }
 
     /// The kernel of a lone call on `handles`: `Auto` at up to
-    /// MATVEC_MAX_TOKENS tokens becomes `MatvecInt8Lone` when every tensor
+    /// MATVEC_MAX_TOKENS tokens becomes `MatvecInt8Prequantised` (on x the
+    /// host quantises) when every tensor
     /// takes int8 activations (one quantised x serves them all), any other
     /// request stays.
     fn lone_kernel(&self, handles: &[TensorHandle], n_tok: usize, kernel: Kernel) -> Kernel {
         if kernel == Kernel::Auto && n_tok <= MATVEC_MAX_TOKENS && self.int8_group(handles) {
-            Kernel::MatvecInt8Lone
+            Kernel::MatvecInt8Prequantised
         } else {
             kernel
         }
@@ -1099,8 +1073,9 @@ mod tests {
         let q4k = WeightFormat::Ggml(GgmlType::Q4_K);
         let q4_0 = WeightFormat::Ggml(GgmlType::Q4_0);
         assert_eq!(pass_tokens(q4k, Kernel::Matvec, None), 4);
+        assert_eq!(pass_tokens(q4k, Kernel::MatvecInt8Prequantised, None), 4);
         assert_eq!(
-            pass_tokens(q4k, Kernel::MatvecInt8Prequantised, None),
+            pass_tokens(q4k, Kernel::MatvecInt8, None),
             MATVEC_MAX_TOKENS
         );
         assert_eq!(pass_tokens(q4_0, Kernel::Matvec, None), MATVEC_MAX_TOKENS);
@@ -1115,15 +1090,12 @@ mod tests {
     fn only_the_self_quantising_int8_matvec_keeps_activations_in_shared_memory() {
         let q4k = WeightFormat::Ggml(GgmlType::Q4_K);
         let (n_in, subgroup, max_shared) = (14336, 32, 48 * 1024);
-        let rows = MatvecShape::new(q4k, Kernel::MatvecInt8Rows, 8, n_in);
-        assert_eq!(rows.tokens, 4);
+        let pre = MatvecShape::new(q4k, Kernel::MatvecInt8Prequantised, 8, n_in);
+        assert_eq!((pre.threads, pre.tokens), (INT8X_THREADS, 4));
         // 4 tokens of 14336 int8 activations (~79 KB) would not fit, but the
-        // pre-quantised kernels read them from memory: the pass keeps 4.
-        let fitted = rows.for_int8(Kernel::MatvecInt8Rows, n_in, subgroup, max_shared);
+        // pre-quantised kernel reads them from memory: the pass keeps 4.
+        let fitted = pre.for_int8(Kernel::MatvecInt8Prequantised, n_in, subgroup, max_shared);
         assert_eq!(fitted.map(|s| s.tokens), Some(4));
-        let one = MatvecShape::new(q4k, Kernel::MatvecInt8Prequantised, 8, n_in);
-        let fitted = one.for_int8(Kernel::MatvecInt8Prequantised, n_in, subgroup, max_shared);
-        assert_eq!(fitted.map(|s| s.tokens), Some(8));
         // The kernel that quantises x itself stages it: 2 tokens fit in 48 KiB.
         let own = MatvecShape::new(q4k, Kernel::MatvecInt8, 8, n_in);
         let fitted = own.for_int8(Kernel::MatvecInt8, n_in, subgroup, max_shared);
@@ -1132,5 +1104,29 @@ mod tests {
             own.for_int8(Kernel::MatvecInt8, 1 << 20, subgroup, max_shared),
             None
         );
+    }
+
+    #[test]
+    fn the_pre_quantised_shape_is_the_same_for_every_batch() {
+        // One order of sums per token: batched rows and verified drafts
+        // give the bits of one-token steps.
+        for ty in [
+            GgmlType::Q4_0,
+            GgmlType::Q4_K,
+            GgmlType::Q6_K,
+            GgmlType::Q8_0,
+        ] {
+            for n_in in [576, 4096, 14336] {
+                let one = MatvecShape::new(ty.into(), Kernel::MatvecInt8Prequantised, 1, n_in);
+                for n_tok in 2..=MATVEC_MAX_TOKENS {
+                    let many =
+                        MatvecShape::new(ty.into(), Kernel::MatvecInt8Prequantised, n_tok, n_in);
+                    assert_eq!(
+                        (many.threads, many.rows, many.unroll),
+                        (one.threads, one.rows, one.unroll)
+                    );
+                }
+            }
+        }
     }
 }

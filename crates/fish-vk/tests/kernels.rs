@@ -55,13 +55,14 @@ fn batched_matvec_gives_each_token_the_bits_of_a_single_token_call() {
     // tokens per pass (one pass of 8, two of 4, ...), each token's sums run
     // in the order of a one-token call.
     let Some(gpu) = gpu_or_skip() else { return };
-    // The lone int8 matvec (host-quantised x) too, where the device has it.
+    // The pre-quantised int8 matvec (x quantised by the host) too, where
+    // the device has it: one shape for every batch.
     let int8 = gpu.info().int8_dot != fish_vk::Int8Dot::Absent;
     for_each_kernel_type(gpu, N_IN, N_OUT, 300, |w, h| {
         let quantised = !matches!(w.ty, GgmlType::F32 | GgmlType::F16);
         let mut kernels = vec![Kernel::Matvec];
         if int8 && quantised {
-            kernels.push(Kernel::MatvecInt8Lone);
+            kernels.push(Kernel::MatvecInt8Prequantised);
         }
         for kernel in kernels {
             for n_tok in [5usize, 8] {
@@ -232,17 +233,12 @@ fn bad_inputs_are_errors_not_panics() {
 
 /// The int8-activation matvecs of every quantised type, at one token, a
 /// batch and more tokens than one pass holds; rows of 512 and of 14336
-/// values (a down projection: the largest shared-memory need). The kernels
-/// on pre-quantised x get it quantised by the host (as `Auto` does for lone
-/// matvecs): each shape against the same reference.
+/// values (a down projection: the largest shared-memory need). The kernel
+/// on pre-quantised x gets it quantised by the host, as `Auto` does for
+/// lone matvecs.
 #[test]
 fn int8_matvec_matches_the_product_with_int8_activations() {
-    const INT8_KERNELS: [Kernel; 4] = [
-        Kernel::MatvecInt8,
-        Kernel::MatvecInt8Prequantised,
-        Kernel::MatvecInt8Rows,
-        Kernel::MatvecInt8Lone,
-    ];
+    const INT8_KERNELS: [Kernel; 2] = [Kernel::MatvecInt8, Kernel::MatvecInt8Prequantised];
     let Some(gpu) = gpu_or_skip() else { return };
     if gpu.info().int8_dot == fish_vk::Int8Dot::Absent {
         assert!(

@@ -30,6 +30,38 @@ pub fn default_model() -> PathBuf {
     p
 }
 
+/// `backend()` with float decode steps (FISH_VK_INT8=0, read when a device
+/// opens), for the tests that hold the span to a float reference (stage-1
+/// matmuls, one-token runs, the CPU reference rows) within the seeds' 1-2%.
+/// Where the device accelerates int8 products (the H200) int8 steps are
+/// the default, and their rounding alone exceeds those bounds against any
+/// other path (SmolLM2 on the H200: span vs per-matmul 3.4% of max |logit|,
+/// chunked vs stepped prefill rows 4.6%, the hidden state over 5 layers
+/// 1.3% of max |x|); span_int8.rs holds int8 steps to the CPU with a bound
+/// of their own. On lavapipe float is the default anyway.
+pub fn float_backend() -> Option<Arc<VulkanBackend>> {
+    std::env::set_var("FISH_VK_INT8", "0");
+    backend()
+}
+
+/// Free device memory at least `before` less the memory a driver and the
+/// allocator may keep for themselves after everything of ours is freed:
+/// vk-mem keeps one empty block per memory type for reuse (256 MiB blocks
+/// on large heaps) and a real driver's budget moves with its own
+/// allocations (on the H200 free memory after an unload stayed more than
+/// 64 MiB below its value before, with every allocation of ours freed).
+/// Leaks of ours show in `allocation_count` and `bytes_resident`, which the
+/// tests compare exactly; on lavapipe free memory comes back exactly.
+pub fn assert_memory_returned(gpu: &VulkanBackend, before: u64, what: &str) {
+    use fish_core::backend::ComputeBackend;
+    const ALLOCATOR_SLACK: u64 = 320 << 20;
+    let now = gpu.memory_free();
+    assert!(
+        now + ALLOCATOR_SLACK >= before,
+        "{what}: {now} bytes free, {before} before"
+    );
+}
+
 /// A device, or None (skip) — but a failure when FISH_REQUIRE_GPU=1 (CI).
 pub fn backend() -> Option<Arc<VulkanBackend>> {
     match VulkanBackend::open_owned() {

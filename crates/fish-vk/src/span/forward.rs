@@ -5,8 +5,8 @@ use super::bindings::{Bindings, SpanBuffers};
 use super::output::SpanOutput;
 use super::profile::Profiler;
 use super::record::{
-    int8_kernel, max_timestamps, output_kernel, output_takes_int8, plan_chunks, OutputInput,
-    OutputRecording, Recording, TokenLayout,
+    max_timestamps, output_kernel, output_takes_int8, plan_chunks, OutputInput, OutputRecording,
+    Recording, TokenLayout,
 };
 use super::step::{Placement, SlotRun, SpanRow, STEP_BYTES};
 use super::{span_chunk_tokens, Span};
@@ -309,7 +309,7 @@ fn output_recording<'a>(
         ),
         (None, Some(q)) => (
             &q.sets,
-            gpu.plan_handles(&[o.weight], rows, int8_kernel(layout))?,
+            gpu.plan_handles(&[o.weight], rows, Kernel::MatvecInt8Prequantised)?,
             OutputInput::Int8,
         ),
         (None, None) => (
@@ -418,6 +418,7 @@ fn token_layout(placement: &Placement<'_>, runs: &[SlotRun]) -> TokenLayout {
     match placement {
         Placement::Consecutive { .. } => TokenLayout::Consecutive,
         Placement::Rows(rows) if runs.len() == rows.len() => TokenLayout::PerSlot,
+        Placement::Rows(_) if runs.len() == 1 => TokenLayout::OneSlot,
         Placement::Rows(_) => TokenLayout::PerRow,
     }
 }
@@ -440,6 +441,12 @@ mod tests {
         let prompt = [row(1, 0), row(1, 1)];
         assert_eq!(
             token_layout(&Placement::Rows(&prompt), &[run(1, 0, 2)]),
+            TokenLayout::OneSlot
+        );
+        // Two prompts' rows: slots shared by rows, more than one run.
+        let two = [row(1, 0), row(1, 1), row(2, 0)];
+        assert_eq!(
+            token_layout(&Placement::Rows(&two), &[run(1, 0, 2), run(2, 0, 1)]),
             TokenLayout::PerRow
         );
         assert_eq!(

@@ -61,18 +61,32 @@ pub(crate) enum TokenLayout {
     /// A plain forward: consecutive positions of sequence slot 0.
     Consecutive,
     /// A batched forward: every row has its own slot and position (rows of
-    /// one slot at consecutive positions, as a batch's prompt).
+    /// one slot at consecutive positions among others').
     PerRow,
     /// A batched forward whose rows are each in a slot of their own (a
     /// batched decode step): no row reads a KV row another row writes, so
     /// every row may do its RoPE and KV store inside the attention kernel.
     PerSlot,
+    /// A batched forward whose rows are one slot's consecutive positions (a
+    /// batched session's prompt): it takes a plain forward's plans and
+    /// attention, so that the prompt's KV and logits are those of a single
+    /// session's (on the H200 the batch tile's f16 products for prompts of
+    /// 9+ tokens made batched greedy decoding drift from single runs); its
+    /// step words stay per row (the slot need not be 0).
+    OneSlot,
 }
 
 impl TokenLayout {
-    /// A batched forward's layout (rows in slots of their own or not).
+    /// Whether the forward's matmuls take the batched rules (`batch_kernel`,
+    /// `output_kernel`): rows of several slots.
     pub(crate) fn batched(self) -> bool {
-        self != TokenLayout::Consecutive
+        matches!(self, TokenLayout::PerRow | TokenLayout::PerSlot)
+    }
+
+    /// Whether the forward is one sequence's consecutive tokens (slot 0 or
+    /// another), planned as a plain forward.
+    fn one_sequence(self) -> bool {
+        matches!(self, TokenLayout::Consecutive | TokenLayout::OneSlot)
     }
 }
 
@@ -97,17 +111,6 @@ pub(crate) const INT8_CHUNK_MAX_TOKENS: usize = TILED_ATTENTION_MIN_TOKENS - 1;
 /// verification round to give decode's logits.
 fn int8_rows(n: usize, batch_kernel: Option<Kernel>) -> bool {
     n <= INT8_CHUNK_MAX_TOKENS && batch_kernel.is_none()
-}
-
-/// The int8 matvec of a forward laid out as `layout`: plain forwards keep
-/// the one-token shape, whose bits verification rounds share; a batched
-/// forward's rows, each its own sequence, take the shape that streams
-/// several tokens best (`Kernel::MatvecInt8Rows`).
-pub(crate) fn int8_kernel(layout: TokenLayout) -> Kernel {
-    match layout {
-        TokenLayout::Consecutive => Kernel::MatvecInt8Prequantised,
-        TokenLayout::PerRow | TokenLayout::PerSlot => Kernel::MatvecInt8Rows,
-    }
 }
 
 /// The input of a matmul group that follows a layer norm.
@@ -201,7 +204,6 @@ pub(crate) fn plan_chunks(
             let mode = PlanMode {
                 decode,
                 int8,
-                int8_kernel: int8_kernel(layout),
                 first: tok0 == 0,
                 kernel: matmul_kernel,
             };
@@ -213,7 +215,7 @@ pub(crate) fn plan_chunks(
                 .as_ref()
                 .filter(|_| int8 && shape.head_dim_v.is_multiple_of(32));
             let wo = match wo_int8 {
-                Some(sets) => int8_residual_plan(gpu, sets, n, mode.int8_kernel)?,
+                Some(sets) => int8_residual_plan(gpu, sets, n)?,
                 None => residual_plan(
                     gpu,
                     &ls.wo,
@@ -244,9 +246,7 @@ pub(crate) fn plan_chunks(
             // quantised (int8 chunks, where the policy gave down int8 sets).
             let act_dispatched = !matches!(down_kernel, Kernel::MatvecGated(_)) && !act_fused;
             let down = match &ls.down_int8 {
-                Some(sets) if int8 && act_dispatched => {
-                    int8_residual_plan(gpu, sets, n, mode.int8_kernel)?
-                }
+                Some(sets) if int8 && act_dispatched => int8_residual_plan(gpu, sets, n)?,
                 _ => residual_plan(
                     gpu,
                     &ls.down,
@@ -286,12 +286,13 @@ pub(crate) fn plan_chunks(
 /// into the residual matvecs (`Kernel::MatvecResNorm` / `MatvecPrenormed`):
 /// only a decode-sized chunk that is the whole forward, as layers are
 /// recorded outermost and a later chunk would overwrite xn between a down
-/// projection and the next layer's q/k/v; and only in plain forwards
-/// (decode steps and speculative verification, which must give the same
-/// bits as each other): batched forwards lost ~10% with it on the H200
+/// projection and the next layer's q/k/v; and only in forwards of one
+/// sequence (decode steps and speculative verification, which must give
+/// the same bits as each other, and one-slot prompts, which must give a
+/// single session's): batched forwards lost ~10% with it on the H200
 /// (each pass of tokens re-reads the sums of squares).
 fn defers_norms(decode: bool, n: usize, n_tok: usize, layout: TokenLayout) -> bool {
-    decode && n == n_tok && layout == TokenLayout::Consecutive
+    decode && n == n_tok && layout.one_sequence()
 }
 
 /// The plan of a residual projection (wo, down) and, when it prepares the
@@ -333,9 +334,11 @@ fn int8_residual_plan(
     gpu: &Gpu,
     sets: &MatmulSets,
     n: usize,
-    kernel: Kernel,
 ) -> Result<(Vec<Dispatch>, Option<DeferredNorm>)> {
-    Ok((plan_group(gpu, sets, n, kernel)?, None))
+    Ok((
+        plan_group(gpu, sets, n, Kernel::MatvecInt8Prequantised)?,
+        None,
+    ))
 }
 
 /// Whether a chunk of `n` tokens laid out as `layout` runs RoPE and the KV
@@ -384,11 +387,13 @@ fn tiled_attention_enabled() -> bool {
     })
 }
 
-/// Chunks of at least TILED_ATTENTION_MIN_TOKENS tokens of plain forwards:
-/// batched forwards give every row its own slot, and verification (<= 17
-/// tokens) and decode must keep the per-token kernel, whose bits they share.
+/// Chunks of at least TILED_ATTENTION_MIN_TOKENS tokens of one sequence
+/// (plain forwards and one-slot prompts: the kernels stage a block's keys
+/// from its first token's slot): batched forwards give rows slots of their
+/// own, and verification (<= 17 tokens) and decode must keep the per-token
+/// kernel, whose bits they share.
 fn chunk_takes_tiled_attention(layout: TokenLayout, n: usize) -> bool {
-    layout == TokenLayout::Consecutive && n >= TILED_ATTENTION_MIN_TOKENS
+    layout.one_sequence() && n >= TILED_ATTENTION_MIN_TOKENS
 }
 
 /// The kernel's 16-byte loads need heads and k/v rows of whole 8-value
@@ -430,8 +435,6 @@ struct PlanMode {
     decode: bool,
     /// The chunk may read int8 copies (INT8_CHUNK_MAX_TOKENS).
     int8: bool,
-    /// The int8 matvec of the forward's layout (`int8_kernel`).
-    int8_kernel: Kernel,
     first: bool,
     kernel: Kernel,
 }
@@ -471,8 +474,8 @@ pub(crate) fn output_takes_int8(gpu: &Gpu, rows: usize, layout: TokenLayout) -> 
 }
 
 /// Fewest rows of a batched forward that take the cooperative batch tile:
-/// up to 8 rows (MATVEC_MAX_TOKENS) the decode plan's int8 matvecs, shaped
-/// for batched rows (`int8_kernel`), are faster. On the H200 (`fish-cli
+/// up to 8 rows (MATVEC_MAX_TOKENS) the decode plan's int8 matvecs are
+/// faster (and give each row the bits of a single run). On the H200 (`fish-cli
 /// bench MODEL -p 0 -n 32 -r 2 --batch 8`, aggregate tok/s): llama-8b
 /// 848 / 855 against the tile's 661 / 668, llama-1b 2173 / 2274 against
 /// 2055 / 2092. (With float matvecs the tile had won from 6 rows.)
@@ -529,13 +532,13 @@ impl NormedGroup<'_> {
         let PlanMode {
             decode,
             int8,
-            int8_kernel,
             first,
             kernel,
         } = mode;
         match (self.int8, deferred, self.fused) {
             (Some(q), _, _) if int8 => {
-                Ok((plan_group(gpu, q, n_tok, int8_kernel)?, NormedInput::Int8))
+                let plan = plan_group(gpu, q, n_tok, Kernel::MatvecInt8Prequantised)?;
+                Ok((plan, NormedInput::Int8))
             }
             (_, Some(norm), _) => {
                 let plan = plan_group(gpu, self.float, n_tok, Kernel::MatvecPrenormed)?;
@@ -1165,6 +1168,7 @@ mod tests {
         // Plain forwards never take a batch rule.
         for n in [1, 6, 9, 16, 32, 63] {
             assert_eq!(batch_kernel(TokenLayout::Consecutive, n, TILE), None, "{n}");
+            assert_eq!(batch_kernel(TokenLayout::OneSlot, n, TILE), None, "{n}");
         }
         // With the batch tile: decode below BATCH_TILE_MIN_ROWS rows (every
         // decode-sized batch), then the tile (batched forwards hold at most
@@ -1191,6 +1195,7 @@ mod tests {
         // Batched forwards keep the norm dispatch, as do prefill chunks and
         // a decode-sized last chunk of a longer forward.
         assert!(!defers_norms(true, 4, 4, TokenLayout::PerRow));
+        assert!(defers_norms(true, 4, 4, TokenLayout::OneSlot));
         assert!(!defers_norms(false, 64, 64, TokenLayout::Consecutive));
         assert!(!defers_norms(true, 6, 70, TokenLayout::Consecutive));
     }
@@ -1202,9 +1207,11 @@ mod tests {
             TokenLayout::Consecutive,
             TokenLayout::PerRow,
             TokenLayout::PerSlot,
+            TokenLayout::OneSlot,
         ] {
             assert!(rope_in_attention(layout, 1, &shape), "{layout:?}");
         }
+        assert!(!rope_in_attention(TokenLayout::OneSlot, 8, &shape));
         assert!(rope_in_attention(TokenLayout::PerSlot, 8, &shape));
         // Rows of one slot read KV rows other rows of the chunk write.
         assert!(!rope_in_attention(TokenLayout::PerRow, 8, &shape));
@@ -1227,6 +1234,8 @@ mod tests {
                 chunk_takes_tiled_attention(TokenLayout::Consecutive, n),
                 "{n}"
             );
+            // A batched session's prompt attends as a single session's.
+            assert!(chunk_takes_tiled_attention(TokenLayout::OneSlot, n), "{n}");
         }
         assert!(shape_takes_tiled_attention(&llama_8b(128)));
         assert!(!shape_takes_tiled_attention(&llama_8b(100)));

@@ -204,10 +204,7 @@ pub fn runs_int8(
 ) -> bool {
     matches!(
         kernel,
-        fish_vk::Kernel::MatvecInt8
-            | fish_vk::Kernel::MatvecInt8Prequantised
-            | fish_vk::Kernel::MatvecInt8Rows
-            | fish_vk::Kernel::MatvecInt8Lone
+        fish_vk::Kernel::MatvecInt8 | fish_vk::Kernel::MatvecInt8Prequantised
     ) || (kernel == fish_vk::Kernel::Auto
         && n_tok <= fish_vk::MATVEC_MAX_TOKENS
         && gpu.int8_matvec(ty))
