@@ -23,6 +23,9 @@ pub struct DeviceInfo {
     pub subgroup_size: u32,
     /// Subgroup arithmetic in compute shaders (reductions use it).
     pub subgroup_arithmetic: bool,
+    /// Subgroup shuffles in compute shaders (the cooperative-matrix
+    /// attention pairs invocations with them).
+    pub subgroup_shuffle: bool,
     pub max_allocation: u64,
     pub max_storage_range: u64,
     pub max_workgroups_x: u32,
@@ -178,6 +181,12 @@ fn describe_physical(
         && subgroup
             .supported_operations
             .contains(vk::SubgroupFeatureFlags::BASIC | vk::SubgroupFeatureFlags::ARITHMETIC);
+    let subgroup_shuffle = subgroup
+        .supported_stages
+        .contains(vk::ShaderStageFlags::COMPUTE)
+        && subgroup
+            .supported_operations
+            .contains(vk::SubgroupFeatureFlags::BASIC | vk::SubgroupFeatureFlags::SHUFFLE);
     // SAFETY: `physical` comes from `instance`.
     let int8_dot = unsafe { int8_dot::probe(instance, physical, &exts) };
     // SAFETY: `physical` comes from `instance`.
@@ -199,6 +208,7 @@ fn describe_physical(
         queue_is_universal: family.queue_flags.contains(vk::QueueFlags::GRAPHICS),
         subgroup_size: subgroup.subgroup_size,
         subgroup_arithmetic,
+        subgroup_shuffle,
         max_allocation: maint3.max_memory_allocation_size,
         max_storage_range: u64::from(props.limits.max_storage_buffer_range),
         max_workgroups_x: props.limits.max_compute_work_group_count[0],

@@ -189,14 +189,15 @@ impl Span {
 impl Gpu {
     /// Whether the device can run the cooperative-matrix prefill attention
     /// (shaders/span_attention_coopmat.comp): 16x16x16 f16 fragments with
-    /// f32 accumulators (those of the prefill tile) and 32-invocation
-    /// subgroups; `FISH_GPU_ATTN_COOPMAT=0` turns it off.
+    /// f32 accumulators (those of the prefill tile), 32-invocation subgroups
+    /// with shuffles; `FISH_GPU_ATTN_COOPMAT=0` turns it off.
     fn coopmat_attention_possible(&self) -> bool {
         let off = matches!(
             std::env::var("FISH_GPU_ATTN_COOPMAT").as_deref(),
             Ok("0" | "off" | "false" | "no")
         );
         !off && self.info.subgroup_size == 32
+            && self.info.subgroup_shuffle
             && self
                 .info
                 .cooperative_matrix
