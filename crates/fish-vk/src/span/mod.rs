@@ -187,32 +187,47 @@ impl Span {
 }
 
 impl Gpu {
-    /// Whether the device can run the cooperative-matrix prefill attention
-    /// (shaders/span_attention_coopmat.comp): 16x16x16 f16 fragments with
-    /// f32 accumulators (those of the prefill tile), 32-invocation subgroups
-    /// with shuffles; `FISH_GPU_ATTN_COOPMAT=0` turns it off.
-    fn coopmat_attention_possible(&self) -> bool {
+    /// Why the device cannot run the cooperative-matrix prefill attention
+    /// (shaders/span_attention_coopmat.comp), or None where it can: it needs
+    /// 16x16x16 f16 fragments with f32 accumulators (those of the prefill
+    /// tile) and 32-invocation subgroups with shuffles;
+    /// `FISH_GPU_ATTN_COOPMAT=0` turns it off.
+    fn coopmat_attention_unavailable(&self) -> Option<&'static str> {
         let off = matches!(
             std::env::var("FISH_GPU_ATTN_COOPMAT").as_deref(),
             Ok("0" | "off" | "false" | "no")
         );
-        !off && self.info.subgroup_size == 32
-            && self.info.subgroup_shuffle
-            && self
-                .info
-                .cooperative_matrix
-                .is_some_and(|t| (t.tm, t.tn, t.tk) == (16, 16, 16))
+        let fragments = self
+            .info
+            .cooperative_matrix
+            .is_some_and(|t| (t.tm, t.tn, t.tk) == (16, 16, 16));
+        if off {
+            Some("FISH_GPU_ATTN_COOPMAT=0")
+        } else if !fragments {
+            Some("no 16x16x16 f16 cooperative-matrix fragments")
+        } else if self.info.subgroup_size != 32 || !self.info.subgroup_shuffle {
+            Some("needs 32-invocation subgroups with shuffles")
+        } else {
+            None
+        }
     }
 
     /// Uploads the span's parameters and allocates its arena and an initial
     /// KV; with `profile`, every forward records per-stage timestamps.
     pub fn span_create(&self, desc: &SpanDesc<'_>, profile: bool) -> Result<Span> {
         let layers = desc.validate()?;
+        let unavailable = self.coopmat_attention_unavailable();
         let pipelines = SpanPipelines::new(
             &self.device,
             self.pipelines.stats.as_ref(),
-            self.coopmat_attention_possible(),
+            unavailable.is_none(),
         )?;
+        if self.config.verbose {
+            eprintln!(
+                "fish-vk: prefill attention: {}",
+                pipelines.attention_choice(unavailable)
+            );
+        }
         let (params, arena, kv) = match self.span_memory(desc, &layers) {
             Ok(parts) => parts,
             Err(e) => {

@@ -200,6 +200,27 @@ impl SpanPipelines {
         self.pipelines[i]
     }
 
+    /// The prefill attention these pipelines give chunks of 32+ tokens, for
+    /// FISH_GPU_VERBOSE=1 (`unavailable`: why the cooperative-matrix kernels
+    /// were not asked for).
+    pub fn attention_choice(&self, unavailable: Option<&str>) -> String {
+        if !super::record::tiled_attention_enabled() {
+            return "one workgroup per head and token (FISH_GPU_ATTN_TILED=0)".to_string();
+        }
+        let built: Vec<&str> = self.built.iter().map(|k| k.module()).collect();
+        match unavailable {
+            Some(why) => format!("query-blocked f32 tiles (cooperative matrices: {why})"),
+            None if built.is_empty() => {
+                "query-blocked f32 tiles (the driver rejected the cooperative-matrix kernels)"
+                    .to_string()
+            }
+            None => format!(
+                "cooperative matrices for heads of 64 / 128 values ({}), query-blocked f32 tiles otherwise",
+                built.join(", ")
+            ),
+        }
+    }
+
     /// Whether `kernel` was built (the optional cooperative-matrix ones).
     pub fn has(&self, kernel: SpanKernel) -> bool {
         SpanKernel::ALL.contains(&kernel) || self.built.contains(&kernel)

@@ -377,7 +377,7 @@ fn attends_tiled(shape: &SpanShape, layout: TokenLayout, n: usize) -> bool {
 /// block of 16 tokens. Measured on the H200 (`fish-cli bench -p 512 -n 0`):
 /// pp512 1910 -> 1970 tok/s on the llama-8b shape, 11569 -> 12267 on
 /// llama-1b; perplexity equal to the plain kernel's within 0.003%.
-fn tiled_attention_enabled() -> bool {
+pub(crate) fn tiled_attention_enabled() -> bool {
     static ENABLED: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     *ENABLED.get_or_init(|| {
         !matches!(
