@@ -175,18 +175,17 @@ fn describe_physical(
     let exts = unsafe { instance.enumerate_device_extension_properties(physical) }
         .call("vkEnumerateDeviceExtensionProperties")?;
     let memory_budget_ext = has_extension(&exts, ext::memory_budget::NAME);
-    let subgroup_arithmetic = subgroup
-        .supported_stages
-        .contains(vk::ShaderStageFlags::COMPUTE)
-        && subgroup
-            .supported_operations
-            .contains(vk::SubgroupFeatureFlags::BASIC | vk::SubgroupFeatureFlags::ARITHMETIC);
-    let subgroup_shuffle = subgroup
-        .supported_stages
-        .contains(vk::ShaderStageFlags::COMPUTE)
-        && subgroup
-            .supported_operations
-            .contains(vk::SubgroupFeatureFlags::BASIC | vk::SubgroupFeatureFlags::SHUFFLE);
+    // Whether compute shaders have the basic subgroup operations and `ops`.
+    let compute_subgroup_ops = |ops: vk::SubgroupFeatureFlags| {
+        subgroup
+            .supported_stages
+            .contains(vk::ShaderStageFlags::COMPUTE)
+            && subgroup
+                .supported_operations
+                .contains(vk::SubgroupFeatureFlags::BASIC | ops)
+    };
+    let subgroup_arithmetic = compute_subgroup_ops(vk::SubgroupFeatureFlags::ARITHMETIC);
+    let subgroup_shuffle = compute_subgroup_ops(vk::SubgroupFeatureFlags::SHUFFLE);
     // SAFETY: `physical` comes from `instance`.
     let int8_dot = unsafe { int8_dot::probe(instance, physical, &exts) };
     // SAFETY: `physical` comes from `instance`.
