@@ -54,6 +54,15 @@ fn env_flag(name: &str) -> bool {
     env(name).is_some_and(|v| v != "0")
 }
 
+/// Whether the switch `name` is set to turn something off (0, off, false
+/// or no), the form of every FISH_* on-by-default switch.
+pub(crate) fn env_switched_off(name: &str) -> bool {
+    matches!(
+        std::env::var(name).as_deref(),
+        Ok("0" | "off" | "false" | "no")
+    )
+}
+
 fn env_u64(name: &str) -> Option<u64> {
     env(name).and_then(|v| v.trim().parse().ok())
 }

@@ -568,10 +568,7 @@ fn env_rule() -> PaddingRule {
 }
 
 fn env_disabled() -> bool {
-    matches!(
-        std::env::var("FISH_VK_COOPMAT").as_deref(),
-        Ok("0" | "off" | "false" | "no")
-    )
+    crate::config::env_switched_off("FISH_VK_COOPMAT")
 }
 
 /// The cooperative-matrix tile for this device, or why there is none.

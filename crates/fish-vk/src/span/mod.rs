@@ -193,10 +193,7 @@ impl Gpu {
     /// tile) and 32-invocation subgroups with shuffles;
     /// `FISH_GPU_ATTN_COOPMAT=0` turns it off.
     fn coopmat_attention_unavailable(&self) -> Option<&'static str> {
-        let off = matches!(
-            std::env::var("FISH_GPU_ATTN_COOPMAT").as_deref(),
-            Ok("0" | "off" | "false" | "no")
-        );
+        let off = crate::config::env_switched_off("FISH_GPU_ATTN_COOPMAT");
         let fragments = self
             .info
             .cooperative_matrix

@@ -379,12 +379,7 @@ fn attends_tiled(shape: &SpanShape, layout: TokenLayout, n: usize) -> bool {
 /// llama-1b; perplexity equal to the plain kernel's within 0.003%.
 pub(crate) fn tiled_attention_enabled() -> bool {
     static ENABLED: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ENABLED.get_or_init(|| {
-        !matches!(
-            std::env::var("FISH_GPU_ATTN_TILED").as_deref(),
-            Ok("0" | "off" | "false" | "no")
-        )
-    })
+    *ENABLED.get_or_init(|| !crate::config::env_switched_off("FISH_GPU_ATTN_TILED"))
 }
 
 /// Chunks of at least TILED_ATTENTION_MIN_TOKENS tokens of one sequence
