@@ -353,7 +353,8 @@ fn bench_tiled(c: &mut Criterion) {
 /// The cooperative-matrix kernel where the device has one, at the same
 /// shape and batch as `tiled` on the 4096 x 14336 matrix (GFLOP/s as above),
 /// once per staging (ids `<type>/.../synchronous`, `.../pipelined` and
-/// `.../twoahead`).
+/// `.../twoahead`), with the default tile and then the wide one
+/// (`.../pipelined/wide`) where the device holds it.
 /// FISH_VK_COOPMAT_TILE / FISH_VK_COOPMAT_BK / FISH_VK_COOPMAT_LOAD_DWORDS
 /// pick the tile (docs/GPU.md).
 fn bench_coopmat(c: &mut Criterion) {
@@ -365,10 +366,12 @@ fn bench_coopmat(c: &mut Criterion) {
         eprintln!("coopmat: skipped, no cooperative matrices on this device");
         return;
     };
-    for staging in CoopMatTile::STAGINGS {
-        match tile.with_staging(staging, gpu.info().max_shared_memory) {
-            Ok(t) => eprintln!("coopmat: {}", t.describe()),
-            Err(why) => eprintln!("coopmat: no {staging:?} staging: {why}"),
+    for tile in std::iter::once(tile).chain(gpu.coopmat_wide_tile()) {
+        for staging in CoopMatTile::STAGINGS {
+            match tile.with_staging(staging, gpu.info().max_shared_memory) {
+                Ok(t) => eprintln!("coopmat: {}", t.describe()),
+                Err(why) => eprintln!("coopmat: no {staging:?} staging: {why}"),
+            }
         }
     }
     let mut group = c.benchmark_group("coopmat");
@@ -382,14 +385,24 @@ fn bench_coopmat(c: &mut Criterion) {
         };
         let flops = 2 * n_in as u64 * n_out as u64 * TILED_TOKENS as u64;
         group.throughput(Throughput::Elements(flops));
-        for staging in CoopMatTile::STAGINGS {
+        // The default tile, then the wide one (`<staging>/wide`).
+        let tiles = [false, true]
+            .into_iter()
+            .filter(|&wide| !wide || gpu.coopmat_wide_tile().is_some());
+        for (wide, staging) in tiles.flat_map(|w| CoopMatTile::STAGINGS.map(|s| (w, s))) {
             let id = format!("{staging:?}").to_ascii_lowercase();
+            let suffix = if wide { "/wide" } else { "" };
             group.bench_function(
-                format!("{}/{n_in}x{n_out}/n_tok{TILED_TOKENS}/{id}", ty.name()),
+                format!(
+                    "{}/{n_in}x{n_out}/n_tok{TILED_TOKENS}/{id}{suffix}",
+                    ty.name()
+                ),
                 |b| {
                     b.iter_custom(|iters| {
-                        gpu.with_coopmat_staging(staging, || {
-                            gpu_time(gpu, &handles, TILED_TOKENS, Kernel::CoopMat, iters)
+                        gpu.with_wide_tiles(wide, || {
+                            gpu.with_coopmat_staging(staging, || {
+                                gpu_time(gpu, &handles, TILED_TOKENS, Kernel::CoopMat, iters)
+                            })
                         })
                     })
                 },

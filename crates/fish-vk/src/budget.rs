@@ -67,6 +67,20 @@ pub(crate) fn memory_free(allocator: &Allocator, heap: u32) -> u64 {
     }
 }
 
+/// Bytes the allocator holds in memory blocks of `heap` without an
+/// allocation in them: vk-mem keeps an emptied block per memory type for
+/// reuse, and those bytes stay counted as used in the heap's budget.
+pub(crate) fn allocator_idle_bytes(allocator: &Allocator, heap: u32) -> u64 {
+    match allocator.get_heap_budgets() {
+        Ok(budgets) => budgets.get(heap as usize).map_or(0, |b| {
+            b.statistics
+                .blockBytes
+                .saturating_sub(b.statistics.allocationBytes)
+        }),
+        Err(_) => 0,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

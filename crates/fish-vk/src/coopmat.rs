@@ -171,6 +171,46 @@ pub const DEFAULT_WARPS: WarpLayout = WarpLayout {
     staging: Staging::Pipelined,
 };
 
+/// 2 x 2 subgroups of 4 x 4 fragments: a 128 x 128 tile, for prefill
+/// dispatches with enough of them to fill the device (`WIDE_MIN_WORKGROUPS`).
+/// Each subgroup loads 8 fragments for 16 products per 16 values, where the
+/// 64 x 64 tile loads 4 for 4, and each staged weight serves twice the
+/// tokens. On the H200 (`coopmat/<type>/4096x14336/n_tok512/pipelined`, 1792
+/// 64 x 64 or 448 128 x 128 workgroups) Q4_K ran 123.6 TFLOPS against 98.8
+/// and F16 119.7 against ~99; with 4096 rows (128 workgroups at 512 tokens)
+/// the wide tile leaves multiprocessors idle, so those keep the default.
+pub const WIDE_WARPS: WarpLayout = WarpLayout {
+    warps_m: 2,
+    warps_n: 2,
+    frags_m: 4,
+    frags_n: 4,
+    warps_k: 1,
+    k_step: STEP_VALUES,
+    wide_fetch: true,
+    staging: Staging::Pipelined,
+};
+
+/// Fewest 128 x 128 workgroups for which a prefill plan takes the wide tile
+/// (somewhat more than the H200's 132 multiprocessors). On the H200
+/// (`fish-cli bench MODEL -p 512 -n 0 -r 2`, two rounds) 160 took llama-8b
+/// pp512 from 5717 / 5670 (never wide) to 6129 / 6130 (q/k/v's 192 and
+/// gate/up's 896 wide workgroups), llama-1b from 26105 / 25973 to 30354 /
+/// 29675 (gate/up only); 320 (gate/up only) gave 5664 / 6117 and 30311 /
+/// 28533, every plan wide 5584 / 5539 and 22939 / 23312.
+/// FISH_VK_WIDE_MIN overrides it (1..=1048576, read once).
+const WIDE_MIN_WORKGROUPS: u64 = 160;
+
+fn wide_min_workgroups() -> u64 {
+    static MIN: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
+    *MIN.get_or_init(|| {
+        std::env::var("FISH_VK_WIDE_MIN")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .filter(|n| (1..=1 << 20).contains(n))
+            .unwrap_or(WIDE_MIN_WORKGROUPS)
+    })
+}
+
 /// The tile for batched decode (one row per sequence): 2 x 1 subgroups of
 /// one fragment each, a 32-row x 16-token tile, 128-value steps split over
 /// 4 groups of subgroups (8 subgroups, 32 values each), loads two steps
@@ -510,6 +550,12 @@ const PREFILL_KNOBS: TileKnobs = TileKnobs {
     pipeline: "FISH_VK_COOPMAT_PIPELINE",
 };
 
+const WIDE_KNOBS: TileKnobs = TileKnobs {
+    layout: "FISH_VK_WIDE_TILE",
+    k_step: "FISH_VK_WIDE_BK",
+    pipeline: "FISH_VK_WIDE_PIPELINE",
+};
+
 const BATCH_KNOBS: TileKnobs = TileKnobs {
     layout: "FISH_VK_BATCH_TILE",
     k_step: "FISH_VK_BATCH_BK",
@@ -544,6 +590,18 @@ thread_local! {
     /// The staging forced on this thread's cooperative-matrix plans
     /// (Gpu::with_coopmat_staging), over the device's.
     static STAGING_OVERRIDE: Cell<Option<Staging>> = const { Cell::new(None) };
+    /// Wide prefill tiles forced on (Some(true)) or off (Some(false)) for
+    /// this thread's plans (Gpu::with_wide_tiles), over the size rule.
+    static WIDE_OVERRIDE: Cell<Option<bool>> = const { Cell::new(None) };
+}
+
+/// Puts the thread's previous wide-tile override back.
+struct RestoreWide(Option<bool>);
+
+impl Drop for RestoreWide {
+    fn drop(&mut self) {
+        WIDE_OVERRIDE.with(|s| s.set(self.0));
+    }
 }
 
 /// Puts the thread's previous override back, also when the closure panics.
@@ -670,6 +728,26 @@ pub(crate) fn batch_tile(prefill: &CoopMatTile, info: &DeviceInfo) -> Option<Coo
     .ok()
 }
 
+/// The wide prefill tile (WIDE_WARPS, or what FISH_VK_WIDE_TILE / _BK /
+/// _PIPELINE ask for) with the prefill tile's fragment shape and subgroup
+/// width, where the device holds it with the staging asked for (a wide tile
+/// that would fall back to synchronous staging is not worth its registers);
+/// FISH_VK_WIDE_TILE=0 turns it off.
+pub(crate) fn wide_tile(prefill: &CoopMatTile, info: &DeviceInfo) -> Option<CoopMatTile> {
+    if crate::config::env_switched_off("FISH_VK_WIDE_TILE") {
+        return None;
+    }
+    let warps = env_warps(&WIDE_KNOBS, WIDE_WARPS);
+    CoopMatTile::new(
+        (prefill.tm, prefill.tn, prefill.tk),
+        prefill.lanes,
+        warps,
+        env_rule(),
+        device_limits(info),
+    )
+    .ok()
+}
+
 fn device_limits(info: &DeviceInfo) -> TileLimits {
     TileLimits {
         max_shared_bytes: info.max_shared_memory,
@@ -733,6 +811,78 @@ impl crate::gpu::Gpu {
         f()
     }
 
+    /// Runs `f` with this thread's prefill plans taking the wide tile
+    /// wherever the device has one (`true`) or never (`false`), whatever
+    /// the dispatch sizes (tests, benches).
+    pub fn with_wide_tiles<R>(&self, wide: bool, f: impl FnOnce() -> R) -> R {
+        let _restore = RestoreWide(WIDE_OVERRIDE.with(|s| s.replace(Some(wide))));
+        f()
+    }
+
+    /// The wide prefill tile, if the device holds it.
+    pub fn coopmat_wide_tile(&self) -> Option<CoopMatTile> {
+        self.info.cooperative_wide
+    }
+
+    /// The tile a plan of `kernel` takes: `tile` (the kernel's), or for the
+    /// prefill kernels the wide tile where the device has one and the plan's
+    /// dispatches would have at least WIDE_MIN_WORKGROUPS of it
+    /// (`workgroups` counts them for a tile), or where forced.
+    pub(crate) fn plan_tile(
+        &self,
+        kernel: Kernel,
+        tile: Option<CoopMatTile>,
+        workgroups: impl Fn(&CoopMatTile) -> u64,
+    ) -> Result<Option<CoopMatTile>> {
+        let wide = match kernel {
+            Kernel::CoopMat => self.info.cooperative_wide,
+            // Emulated, the wide shape's staging and output paths run on
+            // any device: synchronous where doubled tiles do not fit
+            // (lavapipe has 32 KiB of shared memory).
+            Kernel::CoopMatEmulated => env_tile(
+                (16, 16, 16),
+                32,
+                env_warps(&WIDE_KNOBS, WIDE_WARPS),
+                device_limits(&self.info),
+            )
+            .ok(),
+            _ => None,
+        };
+        let Some(wide) = wide else { return Ok(tile) };
+        let take = match WIDE_OVERRIDE.with(Cell::get) {
+            Some(forced) => forced,
+            None => workgroups(&wide) >= wide_min_workgroups(),
+        };
+        if !take {
+            return Ok(tile);
+        }
+        self.staged_as_forced(wide).map(Some)
+    }
+
+    /// `tile` with this thread's forced staging (with_coopmat_staging), if any.
+    fn staged_as_forced(&self, tile: CoopMatTile) -> Result<CoopMatTile> {
+        match STAGING_OVERRIDE.with(Cell::get) {
+            Some(staging) if staging != tile.staging => tile
+                .with_staging(staging, self.info.max_shared_memory)
+                .map_err(VkError::KernelUnavailable),
+            _ => Ok(tile),
+        }
+    }
+
+    /// The tile a plan of `kernel` takes for one matrix of `n_rows` rows at
+    /// `n_tok` tokens (None: not a cooperative-matrix kernel).
+    pub fn plan_tile_for(
+        &self,
+        kernel: Kernel,
+        n_rows: usize,
+        n_tok: usize,
+    ) -> Result<Option<CoopMatTile>> {
+        self.plan_tile(kernel, self.coopmat_tile(kernel)?, |tile| {
+            let (gx, gy) = tile.groups(n_rows as u32, n_tok as u32);
+            gx as u64 * gy as u64
+        })
+    }
+
     /// The tile of a cooperative-matrix `kernel` (None for the others).
     pub(crate) fn coopmat_tile(&self, kernel: Kernel) -> Result<Option<CoopMatTile>> {
         let tile = match kernel {
@@ -752,13 +902,7 @@ impl crate::gpu::Gpu {
             Kernel::CoopMatBatchEmulated => emulated_tile(&self.info, true)?,
             _ => return Ok(None),
         };
-        match STAGING_OVERRIDE.with(Cell::get) {
-            Some(staging) if staging != tile.staging => tile
-                .with_staging(staging, self.info.max_shared_memory)
-                .map(Some)
-                .map_err(VkError::KernelUnavailable),
-            _ => Ok(Some(tile)),
-        }
+        self.staged_as_forced(tile).map(Some)
     }
 }
 

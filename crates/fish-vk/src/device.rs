@@ -39,6 +39,9 @@ pub struct DeviceInfo {
     pub max_workgroup_threads: u32,
     /// The cooperative-matrix prefill tile; None: plain tiles (coopmat.rs).
     pub cooperative_matrix: Option<CoopMatTile>,
+    /// The wide prefill tile (coopmat.rs WIDE_WARPS) for prefill plans with
+    /// many workgroups, where the prefill tile exists and the device holds it.
+    pub cooperative_wide: Option<CoopMatTile>,
     /// The cooperative-matrix tile of batched decode (coopmat.rs
     /// BATCH_WARPS), where the prefill tile exists and the device holds it.
     pub cooperative_batch: Option<CoopMatTile>,
@@ -217,6 +220,7 @@ fn describe_physical(
         max_shared_memory: props.limits.max_compute_shared_memory_size,
         max_workgroup_threads: props.limits.max_compute_work_group_invocations,
         cooperative_matrix: None,
+        cooperative_wide: None,
         cooperative_batch: None,
         int8_dot,
         pipeline_stats,

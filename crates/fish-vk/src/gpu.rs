@@ -83,6 +83,14 @@ impl Gpu {
         info.cooperative_batch = info
             .cooperative_matrix
             .and_then(|t| coopmat::batch_tile(&t, &info));
+        info.cooperative_wide = info
+            .cooperative_matrix
+            .and_then(|t| coopmat::wide_tile(&t, &info));
+        if config.verbose {
+            if let Some(wide) = info.cooperative_wide {
+                eprintln!("fish-vk: wide prefill tile: {}", wide.describe());
+            }
+        }
         let (device, queue) = device::create_logical(&instance.raw, physical, &info)?;
         // From here on, failures must destroy what was created.
         let mut alloc_info = vk_mem::AllocatorCreateInfo::new(&instance.raw, &device, physical);
@@ -158,6 +166,13 @@ impl Gpu {
     /// Free device memory right now (see budget::memory_free).
     pub fn memory_free(&self) -> u64 {
         budget::memory_free(&self.allocator, self.heap_index)
+    }
+
+    /// Bytes of the device heap the allocator holds in blocks with no
+    /// allocation in them (kept for reuse; counted as used in
+    /// `memory_free`).
+    pub fn allocator_idle_bytes(&self) -> u64 {
+        budget::allocator_idle_bytes(&self.allocator, self.heap_index)
     }
 
     /// The backend's own ceiling in bytes.

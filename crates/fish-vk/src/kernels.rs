@@ -708,7 +708,16 @@ impl Gpu {
         kernel: Kernel,
     ) -> Result<Vec<Dispatch>> {
         let kernel = kernel.resolve(n_tok, self.prefill_kernel(n_tok));
-        let coop_tile = self.coopmat_tile(kernel)?;
+        let coop_tile = self.plan_tile(kernel, self.coopmat_tile(kernel)?, |tile| {
+            tensors
+                .iter()
+                .flat_map(|t| &t.chunks)
+                .map(|c| {
+                    let (gx, gy) = tile.groups(c.n_rows as u32, n_tok as u32);
+                    gx as u64 * gy as u64
+                })
+                .sum()
+        })?;
         let max_x = self.info.max_workgroups_x.clamp(1, 65535);
         let mut splits = SplitPlanner::new();
         let mut out = Vec::new();

@@ -13,12 +13,41 @@ mod embedded {
 
 pub use embedded::COMPILED_AT_BUILD;
 
-/// The SPIR-V bytes of a module, by name (e.g. `matvec_q4_0`).
+/// The SPIR-V bytes of a module, by name (e.g. `matvec_q4_0`): the embedded
+/// one, or with FISH_VK_MODULE_DIR=DIR the file DIR/NAME.spv where there is
+/// one (a measurement knob: shader variants tried on a device without
+/// rebuilding the binary; the bindings and constants must be the embedded
+/// module's).
 pub fn module_bytes(name: &str) -> Option<&'static [u8]> {
+    if let Some(bytes) = override_module(name) {
+        return Some(bytes);
+    }
     embedded::MODULES
         .iter()
         .find(|(n, _)| *n == name)
         .map(|(_, b)| *b)
+}
+
+/// Modules read from FISH_VK_MODULE_DIR by name (None: no such file).
+type ReadModules = HashMap<String, Option<&'static [u8]>>;
+
+/// DIR/NAME.spv under FISH_VK_MODULE_DIR, read once per name and kept for
+/// the process (modules are few and small).
+fn override_module(name: &str) -> Option<&'static [u8]> {
+    static DIR: std::sync::OnceLock<Option<std::path::PathBuf>> = std::sync::OnceLock::new();
+    static READ: Mutex<Option<ReadModules>> = Mutex::new(None);
+    let dir = DIR
+        .get_or_init(|| std::env::var_os("FISH_VK_MODULE_DIR").map(std::path::PathBuf::from))
+        .as_ref()?;
+    let mut read = READ.lock().unwrap_or_else(|e| e.into_inner());
+    *read
+        .get_or_insert_with(HashMap::new)
+        .entry(name.to_string())
+        .or_insert_with(|| {
+            let bytes = std::fs::read(dir.join(format!("{name}.spv"))).ok()?;
+            eprintln!("fish-vk: module {name} from {}", dir.display());
+            Some(&*Box::leak(bytes.into_boxed_slice()))
+        })
 }
 
 /// Push constants of every matmul kernel (shaders/common.glsl `Params`).

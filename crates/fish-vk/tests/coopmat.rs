@@ -46,19 +46,14 @@ fn check_one(
 }
 
 fn check_every_type(gpu: &Gpu, kernel: Kernel) {
+    check_every_type_staged(gpu, kernel, &STAGINGS);
+}
+
+fn check_every_type_staged(gpu: &Gpu, kernel: Kernel, stagings: &[fish_vk::Staging]) {
     for_each_kernel_type(gpu, N_IN, N_OUT, 500, |w, h| {
         for n_tok in TOKENS {
             let what = format!("{:?} n_tok={n_tok}", w.ty);
-            multiply_and_check(
-                gpu,
-                kernel,
-                h,
-                w,
-                n_tok,
-                40 + n_tok as u64,
-                &what,
-                &STAGINGS,
-            );
+            multiply_and_check(gpu, kernel, h, w, n_tok, 40 + n_tok as u64, &what, stagings);
         }
     });
     assert_no_validation_messages(gpu);
@@ -68,6 +63,49 @@ fn check_every_type(gpu: &Gpu, kernel: Kernel) {
 fn emulated_coopmat_kernel_matches_the_cpu_for_every_type() {
     let Some(gpu) = gpu_or_skip() else { return };
     check_every_type(gpu, Kernel::CoopMatEmulated);
+}
+
+#[test]
+fn emulated_wide_tile_matches_the_cpu_for_every_type() {
+    let Some(gpu) = gpu_or_skip() else { return };
+    gpu.with_wide_tiles(true, || {
+        let tile = gpu
+            .plan_tile_for(Kernel::CoopMatEmulated, N_OUT, 256)
+            .expect("plan")
+            .expect("a cooperative tile");
+        assert_eq!(
+            (tile.rows(), tile.tokens()),
+            (128, 128),
+            "{}",
+            tile.describe()
+        );
+        // The stagings whose doubled tiles fit the device (on lavapipe's 32
+        // KiB only the synchronous one).
+        let stagings: Vec<_> = STAGINGS
+            .into_iter()
+            .filter(|&s| tile.with_staging(s, gpu.info().max_shared_memory).is_ok())
+            .collect();
+        eprintln!("wide tile {}: {stagings:?}", tile.describe());
+        check_every_type_staged(gpu, Kernel::CoopMatEmulated, &stagings);
+    });
+}
+
+#[test]
+fn prefill_plans_take_the_wide_tile_only_where_it_fills_the_device() {
+    let Some(gpu) = gpu_or_skip() else { return };
+    let rows_of = |n_rows, n_tok| {
+        gpu.plan_tile_for(Kernel::CoopMatEmulated, n_rows, n_tok)
+            .expect("plan")
+            .map(|t| t.rows())
+    };
+    // 14336 rows at 512 tokens: 448 wide workgroups.
+    assert_eq!(rows_of(14336, 512), Some(128));
+    // 4096 rows: 128 wide workgroups would leave most of a large GPU idle.
+    assert_eq!(rows_of(4096, 512), Some(64));
+    assert_eq!(rows_of(14336, 64), Some(64));
+    // Forced either way.
+    assert_eq!(gpu.with_wide_tiles(true, || rows_of(4096, 64)), Some(128));
+    assert_eq!(gpu.with_wide_tiles(false, || rows_of(14336, 512)), Some(64));
 }
 
 #[test]
@@ -84,6 +122,11 @@ fn coopmat_kernel_matches_the_cpu_for_every_type() {
         }
     }
     check_every_type(gpu, Kernel::CoopMat);
+    // The wide prefill tile, where the device holds it.
+    if let Some(wide) = gpu.coopmat_wide_tile() {
+        eprintln!("wide tile: {}", wide.describe());
+        gpu.with_wide_tiles(true, || check_every_type(gpu, Kernel::CoopMat));
+    }
     // The batched-decode tile (16 tokens, 128-value steps) on the same set.
     let batch = gpu
         .coopmat_batch_tile()

@@ -44,21 +44,22 @@ pub fn float_backend() -> Option<Arc<VulkanBackend>> {
     backend()
 }
 
-/// Free device memory at least `before` less the memory a driver and the
-/// allocator may keep for themselves after everything of ours is freed:
-/// vk-mem keeps one empty block per memory type for reuse (256 MiB blocks
-/// on large heaps) and a real driver's budget moves with its own
-/// allocations (on the H200 free memory after an unload stayed more than
-/// 64 MiB below its value before, with every allocation of ours freed).
-/// Leaks of ours show in `allocation_count` and `bytes_resident`, which the
-/// tests compare exactly; on lavapipe free memory comes back exactly.
+/// Free device memory back to `before`, except for what the allocator keeps
+/// in emptied blocks for reuse (vk-mem keeps one per memory type: on the
+/// H200 a device-local and a host-visible device-local block of 256 MiB
+/// each, 521 MiB in all after an unload) and a small margin for the
+/// driver's own objects (pipelines built on first use stay with the
+/// device). Leaks of ours show in `allocation_count` and `bytes_resident`,
+/// which the tests compare exactly; on lavapipe free memory comes back
+/// exactly.
 pub fn assert_memory_returned(gpu: &VulkanBackend, before: u64, what: &str) {
     use fish_core::backend::ComputeBackend;
-    const ALLOCATOR_SLACK: u64 = 320 << 20;
+    const DRIVER_SLACK: u64 = 32 << 20;
     let now = gpu.memory_free();
+    let idle = gpu.gpu().allocator_idle_bytes();
     assert!(
-        now + ALLOCATOR_SLACK >= before,
-        "{what}: {now} bytes free, {before} before"
+        now + idle + DRIVER_SLACK >= before,
+        "{what}: {now} bytes free and {idle} idle in the allocator's blocks, {before} before"
     );
 }
 
