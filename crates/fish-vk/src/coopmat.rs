@@ -11,6 +11,7 @@ use crate::device::DeviceInfo;
 use crate::error::{Result, VkError};
 use crate::instance::has_extension;
 use crate::kernels::Kernel;
+use crate::split_k::SplitRule;
 use crate::tile_padding::{padded_row_stride, PaddingRule, RowStride, SharedLayout};
 use ash::{khr, vk};
 use std::cell::Cell;
@@ -199,6 +200,22 @@ pub const WIDE_WARPS: WarpLayout = WarpLayout {
 /// 28533, every plan wide 5584 / 5539 and 22939 / 23312.
 /// FISH_VK_WIDE_MIN overrides it (1..=1048576, read once).
 const WIDE_MIN_WORKGROUPS: u64 = 160;
+
+/// Fewest 128 x 128 workgroups for which a prefill plan takes the wide tile
+/// with its dispatches' steps split across workgroups (split_k.rs
+/// SplitRule::wide); FISH_VK_WIDE_SPLIT_MIN overrides it.
+const WIDE_SPLIT_MIN_WORKGROUPS: u64 = 96;
+
+fn wide_split_min_workgroups() -> u64 {
+    static MIN: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
+    *MIN.get_or_init(|| {
+        std::env::var("FISH_VK_WIDE_SPLIT_MIN")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .filter(|n| (1..=1 << 20).contains(n))
+            .unwrap_or(WIDE_SPLIT_MIN_WORKGROUPS)
+    })
+}
 
 fn wide_min_workgroups() -> u64 {
     static MIN: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
@@ -824,21 +841,14 @@ impl crate::gpu::Gpu {
         self.info.cooperative_wide
     }
 
-    /// The tile a plan of `kernel` takes: `tile` (the kernel's), or for the
-    /// prefill kernels the wide tile where the device has one and the plan's
-    /// dispatches would have at least WIDE_MIN_WORKGROUPS of it
-    /// (`workgroups` counts them for a tile), or where forced.
-    pub(crate) fn plan_tile(
-        &self,
-        kernel: Kernel,
-        tile: Option<CoopMatTile>,
-        workgroups: impl Fn(&CoopMatTile) -> u64,
-    ) -> Result<Option<CoopMatTile>> {
-        let wide = match kernel {
+    /// The wide prefill tile of `kernel`: the device's for `Kernel::CoopMat`;
+    /// for `Kernel::CoopMatEmulated` the emulated one, so that the wide
+    /// shape's staging, output and split paths run on any device
+    /// (synchronous where doubled tiles do not fit: lavapipe has 32 KiB of
+    /// shared memory).
+    pub(crate) fn wide_tile_of(&self, kernel: Kernel) -> Option<CoopMatTile> {
+        match kernel {
             Kernel::CoopMat => self.info.cooperative_wide,
-            // Emulated, the wide shape's staging and output paths run on
-            // any device: synchronous where doubled tiles do not fit
-            // (lavapipe has 32 KiB of shared memory).
             Kernel::CoopMatEmulated => env_tile(
                 (16, 16, 16),
                 32,
@@ -847,16 +857,47 @@ impl crate::gpu::Gpu {
             )
             .ok(),
             _ => None,
+        }
+    }
+
+    /// The tile a plan of `kernel` takes and how its dispatches split:
+    /// `tile` (the kernel's; the batch tiles split by their rule), or for
+    /// the prefill kernels the wide tile where the device has one, the
+    /// `n_tok` tokens fill at least one wide tile, and the plan's
+    /// dispatches would have at least WIDE_MIN_WORKGROUPS of it
+    /// (`workgroups` counts them for a tile), or at least
+    /// WIDE_SPLIT_MIN_WORKGROUPS where every row (the shortest has `min_n_in`
+    /// values) is long enough to split in two (split_k.rs SplitRule::wide);
+    /// or where forced.
+    pub(crate) fn plan_tile(
+        &self,
+        kernel: Kernel,
+        tile: Option<CoopMatTile>,
+        (min_n_in, n_tok): (usize, usize),
+        workgroups: impl Fn(&CoopMatTile) -> u64,
+    ) -> Result<(Option<CoopMatTile>, Option<SplitRule>)> {
+        if matches!(kernel, Kernel::CoopMatBatch | Kernel::CoopMatBatchEmulated) {
+            return Ok((tile, Some(SplitRule::batch())));
+        }
+        let Some(wide) = self.wide_tile_of(kernel) else {
+            return Ok((tile, None));
         };
-        let Some(wide) = wide else { return Ok(tile) };
+        let split = SplitRule::wide();
         let take = match WIDE_OVERRIDE.with(Cell::get) {
             Some(forced) => forced,
-            None => workgroups(&wide) >= wide_min_workgroups(),
+            None if n_tok < wide.tokens() as usize => false,
+            None => {
+                let n = workgroups(&wide);
+                let splits = split.is_some_and(|rule| {
+                    min_n_in / wide.k_step as usize >= 2 * rule.min_steps as usize
+                });
+                n >= wide_min_workgroups() || (splits && n >= wide_split_min_workgroups())
+            }
         };
         if !take {
-            return Ok(tile);
+            return Ok((tile, None));
         }
-        self.staged_as_forced(wide).map(Some)
+        Ok((Some(self.staged_as_forced(wide)?), split))
     }
 
     /// `tile` with this thread's forced staging (with_coopmat_staging), if any.
@@ -869,18 +910,21 @@ impl crate::gpu::Gpu {
         }
     }
 
-    /// The tile a plan of `kernel` takes for one matrix of `n_rows` rows at
-    /// `n_tok` tokens (None: not a cooperative-matrix kernel).
+    /// The tile a plan of `kernel` takes for one matrix of `n_rows` rows of
+    /// `n_in` values at `n_tok` tokens (None: not a cooperative-matrix
+    /// kernel).
     pub fn plan_tile_for(
         &self,
         kernel: Kernel,
-        n_rows: usize,
+        (n_in, n_rows): (usize, usize),
         n_tok: usize,
     ) -> Result<Option<CoopMatTile>> {
-        self.plan_tile(kernel, self.coopmat_tile(kernel)?, |tile| {
+        let size = (n_in, n_tok);
+        let (tile, _) = self.plan_tile(kernel, self.coopmat_tile(kernel)?, size, |tile| {
             let (gx, gy) = tile.groups(n_rows as u32, n_tok as u32);
             gx as u64 * gy as u64
-        })
+        })?;
+        Ok(tile)
     }
 
     /// The tile of a cooperative-matrix `kernel` (None for the others).

@@ -708,18 +708,24 @@ impl Gpu {
         kernel: Kernel,
     ) -> Result<Vec<Dispatch>> {
         let kernel = kernel.resolve(n_tok, self.prefill_kernel(n_tok));
-        let coop_tile = self.plan_tile(kernel, self.coopmat_tile(kernel)?, |tile| {
-            tensors
-                .iter()
-                .flat_map(|t| &t.chunks)
-                .map(|c| {
-                    let (gx, gy) = tile.groups(c.n_rows as u32, n_tok as u32);
-                    gx as u64 * gy as u64
-                })
-                .sum()
-        })?;
+        let min_n_in = tensors.iter().map(|t| t.handle.n_in()).min().unwrap_or(0);
+        let (coop_tile, split_rule) = self.plan_tile(
+            kernel,
+            self.coopmat_tile(kernel)?,
+            (min_n_in, n_tok),
+            |tile| {
+                tensors
+                    .iter()
+                    .flat_map(|t| &t.chunks)
+                    .map(|c| {
+                        let (gx, gy) = tile.groups(c.n_rows as u32, n_tok as u32);
+                        gx as u64 * gy as u64
+                    })
+                    .sum()
+            },
+        )?;
         let max_x = self.info.max_workgroups_x.clamp(1, 65535);
-        let mut splits = SplitPlanner::new();
+        let mut splits = split_rule.map(SplitPlanner::new);
         let mut out = Vec::new();
         let mut y_base = 0u32;
         for t in tensors {
@@ -760,8 +766,8 @@ impl Gpu {
                 let (groups, groups_x) = match (kernel, coop_tile) {
                     (_, Some(tile)) => {
                         let (gx, gy) = tile.groups(n_rows, n_tok as u32);
-                        if matches!(kernel, Kernel::CoopMatBatch | Kernel::CoopMatBatchEmulated) {
-                            split = splits.split(&tile, gx * gy, h.n_in() as u32);
+                        if let Some(planner) = splits.as_mut() {
+                            split = planner.split(&tile, gx * gy, h.n_in() as u32);
                         }
                         // The splits of a tile are consecutive along y.
                         ((gx, gy * split.ways), gx)

@@ -39,12 +39,69 @@ fn split_target() -> u32 {
     })
 }
 
+/// Fewest workgroups a dispatch of the wide prefill tile should have (two
+/// 128 x 128 tiles per multiprocessor of the H200 and a few); below this its
+/// steps are split. FISH_VK_WIDE_SPLIT overrides it (0 turns the split of
+/// wide tiles off, else 64..=1024; read once; the scratch grows with it).
+const WIDE_SPLIT_TARGET_WORKGROUPS: u32 = 256;
+
+/// WIDE_SPLIT_TARGET_WORKGROUPS or its override; None when off.
+fn wide_split_target() -> Option<u32> {
+    static TARGET: std::sync::OnceLock<Option<u32>> = std::sync::OnceLock::new();
+    *TARGET.get_or_init(|| {
+        match std::env::var("FISH_VK_WIDE_SPLIT")
+            .ok()
+            .map(|v| v.parse::<u32>())
+        {
+            Some(Ok(0)) => None,
+            Some(Ok(t)) if (64..=1024).contains(&t) => Some(t),
+            _ => Some(WIDE_SPLIT_TARGET_WORKGROUPS),
+        }
+    })
+}
+
 /// Dispatches of one plan that may split.
 const SPLIT_REGIONS: u32 = 4;
-/// Most workgroups per tile.
+/// Most workgroups per tile: batch tiles, wide prefill tiles.
 const SPLIT_MAX_WAYS: u32 = 8;
-/// Fewest steps each workgroup of a split keeps.
+const WIDE_SPLIT_MAX_WAYS: u32 = 4;
+/// Fewest steps each workgroup of a split keeps: batch tiles, wide tiles.
+/// On the H200 (pp512, docs/BENCHMARKS.md) splitting the wide tile's 4096-
+/// value rows (128 steps) lost: llama-8b q/k/v 308 -> 363 us and wo 208 ->
+/// 251 us per layer, while the down projection's 14336-value rows (448
+/// steps, 2 ways) gained 686 -> 585 us.
 const SPLIT_MIN_STEPS: u32 = 4;
+const WIDE_SPLIT_MIN_STEPS: u32 = 128;
+
+/// How the dispatches of a kind of tile split: the workgroups a dispatch
+/// should reach and the most workgroups per tile.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct SplitRule {
+    pub target: u32,
+    pub max_ways: u32,
+    /// Fewest steps each workgroup keeps.
+    pub min_steps: u32,
+}
+
+impl SplitRule {
+    /// The batch tile's (SPLIT_TARGET_WORKGROUPS).
+    pub fn batch() -> SplitRule {
+        SplitRule {
+            target: split_target(),
+            max_ways: SPLIT_MAX_WAYS,
+            min_steps: SPLIT_MIN_STEPS,
+        }
+    }
+
+    /// The wide prefill tile's, unless FISH_VK_WIDE_SPLIT=0.
+    pub fn wide() -> Option<SplitRule> {
+        wide_split_target().map(|target| SplitRule {
+            target,
+            max_ways: WIDE_SPLIT_MAX_WAYS,
+            min_steps: WIDE_SPLIT_MIN_STEPS,
+        })
+    }
+}
 
 /// How one dispatch splits its steps: the push constants `split`,
 /// `split_count_off` (uint offset of its arrival counters in the scratch)
@@ -65,9 +122,10 @@ impl SplitK {
     };
 }
 
-/// Words (uint counters, then f32 partials) of the scratch for `tile`.
-fn scratch_words(tile: &CoopMatTile) -> u64 {
-    let per_region = split_target() as u64 * (1 + (tile.rows() * tile.tokens()) as u64);
+/// Words (uint counters, then f32 partials) of the scratch for splits of
+/// `tile` by `rule`.
+fn scratch_words(tile: &CoopMatTile, rule: SplitRule) -> u64 {
+    let per_region = rule.target as u64 * (1 + (tile.rows() * tile.tokens()) as u64);
     SPLIT_REGIONS as u64 * per_region
 }
 
@@ -87,12 +145,20 @@ impl ScratchNeed {
         counter_bytes: 16,
     };
 
-    /// The scratch for splits of `tile` (NONE without one).
-    pub fn of(tile: Option<&CoopMatTile>) -> ScratchNeed {
+    /// The scratch for splits of `tile` by `rule` (NONE without a tile).
+    pub fn of(tile: Option<&CoopMatTile>, rule: SplitRule) -> ScratchNeed {
         tile.map_or(ScratchNeed::NONE, |t| ScratchNeed {
-            bytes: 4 * scratch_words(t),
-            counter_bytes: 4 * (SPLIT_REGIONS * split_target()) as u64,
+            bytes: 4 * scratch_words(t, rule),
+            counter_bytes: 4 * (SPLIT_REGIONS * rule.target) as u64,
         })
+    }
+
+    /// A scratch that serves both needs.
+    pub fn max(self, other: ScratchNeed) -> ScratchNeed {
+        ScratchNeed {
+            bytes: self.bytes.max(other.bytes),
+            counter_bytes: self.counter_bytes.max(other.counter_bytes),
+        }
     }
 }
 
@@ -107,6 +173,16 @@ impl crate::gpu::Gpu {
         })
     }
 
+    /// The scratch of a span's forwards: the batch tile's splits
+    /// (`span_split_tile`) and the wide prefill tile's.
+    pub(crate) fn span_split_need(&self) -> ScratchNeed {
+        let batch = ScratchNeed::of(self.span_split_tile().as_ref(), SplitRule::batch());
+        match SplitRule::wide() {
+            Some(rule) => batch.max(ScratchNeed::of(self.info.cooperative_wide.as_ref(), rule)),
+            None => batch,
+        }
+    }
+
     /// The scratch a plan for `kernel` needs: none unless one of its
     /// dispatches splits.
     pub(crate) fn split_need(
@@ -117,29 +193,44 @@ impl crate::gpu::Gpu {
         if !dispatches.iter().any(|d| d.params.split > 1) {
             return Ok(ScratchNeed::NONE);
         }
-        Ok(ScratchNeed::of(self.coopmat_tile(kernel)?.as_ref()))
+        use crate::kernels::Kernel;
+        if matches!(kernel, Kernel::CoopMatBatch | Kernel::CoopMatBatchEmulated) {
+            return Ok(ScratchNeed::of(
+                self.coopmat_tile(kernel)?.as_ref(),
+                SplitRule::batch(),
+            ));
+        }
+        // Otherwise only the wide prefill tile splits.
+        Ok(match (SplitRule::wide(), self.wide_tile_of(kernel)) {
+            (Some(rule), Some(tile)) => ScratchNeed::of(Some(&tile), rule),
+            _ => ScratchNeed::NONE,
+        })
     }
 }
 
 /// Hands out the scratch regions of one plan.
 pub(crate) struct SplitPlanner {
+    rule: SplitRule,
     next_region: u32,
 }
 
 impl SplitPlanner {
-    pub fn new() -> SplitPlanner {
-        SplitPlanner { next_region: 0 }
+    pub fn new(rule: SplitRule) -> SplitPlanner {
+        SplitPlanner {
+            rule,
+            next_region: 0,
+        }
     }
 
     /// The split of a dispatch of `tiles` output tiles of `tile` over rows of
-    /// `n_in` values: enough ways to reach SPLIT_TARGET_WORKGROUPS (at most
-    /// SPLIT_MAX_WAYS, each keeping SPLIT_MIN_STEPS steps), while regions last.
+    /// `n_in` values: enough ways to reach the rule's target (at most its
+    /// max_ways, each keeping its min_steps steps), while regions last.
     pub fn split(&mut self, tile: &CoopMatTile, tiles: u32, n_in: u32) -> SplitK {
         let steps = n_in.div_ceil(tile.k_step);
-        let target = split_target();
+        let target = self.rule.target;
         let ways = (target / tiles.max(1))
-            .min(SPLIT_MAX_WAYS)
-            .min(steps / SPLIT_MIN_STEPS)
+            .min(self.rule.max_ways)
+            .min(steps / self.rule.min_steps)
             .max(1);
         if ways == 1 || self.next_region >= SPLIT_REGIONS {
             return SplitK::NONE;
@@ -178,7 +269,7 @@ mod tests {
     #[test]
     fn small_dispatches_split_until_the_target_and_large_ones_do_not() {
         let t = batch_tile();
-        let mut p = SplitPlanner::new();
+        let mut p = SplitPlanner::new(SplitRule::batch());
         // 4096 rows of 4096 (the llama-8b wo): 128 tiles, 32 steps -> 4 ways.
         let wo = p.split(&t, 128, 4096);
         assert_eq!(wo.ways, 4);
@@ -203,10 +294,39 @@ mod tests {
     }
 
     #[test]
+    fn wide_tiles_split_only_long_rows() {
+        let wide = CoopMatTile::new(
+            (16, 16, 16),
+            32,
+            crate::coopmat::WIDE_WARPS,
+            PaddingRule::default(),
+            crate::coopmat::TileLimits {
+                max_shared_bytes: 48 * 1024,
+                max_threads: 1024,
+            },
+        )
+        .expect("wide tile");
+        let rule = SplitRule {
+            target: 256,
+            max_ways: 4,
+            min_steps: 128,
+        };
+        let mut p = SplitPlanner::new(rule);
+        // llama-8b down at 512 tokens: 128 tiles of 448 steps -> 2 ways.
+        assert_eq!(p.split(&wide, 128, 14336).ways, 2);
+        // wo: 128 steps cannot keep 128 per way in two.
+        assert_eq!(p.split(&wide, 128, 4096), SplitK::NONE);
+        // One tile of 256 steps: the steps, not the target, cap the ways.
+        assert_eq!(p.split(&wide, 1, 8192).ways, 2);
+        // Enough tiles already.
+        assert_eq!(p.split(&wide, 448, 14336), SplitK::NONE);
+    }
+
+    #[test]
     fn the_scratch_holds_every_region() {
         let t = batch_tile();
-        let mut p = SplitPlanner::new();
-        let words = scratch_words(&t);
+        let mut p = SplitPlanner::new(SplitRule::batch());
+        let words = scratch_words(&t, SplitRule::batch());
         for tiles in [1u32, 7, 64, 100, 255] {
             let s = p.split(&t, tiles, 1 << 14);
             if s == SplitK::NONE {
@@ -217,10 +337,10 @@ mod tests {
             let end = s.part_off as u64 + (s.ways * tiles * tile_values) as u64;
             assert!(end <= words, "{tiles} tiles: {end} > {words}");
         }
-        let need = ScratchNeed::of(Some(&t));
+        let need = ScratchNeed::of(Some(&t), SplitRule::batch());
         assert_eq!(need.counter_bytes, 4 * 4 * 512);
         // Four regions of 512 workgroups' counters and 32 x 16 partial tiles.
         assert_eq!(need.bytes, 4 * 4 * 512 * (1 + 32 * 16));
-        assert_eq!(ScratchNeed::of(None), ScratchNeed::NONE);
+        assert_eq!(ScratchNeed::of(None, SplitRule::batch()), ScratchNeed::NONE);
     }
 }

@@ -70,7 +70,7 @@ fn emulated_wide_tile_matches_the_cpu_for_every_type() {
     let Some(gpu) = gpu_or_skip() else { return };
     gpu.with_wide_tiles(true, || {
         let tile = gpu
-            .plan_tile_for(Kernel::CoopMatEmulated, N_OUT, 256)
+            .plan_tile_for(Kernel::CoopMatEmulated, (N_IN, N_OUT), 256)
             .expect("plan")
             .expect("a cooperative tile");
         assert_eq!(
@@ -91,21 +91,66 @@ fn emulated_wide_tile_matches_the_cpu_for_every_type() {
 }
 
 #[test]
+fn wide_tiles_split_across_workgroups_match_the_cpu() {
+    // 8192 values are 256 steps; 70 rows x 19 tokens are one wide tile, so
+    // its steps split 2 ways (split_k.rs SplitRule::wide: 128 steps or more
+    // each) and the last workgroup sums the partials. The real wide tile runs too where the
+    // device has it.
+    let Some(gpu) = gpu_or_skip() else { return };
+    let mut kernels = vec![Kernel::CoopMatEmulated];
+    if gpu.coopmat_wide_tile().is_some() {
+        kernels.push(Kernel::CoopMat);
+    }
+    gpu.with_wide_tiles(true, || {
+        for kernel in kernels {
+            let tile = gpu
+                .plan_tile_for(kernel, (8192, 70), 19)
+                .expect("plan")
+                .expect("a cooperative tile");
+            let stagings: Vec<_> = STAGINGS
+                .into_iter()
+                .filter(|&s| tile.with_staging(s, gpu.info().max_shared_memory).is_ok())
+                .collect();
+            for ty in [GgmlType::Q4_K, GgmlType::Q8_0, GgmlType::F16] {
+                with_uploaded(gpu, ty, (8192, 70), 920, |weights, h| {
+                    let what = format!("{ty:?} wide split");
+                    let ran =
+                        multiply_and_check(gpu, kernel, h, weights, 19, 921, &what, &stagings);
+                    assert!(ran > 0, "{what}: no staging ran");
+                });
+            }
+        }
+    });
+    assert_no_validation_messages(gpu);
+}
+
+#[test]
 fn prefill_plans_take_the_wide_tile_only_where_it_fills_the_device() {
     let Some(gpu) = gpu_or_skip() else { return };
-    let rows_of = |n_rows, n_tok| {
-        gpu.plan_tile_for(Kernel::CoopMatEmulated, n_rows, n_tok)
+    let rows_of = |n_in, n_rows, n_tok| {
+        gpu.plan_tile_for(Kernel::CoopMatEmulated, (n_in, n_rows), n_tok)
             .expect("plan")
             .map(|t| t.rows())
     };
-    // 14336 rows at 512 tokens: 448 wide workgroups.
-    assert_eq!(rows_of(14336, 512), Some(128));
-    // 4096 rows: 128 wide workgroups would leave most of a large GPU idle.
-    assert_eq!(rows_of(4096, 512), Some(64));
-    assert_eq!(rows_of(14336, 64), Some(64));
+    // gate/up of llama-8b at 512 tokens: 448 wide workgroups.
+    assert_eq!(rows_of(4096, 14336, 512), Some(128));
+    // wo: 128 wide workgroups, whose 128 steps are too few to split.
+    assert_eq!(rows_of(4096, 4096, 512), Some(64));
+    // down: 128 wide workgroups, whose 448 steps split in two.
+    assert_eq!(rows_of(14336, 4096, 512), Some(128));
+    // 2048 rows at 512 tokens: 64, below the split's minimum of 96.
+    assert_eq!(rows_of(14336, 2048, 512), Some(64));
+    // Fewer tokens than a wide tile holds: half of it would be zeros.
+    assert_eq!(rows_of(4096, 14336, 64), Some(64));
     // Forced either way.
-    assert_eq!(gpu.with_wide_tiles(true, || rows_of(4096, 64)), Some(128));
-    assert_eq!(gpu.with_wide_tiles(false, || rows_of(14336, 512)), Some(64));
+    assert_eq!(
+        gpu.with_wide_tiles(true, || rows_of(4096, 4096, 64)),
+        Some(128)
+    );
+    assert_eq!(
+        gpu.with_wide_tiles(false, || rows_of(4096, 14336, 512)),
+        Some(64)
+    );
 }
 
 #[test]

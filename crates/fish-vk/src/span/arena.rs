@@ -89,9 +89,10 @@ fn sizes(shape: &SpanShape, n_ff: usize) -> [(usize, MemoryKind); 11] {
     ]
 }
 
-/// The split scratch of the span's batched forwards on `gpu`.
+/// The split scratch of the span's forwards on `gpu` (batch tile and wide
+/// prefill tile).
 fn split_scratch(gpu: &Gpu) -> ScratchNeed {
-    ScratchNeed::of(gpu.span_split_tile().as_ref())
+    gpu.span_split_need()
 }
 
 impl Arena {
