@@ -63,6 +63,19 @@ pub(crate) fn env_switched_off(name: &str) -> bool {
     )
 }
 
+/// The number in `name` where it parses and lies in `range`, else
+/// `default`: the form of the numeric FISH_VK_* tuning knobs.
+pub(crate) fn env_number_in<T>(name: &str, range: std::ops::RangeInclusive<T>, default: T) -> T
+where
+    T: std::str::FromStr + PartialOrd,
+{
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.trim().parse().ok())
+        .filter(|n| range.contains(n))
+        .unwrap_or(default)
+}
+
 fn env_u64(name: &str) -> Option<u64> {
     env(name).and_then(|v| v.trim().parse().ok())
 }

@@ -209,22 +209,18 @@ const WIDE_SPLIT_MIN_WORKGROUPS: u64 = 96;
 fn wide_split_min_workgroups() -> u64 {
     static MIN: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
     *MIN.get_or_init(|| {
-        std::env::var("FISH_VK_WIDE_SPLIT_MIN")
-            .ok()
-            .and_then(|v| v.parse().ok())
-            .filter(|n| (1..=1 << 20).contains(n))
-            .unwrap_or(WIDE_SPLIT_MIN_WORKGROUPS)
+        crate::config::env_number_in(
+            "FISH_VK_WIDE_SPLIT_MIN",
+            1..=1 << 20,
+            WIDE_SPLIT_MIN_WORKGROUPS,
+        )
     })
 }
 
 fn wide_min_workgroups() -> u64 {
     static MIN: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
     *MIN.get_or_init(|| {
-        std::env::var("FISH_VK_WIDE_MIN")
-            .ok()
-            .and_then(|v| v.parse().ok())
-            .filter(|n| (1..=1 << 20).contains(n))
-            .unwrap_or(WIDE_MIN_WORKGROUPS)
+        crate::config::env_number_in("FISH_VK_WIDE_MIN", 1..=1 << 20, WIDE_MIN_WORKGROUPS)
     })
 }
 

@@ -31,11 +31,7 @@ const SPLIT_TARGET_WORKGROUPS: u32 = 512;
 fn split_target() -> u32 {
     static TARGET: std::sync::OnceLock<u32> = std::sync::OnceLock::new();
     *TARGET.get_or_init(|| {
-        std::env::var("FISH_VK_SPLIT_TARGET")
-            .ok()
-            .and_then(|v| v.parse().ok())
-            .filter(|t| (64..=8192).contains(t))
-            .unwrap_or(SPLIT_TARGET_WORKGROUPS)
+        crate::config::env_number_in("FISH_VK_SPLIT_TARGET", 64..=8192, SPLIT_TARGET_WORKGROUPS)
     })
 }
 

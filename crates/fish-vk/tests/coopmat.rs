@@ -65,6 +65,15 @@ fn emulated_coopmat_kernel_matches_the_cpu_for_every_type() {
     check_every_type(gpu, Kernel::CoopMatEmulated);
 }
 
+/// The stagings of `tile` whose doubled tiles fit the device (on
+/// lavapipe's 32 KiB the wide tile's synchronous one only).
+fn fitting_stagings(gpu: &Gpu, tile: &fish_vk::CoopMatTile) -> Vec<fish_vk::Staging> {
+    STAGINGS
+        .into_iter()
+        .filter(|&s| tile.with_staging(s, gpu.info().max_shared_memory).is_ok())
+        .collect()
+}
+
 #[test]
 fn emulated_wide_tile_matches_the_cpu_for_every_type() {
     let Some(gpu) = gpu_or_skip() else { return };
@@ -79,12 +88,7 @@ fn emulated_wide_tile_matches_the_cpu_for_every_type() {
             "{}",
             tile.describe()
         );
-        // The stagings whose doubled tiles fit the device (on lavapipe's 32
-        // KiB only the synchronous one).
-        let stagings: Vec<_> = STAGINGS
-            .into_iter()
-            .filter(|&s| tile.with_staging(s, gpu.info().max_shared_memory).is_ok())
-            .collect();
+        let stagings = fitting_stagings(gpu, &tile);
         eprintln!("wide tile {}: {stagings:?}", tile.describe());
         check_every_type_staged(gpu, Kernel::CoopMatEmulated, &stagings);
     });
@@ -107,10 +111,7 @@ fn wide_tiles_split_across_workgroups_match_the_cpu() {
                 .plan_tile_for(kernel, (8192, 70), 19)
                 .expect("plan")
                 .expect("a cooperative tile");
-            let stagings: Vec<_> = STAGINGS
-                .into_iter()
-                .filter(|&s| tile.with_staging(s, gpu.info().max_shared_memory).is_ok())
-                .collect();
+            let stagings = fitting_stagings(gpu, &tile);
             for ty in [GgmlType::Q4_K, GgmlType::Q8_0, GgmlType::F16] {
                 with_uploaded(gpu, ty, (8192, 70), 920, |weights, h| {
                     let what = format!("{ty:?} wide split");
