@@ -74,7 +74,14 @@ impl VulkanBackend {
 
     /// A backend on a device of its own, opened from the environment (tests).
     pub fn open_owned() -> Result<VulkanBackend, String> {
-        let gpu = Gpu::open(&fish_vk::Config::from_env()).map_err(|e| e.to_string())?;
+        Self::open_owned_with(&fish_vk::Config::from_env())
+    }
+
+    /// A backend on a device of its own, opened as `config` says (tests
+    /// that compare settings in one process without racing on the
+    /// environment).
+    pub fn open_owned_with(config: &fish_vk::Config) -> Result<VulkanBackend, String> {
+        let gpu = Gpu::open(config).map_err(|e| e.to_string())?;
         Ok(Self::new(Device::Owned(Box::new(gpu))))
     }
 

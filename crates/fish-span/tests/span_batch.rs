@@ -10,7 +10,9 @@ mod common;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use common::{assert_memory_returned, compare, default_model, float_backend as backend};
+use common::{
+    assert_memory_returned, compare, default_model, float_backend as backend, memory_mark,
+};
 use fish_core::backend::{BackendError, ComputeBackend, SpanBackend, SpanRow, SpanSpec};
 use fish_core::batch::BatchSession;
 use fish_core::model::{LogitsFor, Model, PlacementLimits};
@@ -428,7 +430,7 @@ fn slots_beyond_the_budget_are_refused_cleanly() {
     let before = gpu.span_forward_batch_logits(&x, &step, 2).expect("step");
     gpu.span_kv_slot_truncate(1, 0);
     gpu.span_kv_slot_truncate(2, 0);
-    let (free, allocs) = (gpu.memory_free(), gpu.gpu().allocation_count());
+    let (mark, allocs) = (memory_mark(&gpu), gpu.gpu().allocation_count());
     // Every slot holds the whole context in each layer's K and V.
     let per_slot = (GPU_LAYERS * cfg.n_ctx_train * (cfg.k_dim() + cfg.v_dim()) * 2) as u64;
     let slot = ((CEILING_MB << 20) / per_slot) as usize + 1;
@@ -444,7 +446,7 @@ fn slots_beyond_the_budget_are_refused_cleanly() {
         allocs,
         "a refused reserve holds nothing"
     );
-    assert_memory_returned(&gpu, free, "after a refused reserve");
+    assert_memory_returned(&gpu, &mark, "after a refused reserve");
     assert_eq!(gpu.span_kv_slot_len(slot), 0);
     let after = gpu
         .span_forward_batch_logits(&x, &step, 2)

@@ -9,7 +9,7 @@ use std::sync::Arc;
 
 use common::{
     assert_memory_returned, compare, default_model, float_backend as backend, greedy_after_prompt,
-    teacher_forced, PARIS,
+    memory_mark, teacher_forced, PARIS,
 };
 use fish_core::backend::ComputeBackend;
 use fish_core::model::{Model, PlacementLimits};
@@ -35,7 +35,7 @@ fn placed(gpu: &Arc<VulkanBackend>, spans: &str) -> Model {
 #[test]
 fn span_matches_per_matmul_and_answers_paris() {
     let Some(gpu) = backend() else { return };
-    let (resident0, free0) = (gpu.bytes_resident(), gpu.memory_free());
+    let (resident0, mark) = (gpu.bytes_resident(), memory_mark(&gpu));
     let cpu = Model::load(default_model()).expect("load");
     let forced = greedy_after_prompt(&cpu, 32);
     let cpu_logits = teacher_forced(&cpu, &forced);
@@ -93,6 +93,6 @@ fn span_matches_per_matmul_and_answers_paris() {
     assert!(worst <= 0.02, "span vs per-matmul {:.3}%", worst * 100.0);
 
     assert_eq!(gpu.bytes_resident(), resident0);
-    assert_memory_returned(&gpu, free0, "all device memory freed on unload");
+    assert_memory_returned(&gpu, &mark, "all device memory freed on unload");
     assert_eq!(gpu.gpu().validation_messages(), 0);
 }

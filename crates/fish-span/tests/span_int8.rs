@@ -1,11 +1,11 @@
-//! Spans with the int8-activation matvec forced on (FISH_VK_INT8=1, which
-//! lavapipe needs: it does not report the packed products as accelerated;
+//! Spans with the int8-activation matvec forced on (the policy
+//! WhenSupported, as FISH_VK_INT8=1 gives it, which lavapipe needs: it does
+//! not report the packed products as accelerated;
 //! on GPUs that do, decode uses them by default). Teacher-forced against the
 //! CPU, whose quant kernels also take int8 activations: both round the
 //! activations, so the two runs differ by that rounding noise rather than
 //! by float error; the bound is set against the float span's own distance
-//! from the CPU, measured in the same test. One test only: the knob is read
-//! from the environment. The int8 run must give every matvec its input
+//! from the CPU, measured in the same test. The int8 run must give every matvec its input
 //! quantised once, before it (the norm for q/k/v, gate/up and the output,
 //! the attention for wo, the act*mul dispatch for down): none may quantise
 //! x in every workgroup (`matvec_i8_*`). A verification round longer than
@@ -15,8 +15,8 @@
 mod common;
 
 use common::{
-    assert_round_equals_one_by_one, backend, compare, default_model, greedy_after_prompt,
-    span_teacher_forced, teacher_forced, PARIS, PROMPT,
+    assert_round_equals_one_by_one, backend_with_int8, compare, default_model, float_backend,
+    greedy_after_prompt, span_teacher_forced, teacher_forced, PARIS, PROMPT,
 };
 use fish_core::batch::BatchSession;
 use fish_core::model::{LogitsFor, Model};
@@ -26,11 +26,13 @@ use fish_gguf::GgmlType;
 
 #[test]
 fn int8_span_decode_matches_the_cpu_and_answers_paris() {
-    // The knob is read when a device opens: one float, then one int8.
-    std::env::set_var("FISH_VK_INT8", "0");
-    let Some(float_gpu) = backend() else { return };
-    std::env::set_var("FISH_VK_INT8", "1");
-    let Some(gpu) = backend() else { return };
+    // One float device and one with the int8 matvec forced on.
+    let Some(float_gpu) = float_backend() else {
+        return;
+    };
+    let Some(gpu) = backend_with_int8(fish_vk::Int8Policy::WhenSupported) else {
+        return;
+    };
     assert!(!float_gpu.gpu().int8_matvec(GgmlType::Q4_1));
     if !gpu.gpu().int8_matvec(GgmlType::Q4_1) {
         assert!(

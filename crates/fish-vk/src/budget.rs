@@ -67,16 +67,13 @@ pub(crate) fn memory_free(allocator: &Allocator, heap: u32) -> u64 {
     }
 }
 
-/// Bytes the allocator holds in memory blocks of `heap` without an
-/// allocation in them: vk-mem keeps an emptied block per memory type for
-/// reuse, and those bytes stay counted as used in the heap's budget.
-pub(crate) fn allocator_idle_bytes(allocator: &Allocator, heap: u32) -> u64 {
+/// Bytes of live allocations the allocator has made in `heap` (whatever
+/// their owner inside this process: tensors, spans, scratch buffers).
+pub(crate) fn allocator_bytes_in_use(allocator: &Allocator, heap: u32) -> u64 {
     match allocator.get_heap_budgets() {
-        Ok(budgets) => budgets.get(heap as usize).map_or(0, |b| {
-            b.statistics
-                .blockBytes
-                .saturating_sub(b.statistics.allocationBytes)
-        }),
+        Ok(budgets) => budgets
+            .get(heap as usize)
+            .map_or(0, |b| b.statistics.allocationBytes),
         Err(_) => 0,
     }
 }

@@ -168,11 +168,11 @@ impl Gpu {
         budget::memory_free(&self.allocator, self.heap_index)
     }
 
-    /// Bytes of the device heap the allocator holds in blocks with no
-    /// allocation in them (kept for reuse; counted as used in
-    /// `memory_free`).
-    pub fn allocator_idle_bytes(&self) -> u64 {
-        budget::allocator_idle_bytes(&self.allocator, self.heap_index)
+    /// Bytes of live allocations in the device heap, as the allocator
+    /// counts them: what `memory_free` would return to if every buffer of
+    /// this process were freed, less the driver's own memory.
+    pub fn allocator_bytes_in_use(&self) -> u64 {
+        budget::allocator_bytes_in_use(&self.allocator, self.heap_index)
     }
 
     /// The backend's own ceiling in bytes.
