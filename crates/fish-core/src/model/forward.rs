@@ -163,6 +163,12 @@ pub(super) fn run_layers_observed(
     let (g, cfg, w, gpu) = (&*model.gguf, &model.cfg, &model.weights, model.gpu.as_ref());
     let n_tok = positions.len();
     let n_embd = cfg.n_embd;
+    // A span holding every layer leaves none here: the RoPE angles below
+    // (two libm calls per pair and position) cost a 512-token llama-8b
+    // prompt 1.5-5.6 ms on the H200's host for nothing.
+    if layers.is_empty() {
+        return Ok(());
+    }
 
     let rope = |base: f32| -> Vec<RopeAngles> {
         positions

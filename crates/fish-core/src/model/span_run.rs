@@ -18,10 +18,10 @@ pub struct SpanRun {
     /// Per device KV slot, the id of the KV cache whose positions it holds
     /// (0: none). Slot 0 is the one plain forwards use.
     owners: Mutex<Vec<u64>>,
-    /// Host wall time of the last forward's phases, in nanoseconds: what
-    /// runs before the span (embedding, layers below it), the span call,
-    /// and the output (norm and projection).
-    phase_ns: [AtomicU64; 3],
+    /// Host wall time of the last forward's phases, in nanoseconds: the
+    /// KV claim and the embedding, the layers below the span, the span
+    /// call, and the output (norm and projection).
+    phase_ns: [AtomicU64; 4],
 }
 
 impl SpanRun {
@@ -33,19 +33,21 @@ impl SpanRun {
         }
     }
 
-    /// e.g. `host 0.61 ms: before span 0.02, span 0.45, output 0.14`.
+    /// e.g. `host 0.61 ms: before span 0.02 (embedding 0.01), span 0.45,
+    /// output 0.14`.
     pub fn host_summary(&self) -> String {
         let ms = |i: usize| self.phase_ns[i].load(Ordering::Relaxed) as f64 / 1e6;
         format!(
-            "host {:.3} ms: before span {:.3}, span {:.3}, output {:.3}",
-            ms(0) + ms(1) + ms(2),
+            "host {:.3} ms: before span {:.3} (embedding {:.3}), span {:.3}, output {:.3}",
+            ms(0) + ms(1) + ms(2) + ms(3),
+            ms(0) + ms(1),
             ms(0),
-            ms(1),
-            ms(2)
+            ms(2),
+            ms(3)
         )
     }
 
-    fn record_phases(&self, marks: [Instant; 4]) {
+    fn record_phases(&self, marks: [Instant; 5]) {
         for (i, slot) in self.phase_ns.iter().enumerate() {
             let ns = marks[i + 1].duration_since(marks[i]).as_nanos();
             slot.store(ns.min(u128::from(u64::MAX)) as u64, Ordering::Relaxed);
@@ -135,6 +137,7 @@ pub(super) fn forward_with_span(
     cache.check_append(pos0, n_tok)?;
     run.claim(span, cache, pos0)?;
     let mut x = embed_tokens(model, tokens)?;
+    let embedded = Instant::now();
     // Layers below the span keep their keys/values in the CPU cache; this
     // also advances the cache's length for the span's positions.
     forward_layers(model, cache, &mut x, pos0, 0..run.first_layer)?;
@@ -163,7 +166,7 @@ pub(super) fn forward_with_span(
     };
     if let Some(logits) = logits {
         let now = Instant::now();
-        run.record_phases([start, span_start, now, now]);
+        run.record_phases([start, embedded, span_start, now, now]);
         return Ok(logits);
     }
     let n_embd = model.cfg.n_embd;
@@ -173,6 +176,6 @@ pub(super) fn forward_with_span(
     };
     let output_start = Instant::now();
     let logits = output_logits(model, rows)?;
-    run.record_phases([start, span_start, output_start, Instant::now()]);
+    run.record_phases([start, embedded, span_start, output_start, Instant::now()]);
     Ok(logits)
 }
