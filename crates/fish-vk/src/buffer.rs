@@ -7,6 +7,14 @@ use vk_mem::{
     Alloc, Allocation, AllocationCreateFlags, AllocationCreateInfo, Allocator, MemoryUsage,
 };
 
+/// Reads of at least this many bytes copy in parallel chunks: the logits
+/// of a batched decode step (8 x 128256 floats, 4 MB) took ~0.54 ms on one
+/// thread of the H200's host, a fresh vector's page faults included. On the
+/// pool: llama-1b B = 8 / 16 +4% (2193 / 2204 -> 2280 / 2280, 2920 -> 3027
+/// tok/s), llama-8b B = 16 +3%, B = 8 level (939 -> 925 / 934).
+const PARALLEL_READ_BYTES: usize = 1 << 20;
+const PARALLEL_READ_CHUNK: usize = 256 << 10;
+
 /// Where a buffer lives.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum MemoryKind {
@@ -104,7 +112,8 @@ impl Buffer {
             .call("vmaFlushAllocation")
     }
 
-    /// Copies `out.len()` bytes from a host-visible buffer at `offset`.
+    /// Copies `out.len()` bytes from a host-visible buffer at `offset`;
+    /// large reads on the pool.
     pub fn read(&self, allocator: &Allocator, offset: u64, out: &mut [u8]) -> Result<()> {
         assert!(
             !self.mapped.is_null(),
@@ -117,14 +126,27 @@ impl Buffer {
         allocator
             .invalidate_allocation(&self.allocation, offset, out.len() as u64)
             .call("vmaInvalidateAllocation")?;
-        // SAFETY: bounds checked above.
-        unsafe {
-            std::ptr::copy_nonoverlapping(
-                self.mapped.add(offset as usize),
-                out.as_mut_ptr(),
-                out.len(),
-            )
+        // The source as an address: raw pointers are not Send.
+        let src = self.mapped as usize + offset as usize;
+        let copy = |(i, chunk): (usize, &mut [u8])| {
+            // SAFETY: bounds checked above; chunk i starts at byte
+            // i * PARALLEL_READ_CHUNK of `out`, and of the source range.
+            unsafe {
+                std::ptr::copy_nonoverlapping(
+                    (src + i * PARALLEL_READ_CHUNK) as *const u8,
+                    chunk.as_mut_ptr(),
+                    chunk.len(),
+                )
+            }
         };
+        if out.len() >= PARALLEL_READ_BYTES {
+            use rayon::prelude::*;
+            out.par_chunks_mut(PARALLEL_READ_CHUNK)
+                .enumerate()
+                .for_each(copy);
+        } else {
+            copy((0, out));
+        }
         Ok(())
     }
 
