@@ -59,8 +59,12 @@ pub fn span_chunk_tokens() -> usize {
     })
 }
 
-/// See [`span_chunk_tokens`].
-const DEFAULT_CHUNK_TOKENS: usize = 512;
+/// See [`span_chunk_tokens`]. With the wide prefill tile, 1024 tokens give
+/// every llama-8b projection enough 128 x 128 workgroups (wo and down 256):
+/// on the H200 (`fish-cli bench MODEL -p 2048 -n 0 -r 1`) pp2048 went 6654
+/// -> 7586 tok/s (llama-8b) and 33939 -> 40102 (llama-1b) against 512. The
+/// work buffers grow with it (~176 MB for llama-8b, 88 MB at 512).
+const DEFAULT_CHUNK_TOKENS: usize = 1024;
 
 /// What a span's device memory depends on, known before its layers are
 /// placed (so that placement can hold it first).
