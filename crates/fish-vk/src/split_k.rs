@@ -1,5 +1,7 @@
-//! Splitting the steps of a cooperative batch-tile matmul across
-//! workgroups (shaders/matmul_coopmat.comp, `Params::split`).
+//! Splitting the steps of a cooperative-matrix matmul across workgroups
+//! (shaders/matmul_coopmat.comp, `Params::split`): the batch tile's, and
+//! the wide prefill tile's where a plan has too few 128 x 128 tiles and
+//! rows long enough (`SplitRule::wide`).
 //!
 //! A batched-decode matmul has one 16-token tile along the tokens, so a
 //! projection of 4096 rows runs 128 workgroups, each walking every step of
@@ -12,9 +14,10 @@
 //! the order in which workgroups finish) and writes y.
 //!
 //! The scratch (binding 3 of the plain matmul sets) holds SPLIT_REGIONS
-//! regions: arrival counters first (SPLIT_TARGET_WORKGROUPS per region, zero
-//! at the start of every submission and reset by each last arrival), then
-//! the partial tiles. A plan hands the regions to its splitting dispatches
+//! regions: arrival counters first (the rule's target per region, zero at
+//! the start of every submission and reset by each last arrival), then the
+//! partial tiles; a span's scratch is sized for the larger of its two
+//! rules' layouts. A plan hands the regions to its splitting dispatches
 //! in order (dispatches of one plan run without barriers between them, so
 //! they need disjoint regions); a plan with more splitting dispatches than
 //! regions runs the rest unsplit. Plans of different groups are separated
