@@ -15,8 +15,9 @@
 mod common;
 
 use common::{
-    assert_round_equals_one_by_one, backend_with_int8, compare, default_model, float_backend,
-    greedy_after_prompt, span_teacher_forced, teacher_forced, PARIS, PROMPT,
+    assert_int8_within_float_bound, assert_round_equals_one_by_one, backend_with_int8, compare,
+    default_model, float_backend, greedy_after_prompt, span_teacher_forced, teacher_forced, PARIS,
+    PROMPT,
 };
 use fish_core::batch::BatchSession;
 use fish_core::model::{LogitsFor, Model};
@@ -57,15 +58,7 @@ fn int8_span_decode_matches_the_cpu_and_answers_paris() {
         worst * 100.0
     );
     assert!(same >= 32, "argmax differs at {} steps", 33 - same);
-    // Two int8 roundings (GPU and CPU) of slightly different inputs: at most
-    // twice the distance of the float kernels, which round only on the CPU.
-    let int8_bound = 2.0 * float_worst.max(0.01);
-    assert!(
-        worst <= int8_bound,
-        "int8 span vs CPU {:.3}% (float span {:.3}%)",
-        worst * 100.0,
-        float_worst * 100.0
-    );
+    assert_int8_within_float_bound("int8 span", worst, float_worst);
     // Speculative verification relies on a multi-token round's rows being
     // one-token decode's logits bit for bit: the round's chunk quantises its
     // inputs in the multi-token kernels (plain attention, norm and act*mul

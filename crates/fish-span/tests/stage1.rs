@@ -8,8 +8,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use common::{
-    assert_memory_returned, compare, default_model, greedy_after_prompt, memory_mark,
-    teacher_forced, PARIS,
+    assert_int8_within_float_bound, assert_memory_returned, compare, default_model,
+    greedy_after_prompt, memory_mark, teacher_forced, PARIS,
 };
 use fish_core::backend::{BackendError, ComputeBackend};
 use fish_core::model::{Model, PlacementLimits};
@@ -27,6 +27,18 @@ fn backend() -> Option<Arc<VulkanBackend>> {
     common::float_backend()
 }
 
+/// The default model with its last `layers` layers (and the output) placed on `gpu`.
+fn placed_on(gpu: Arc<dyn ComputeBackend>, layers: usize) -> Model {
+    let mut model = Model::load(default_model()).expect("load");
+    model.place_on(
+        gpu,
+        PlacementLimits {
+            max_layers: Some(layers),
+        },
+    );
+    model
+}
+
 #[test]
 fn stage1_agrees_with_the_cpu_over_33_teacher_forced_steps() {
     let Some(gpu) = backend() else { return };
@@ -35,13 +47,7 @@ fn stage1_agrees_with_the_cpu_over_33_teacher_forced_steps() {
     let forced = greedy_after_prompt(&cpu, 32);
     let cpu_logits = teacher_forced(&cpu, &forced[..32]);
 
-    let mut model = Model::load(default_model()).expect("load");
-    model.place_on(
-        gpu.clone(),
-        PlacementLimits {
-            max_layers: Some(GPU_LAYERS),
-        },
-    );
+    let model = placed_on(gpu.clone(), GPU_LAYERS);
     let placement = model.gpu.as_ref().expect("placed");
     assert_eq!(placement.n_layers_placed(), GPU_LAYERS);
     assert!(placement.output.is_some(), "output projection placed first");
@@ -71,13 +77,7 @@ fn stage1_agrees_with_the_cpu_over_33_teacher_forced_steps() {
     };
     assert!(int8_gpu.gpu().int8_matvec(fish_gguf::GgmlType::Q4_1));
     drop(model);
-    let mut model = Model::load(default_model()).expect("load");
-    model.place_on(
-        int8_gpu,
-        PlacementLimits {
-            max_layers: Some(GPU_LAYERS),
-        },
-    );
+    let model = placed_on(int8_gpu, GPU_LAYERS);
     let int8_logits = teacher_forced(&model, &forced[..32]);
     assert!(!model.gpu.as_ref().unwrap().has_failed());
     let (int8_same, int8_worst) = compare(&cpu_logits, &int8_logits);
@@ -89,13 +89,7 @@ fn stage1_agrees_with_the_cpu_over_33_teacher_forced_steps() {
         int8_same >= 32,
         "int8: argmax agreed at {int8_same}/33 steps"
     );
-    let bound = 2.0 * worst.max(0.01);
-    assert!(
-        int8_worst <= bound,
-        "int8 stage 1 vs CPU {:.2}% (float {:.2}%)",
-        int8_worst * 100.0,
-        worst * 100.0
-    );
+    assert_int8_within_float_bound("stage 1", int8_worst, worst);
 }
 
 #[test]
@@ -106,13 +100,7 @@ fn unloading_frees_all_device_memory() {
         gpu.gpu().allocation_count(),
         memory_mark(&gpu),
     );
-    let mut model = Model::load(default_model()).expect("load");
-    model.place_on(
-        gpu.clone(),
-        PlacementLimits {
-            max_layers: Some(2),
-        },
-    );
+    let model = placed_on(gpu.clone(), 2);
     assert!(
         gpu.bytes_resident() > resident0 + 30_000_000,
         "output + 2 layers resident"
@@ -152,7 +140,6 @@ forwarding_backend!(Flaky);
 fn a_device_failure_mid_run_moves_the_rest_to_the_cpu() {
     let Some(gpu) = backend() else { return };
     let cpu = Model::load(default_model()).expect("load");
-    let mut model = Model::load(default_model()).expect("load");
     // Prompt (4 groups x 2 layers + output = 9 calls) succeeds; the device
     // dies during the first decode step.
     let flaky = Arc::new(Flaky {
@@ -160,12 +147,7 @@ fn a_device_failure_mid_run_moves_the_rest_to_the_cpu() {
         calls: AtomicUsize::new(0),
         fail_after: 12,
     });
-    model.place_on(
-        flaky,
-        PlacementLimits {
-            max_layers: Some(2),
-        },
-    );
+    let model = placed_on(flaky, 2);
     let forced = [PARIS, 30, 198];
     let gpu_logits = teacher_forced(&model, &forced);
     let cpu_logits = teacher_forced(&cpu, &forced);

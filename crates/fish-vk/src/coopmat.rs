@@ -462,6 +462,12 @@ impl CoopMatTile {
         (n_rows.div_ceil(self.rows()), n_tok.div_ceil(self.tokens()))
     }
 
+    /// How many of those workgroups there are (before any split).
+    pub(crate) fn workgroups(&self, n_rows: usize, n_tok: usize) -> u64 {
+        let (gx, gy) = self.groups(n_rows as u32, n_tok as u32);
+        gx as u64 * gy as u64
+    }
+
     /// One line for logs and benchmark records.
     pub fn describe(&self) -> String {
         format!(
@@ -917,8 +923,7 @@ impl crate::gpu::Gpu {
     ) -> Result<Option<CoopMatTile>> {
         let size = (n_in, n_tok);
         let (tile, _) = self.plan_tile(kernel, self.coopmat_tile(kernel)?, size, |tile| {
-            let (gx, gy) = tile.groups(n_rows as u32, n_tok as u32);
-            gx as u64 * gy as u64
+            tile.workgroups(n_rows, n_tok)
         })?;
         Ok(tile)
     }

@@ -717,10 +717,7 @@ impl Gpu {
                 tensors
                     .iter()
                     .flat_map(|t| &t.chunks)
-                    .map(|c| {
-                        let (gx, gy) = tile.groups(c.n_rows as u32, n_tok as u32);
-                        gx as u64 * gy as u64
-                    })
+                    .map(|c| tile.workgroups(c.n_rows, n_tok))
                     .sum()
             },
         )?;

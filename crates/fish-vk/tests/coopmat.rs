@@ -98,8 +98,8 @@ fn emulated_wide_tile_matches_the_cpu_for_every_type() {
 fn wide_tiles_split_across_workgroups_match_the_cpu() {
     // 8192 values are 256 steps; 70 rows x 19 tokens are one wide tile, so
     // its steps split 2 ways (split_k.rs SplitRule::wide: 128 steps or more
-    // each) and the last workgroup sums the partials. The real wide tile runs too where the
-    // device has it.
+    // each) and the last workgroup sums the partials. The real wide tile
+    // runs too where the device has it.
     let Some(gpu) = gpu_or_skip() else { return };
     let mut kernels = vec![Kernel::CoopMatEmulated];
     if gpu.coopmat_wide_tile().is_some() {

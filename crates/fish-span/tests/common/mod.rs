@@ -54,6 +54,20 @@ pub fn backend_with_int8(policy: fish_vk::Int8Policy) -> Option<Arc<VulkanBacken
     opened(VulkanBackend::open_owned_with(&config))
 }
 
+/// An int8 path's max |dlogit| against the CPU (`int8_worst`, a fraction of
+/// max |logit|) within twice the float path's (`float_worst`, at least 1%):
+/// two int8 roundings (GPU and CPU) of slightly different inputs, where the
+/// float kernels round only on the CPU.
+pub fn assert_int8_within_float_bound(what: &str, int8_worst: f32, float_worst: f32) {
+    let bound = 2.0 * float_worst.max(0.01);
+    assert!(
+        int8_worst <= bound,
+        "{what} vs CPU {:.3}% (float {:.3}%)",
+        int8_worst * 100.0,
+        float_worst * 100.0
+    );
+}
+
 /// The device memory in use when a test starts: the allocator's live
 /// allocations (exact) and the driver's free-memory figure (information).
 pub struct MemoryMark {
