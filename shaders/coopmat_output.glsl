@@ -8,7 +8,9 @@
 // order and write y. Included by matmul_coopmat.comp and
 // matmul_coopmat_stream.comp after their tile constants (BM, BN, FM, FN,
 // TM, TN, LANES, THREADS), common.glsl's push constants and store_y,
-// coopmat_frag.glsl and the globals tile_y and split_z.
+// coopmat_frag.glsl and the globals tile_y and split_z. With
+// TENSOR_STORES (matmul_coopmat2.comp) only the split path is wanted: the
+// tile leaves through tensor stores, not write_fragment.
 
 // The split scratch: arrival counters, then partial tiles, coherent so that
 // the last workgroup of a tile reads the others' writes.
@@ -70,6 +72,7 @@ void finish_split() {
     }
 }
 
+#if !defined(TENSOR_STORES)
 // Writes accumulator fragment f (row block f / FN, token block f % FN of
 // the subgroup) to y through the subgroup's slot of buf_c at c_base.
 void write_fragment(Acc c, uint f, uint c_base, uint lane, uint warp_m, uint warp_n) {
@@ -88,3 +91,4 @@ void write_fragment(Acc c, uint f, uint c_base, uint lane, uint warp_m, uint war
     }
     SUBGROUP_SYNC();
 }
+#endif

@@ -64,7 +64,7 @@ fn write_table(spv_dir: &Path, prebuilt: &Path, out: &Path, compiled: bool) {
     for spec in shader_specs() {
         let dir = match spec.compiler {
             ShaderCompiler::Glslc => spv_dir,
-            ShaderCompiler::GlslangCoopMat => prebuilt,
+            ShaderCompiler::GlslangCoopMat | ShaderCompiler::GlslangCoopMat2 => prebuilt,
         };
         let path = dir.join(format!("{}.spv", spec.name));
         text.push_str(&format!(

@@ -1,7 +1,9 @@
 //! Project chores: `cargo xtask shaders` regenerates the prebuilt SPIR-V
 //! (shaders/prebuilt/*.spv and manifest.txt) with glslc (or $FISH_GLSLC) and,
 //! for the cooperative-matrix modules, glslangValidator (or $FISH_GLSLANG):
-//! Debian 12's glslc cannot compile GL_KHR_cooperative_matrix.
+//! Debian 12's glslc cannot compile GL_KHR_cooperative_matrix. The modules on
+//! workgroup-scope matrices (GL_NV_cooperative_matrix2) need glslang 15.1 or
+//! later ($FISH_GLSLANG2; docs/GPU.md says how to build one).
 
 use anyhow::{bail, Context};
 use std::path::{Path, PathBuf};
@@ -37,6 +39,15 @@ fn shaders() -> anyhow::Result<()> {
             glslang.display()
         );
     }
+    let glslang2 =
+        PathBuf::from(std::env::var("FISH_GLSLANG2").unwrap_or_else(|_| "glslangValidator".into()));
+    if !glslc_works(&glslang2) {
+        bail!(
+            "no working glslangValidator at {} (set FISH_GLSLANG2): matmul_coopmat2.comp \
+             needs glslang 15.1 or later for GL_NV_cooperative_matrix2",
+            glslang2.display()
+        );
+    }
     std::fs::create_dir_all(&out).context("create shaders/prebuilt")?;
     // Remove modules that are no longer in the set, so the folder mirrors it.
     let wanted: Vec<String> = shader_specs()
@@ -53,6 +64,7 @@ fn shaders() -> anyhow::Result<()> {
         let compiler = match spec.compiler {
             ShaderCompiler::Glslc => &glslc,
             ShaderCompiler::GlslangCoopMat => &glslang,
+            ShaderCompiler::GlslangCoopMat2 => &glslang2,
         };
         compile(
             compiler,

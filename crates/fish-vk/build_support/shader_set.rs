@@ -58,6 +58,10 @@ pub const GLSLC_ARGS: &[&str] = &["--target-env=vulkan1.1", "-O"];
 /// which a Vulkan 1.1 device takes with those extensions enabled.
 pub const GLSLANG_ARGS: &[&str] = &["-V", "--target-env", "vulkan1.1"];
 
+/// Arguments of the modules on workgroup-scope cooperative matrices
+/// (GL_NV_cooperative_matrix2 needs SPIR-V 1.6, so a Vulkan 1.3 target).
+pub const GLSLANG2_ARGS: &[&str] = &["-V", "--target-env", "vulkan1.3"];
+
 /// The compiler a module needs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ShaderCompiler {
@@ -66,6 +70,9 @@ pub enum ShaderCompiler {
     /// glslangValidator with GL_KHR_cooperative_matrix (glslc 2023.2 lacks it):
     /// only `cargo xtask shaders` runs it; builds embed the prebuilt module.
     GlslangCoopMat,
+    /// glslangValidator 15.1 or later (GL_NV_cooperative_matrix2): only
+    /// `cargo xtask shaders` runs it, with $FISH_GLSLANG2.
+    GlslangCoopMat2,
 }
 
 impl ShaderCompiler {
@@ -73,6 +80,7 @@ impl ShaderCompiler {
         match self {
             ShaderCompiler::Glslc => GLSLC_ARGS,
             ShaderCompiler::GlslangCoopMat => GLSLANG_ARGS,
+            ShaderCompiler::GlslangCoopMat2 => GLSLANG2_ARGS,
         }
     }
 }
@@ -205,6 +213,13 @@ pub const COOPMAT_SPAN_MODULES: &[(&str, &str, &[&str])] = &[
     ("span_attention_coopmat_d128", "span_attention_coopmat.comp", &["HEAD_DIM=128u"]),
 ];
 
+/// The prefill matmul on workgroup-scope cooperative matrices
+/// (matmul_coopmat2.comp, coopmat2.rs) for the types it decodes.
+pub const COOPMAT2_MODULES: &[(&str, &str, &[&str])] = &[
+    ("coopmat2_q4_k", "matmul_coopmat2.comp", &["TYPE_Q4_K"]),
+    ("coopmat2_q6_k", "matmul_coopmat2.comp", &["TYPE_Q6_K"]),
+];
+
 /// Measurement-only cooperative-matrix modules (glslangValidator) as
 /// (module name, source file in shaders/, defines).
 pub const COOPMAT_PROBE_MODULES: &[(&str, &str, &[&str])] = &[
@@ -236,6 +251,7 @@ pub fn shader_specs() -> Vec<ShaderSpec> {
         (PROBE_MODULES, ShaderCompiler::Glslc),
         (COOPMAT_SPAN_MODULES, ShaderCompiler::GlslangCoopMat),
         (COOPMAT_PROBE_MODULES, ShaderCompiler::GlslangCoopMat),
+        (COOPMAT2_MODULES, ShaderCompiler::GlslangCoopMat2),
     ];
     for (list, compiler) in lists {
         for (name, source, defines) in list {

@@ -45,6 +45,9 @@ pub struct DeviceInfo {
     /// The cooperative-matrix tile of batched decode (coopmat.rs
     /// BATCH_WARPS), where the prefill tile exists and the device holds it.
     pub cooperative_batch: Option<CoopMatTile>,
+    /// Workgroup-scope cooperative matrices (coopmat2.rs): prefill plans of
+    /// the types it decodes run matmul_coopmat2.comp.
+    pub cooperative_tensor: Option<crate::coopmat2::CoopMat2>,
     /// Packed int8 dot products (the int8-activation matvec, int8_dot.rs).
     pub int8_dot: Int8Dot,
     /// Pipeline statistics asked for (FISH_VK_PIPELINE_STATS=1) and offered
@@ -222,6 +225,7 @@ fn describe_physical(
         cooperative_matrix: None,
         cooperative_wide: None,
         cooperative_batch: None,
+        cooperative_tensor: None,
         int8_dot,
         pipeline_stats,
         full_subgroups,
@@ -245,6 +249,10 @@ pub(crate) fn create_logical(
     let mut coop_features = CoopMatFeatures::enabled();
     if info.cooperative_matrix.is_some() {
         exts.extend(CoopMatFeatures::extension_names());
+    }
+    let mut coop2_features = crate::coopmat2::DeviceFeatures::enabled();
+    if info.cooperative_tensor.is_some() {
+        exts.push(crate::coopmat2::EXTENSION.as_ptr());
     }
     let mut int8_features = Int8DotFeatures::enabled();
     if info.int8_dot != Int8Dot::Absent {
@@ -272,6 +280,9 @@ pub(crate) fn create_logical(
     }
     if info.int8_dot != Int8Dot::Absent {
         create = int8_features.chain(create);
+    }
+    if info.cooperative_tensor.is_some() {
+        create = coop2_features.chain(create);
     }
     // SAFETY: the create info refers to locals alive across the call.
     let device =

@@ -86,6 +86,26 @@ impl Gpu {
         info.cooperative_wide = info
             .cooperative_matrix
             .and_then(|t| coopmat::wide_tile(&t, &info));
+        // SAFETY: as above; the instance was created at instance.api_version.
+        let tensor = unsafe {
+            crate::coopmat2::probe(
+                &instance.entry,
+                &instance.raw,
+                instance.api_version,
+                physical,
+                &info,
+            )
+        };
+        if config.verbose {
+            match &tensor {
+                Ok(c) => eprintln!(
+                    "fish-vk: workgroup-scope cooperative matrices, granularity {:?}",
+                    c.granularity
+                ),
+                Err(why) => eprintln!("fish-vk: no workgroup-scope cooperative matrices: {why}"),
+            }
+        }
+        info.cooperative_tensor = tensor.ok();
         if config.verbose {
             if let Some(wide) = info.cooperative_wide {
                 eprintln!("fish-vk: wide prefill tile: {}", wide.describe());

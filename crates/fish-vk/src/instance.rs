@@ -1,4 +1,5 @@
-//! The Vulkan 1.1 instance, with portability enumeration when the loader has
+//! The Vulkan instance (1.3 where the loader has it, else 1.1: workgroup-scope
+//! cooperative matrices need SPIR-V 1.6), with portability enumeration when the loader has
 //! it and the validation layer (plus a message counter) on request.
 
 use crate::config::Config;
@@ -22,6 +23,8 @@ pub(crate) struct Instance {
     debug: Option<(ext::debug_utils::Instance, vk::DebugUtilsMessengerEXT)>,
     sink: Box<MessageSink>,
     pub validation_enabled: bool,
+    /// The API version the instance was created with.
+    pub api_version: u32,
 }
 
 unsafe extern "system" fn on_message(
@@ -76,6 +79,11 @@ impl Instance {
         let layers = unsafe { entry.enumerate_instance_layer_properties() }
             .call("vkEnumerateInstanceLayerProperties")?;
 
+        let api_version = if version >= vk::API_VERSION_1_3 {
+            vk::API_VERSION_1_3
+        } else {
+            vk::API_VERSION_1_1
+        };
         let mut ext_names = Vec::new();
         let mut flags = vk::InstanceCreateFlags::empty();
         if has_extension(&exts, khr::portability_enumeration::NAME) {
@@ -101,7 +109,7 @@ impl Instance {
         let app = vk::ApplicationInfo::default()
             .application_name(c"fish")
             .engine_name(c"fish")
-            .api_version(vk::API_VERSION_1_1);
+            .api_version(api_version);
         let info = vk::InstanceCreateInfo::default()
             .flags(flags)
             .application_info(&app)
@@ -120,6 +128,7 @@ impl Instance {
             debug: None,
             sink,
             validation_enabled,
+            api_version,
         };
         if validation_enabled && debug_available {
             let loader = ext::debug_utils::Instance::new(&instance.entry, &instance.raw);

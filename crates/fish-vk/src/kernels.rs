@@ -750,9 +750,11 @@ impl Gpu {
                 (_, Some(tile)) => tile.spec(),
                 _ => Vec::new(),
             };
+            let tensor = coop_tile.and_then(|t| self.tensor_module(kernel, &t, h.ty(), h.n_out()));
             let module = self.module_name(h.ty(), kernel, coop_tile);
-            let pipeline = match (kernel, coop_tile) {
-                (Kernel::CoopMat | Kernel::CoopMatBatch, Some(tile)) => self
+            let pipeline = match (kernel, coop_tile, tensor) {
+                (_, _, Some((module, spec))) => self.pipelines.get(&self.device, &module, &spec)?,
+                (Kernel::CoopMat | Kernel::CoopMatBatch, Some(tile), None) => self
                     .pipelines
                     .get_cooperative(&self.device, &module, &spec, tile.threads())?,
                 _ => self.pipelines.get(&self.device, &module, &spec)?,

@@ -9,6 +9,7 @@ mod budget;
 mod buffer;
 mod config;
 mod coopmat;
+pub mod coopmat2;
 mod coopmat_peak;
 mod device;
 mod error;
