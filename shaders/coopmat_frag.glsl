@@ -78,15 +78,32 @@ void put_a(uint a_base, uint r, uint kg, vec4 lo, vec4 hi) {
     buf_a[(a_base + r * A_STRIDE) / 4u + kg] = pack8(lo, hi);
 }
 
-// Stores input values 8kg .. 8kg+7 of token n of the B tile at b_base.
+// Stores input values 8kg .. 8kg+7 of token n of the B tile at b_base, as
+// f16 pairs (put_b_f16) or from f32 (put_b).
+void put_b_f16(uint b_base, uint n, uint kg, uvec4 halves) {
+    buf_b[(b_base + n * B_STRIDE) / 4u + kg] = halves;
+}
 void put_b(uint b_base, uint n, uint kg, vec4 lo, vec4 hi) {
-    buf_b[(b_base + n * B_STRIDE) / 4u + kg] = pack8(lo, hi);
+    put_b_f16(b_base, n, kg, pack8(lo, hi));
 }
 
 // Weight rows past the end read the last row; their results are never written.
 uint tile_row_byte(uint r) {
     return min(gl_WorkGroupID.x * BM + r, p.n_rows - 1u) * p.row_stride;
 }
+
+#if defined(X_F16)
+// Input values 8kg .. 8kg+7 of tile token n of the step at k0 from x in f16
+// (the stage before wrote it so: x_h at binding 1, token t's values from
+// half t * n_in); zero past the last token or the row's end.
+uvec4 input_halves(uint k0, uint n, uint kg) {
+    uint tok = tile_y * BN + n;
+    if (tok < p.n_tok && k0 + kg * 8u < p.n_in) {
+        return x_h[tok * (p.n_in / 8u) + k0 / 8u + kg];
+    }
+    return uvec4(0u);
+}
+#endif
 
 // Input values 4k4 .. 4k4+3 of tile token n of the step at k0; zero past
 // the last token or the row's end.

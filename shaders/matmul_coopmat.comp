@@ -49,6 +49,12 @@
 // the scratch at binding 3 and counts itself in with an atomic; the last to
 // arrive sums the partials in split order, writes y and resets the counter.
 //
+// With X_F16 defined, x arrives in f16 (8 values per 16-byte word, token t
+// from half t * n_in; the span's norm writes it so before prefill matmuls):
+// half the input bytes, and no conversion when staging the B tile. The
+// staged values are the f16 roundings the f32 path makes, so the products
+// are the same.
+//
 // With EMULATE_COOPMAT defined, the fragment operations are plain code over
 // the same shared tiles (logical subgroups of 32 invocations, 16x16x16
 // fragments). That variant needs no matrix units, so the tiling, staging,
@@ -88,6 +94,9 @@ layout(constant_id = 13) const uint WIDE_FETCH = 1u;
 #include "common.glsl"
 #include "dequant.glsl"
 #include "coopmat_raw.glsl"
+#if defined(X_F16)
+layout(std430, binding = 1) readonly buffer XH { uvec4 x_h[]; };
+#endif
 
 // Most fragments per subgroup along rows and along tokens (coopmat.rs
 // refuses tiles with more, MAX_FRAGS_PER_SIDE).
@@ -137,7 +146,11 @@ void stage_step(uint k0) {
     for (uint task = gl_LocalInvocationIndex; task < BN * (BK / 8u); task += THREADS) {
         uint n = task / (BK / 8u);
         uint kg = task % (BK / 8u);
+#if defined(X_F16)
+        put_b_f16(0u, n, kg, input_halves(k0, n, kg));
+#else
         put_b(0u, n, kg, input_vec4(k0, n, 2u * kg), input_vec4(k0, n, 2u * kg + 1u));
+#endif
     }
 }
 
@@ -148,8 +161,12 @@ const uint A_TASKS = (BM * (BK / 8u) + THREADS - 1u) / THREADS;
 const uint B_TASKS = (BN * (BK / 8u) + THREADS - 1u) / THREADS;
 const uint SETS = PIPELINE == 2u ? 2u : 1u;
 RawGroup raw_a[SETS][A_TASKS];
+#if defined(X_F16)
+uvec4 raw_b[SETS][B_TASKS];
+#else
 vec4 raw_b_lo[SETS][B_TASKS];
 vec4 raw_b_hi[SETS][B_TASKS];
+#endif
 
 // Issues the global loads of the step at k0 into register set `set`.
 void fetch_step(uint k0, uint set) {
@@ -166,8 +183,12 @@ void fetch_step(uint k0, uint set) {
         if (task < BN * (BK / 8u)) {
             uint n = task / (BK / 8u);
             uint kg = task % (BK / 8u);
+#if defined(X_F16)
+            raw_b[set][t] = input_halves(k0, n, kg);
+#else
             raw_b_lo[set][t] = input_vec4(k0, n, 2u * kg);
             raw_b_hi[set][t] = input_vec4(k0, n, 2u * kg + 1u);
+#endif
         }
     }
 }
@@ -190,7 +211,11 @@ void store_step(uint k0, uint stage, uint set) {
     [[unroll]] for (uint t = 0u; t < B_TASKS; t++) {
         uint task = gl_LocalInvocationIndex + t * THREADS;
         if (task < BN * (BK / 8u)) {
+#if defined(X_F16)
+            put_b_f16(stage * B_TILE, task / (BK / 8u), task % (BK / 8u), raw_b[set][t]);
+#else
             put_b(stage * B_TILE, task / (BK / 8u), task % (BK / 8u), raw_b_lo[set][t], raw_b_hi[set][t]);
+#endif
         }
     }
 }

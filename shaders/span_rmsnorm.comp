@@ -1,5 +1,6 @@
 #version 450
-// RMS norm of rows: dst[r] = src[r] * w / rms(src[r]), one workgroup per row.
+// RMS norm of rows: dst[r] = src[r] * w / rms(src[r]), one workgroup per row,
+// in f32 or (`quantise` 2) in f16 for the cooperative prefill kernel.
 // Covers the layer norms (rows = tokens, n = n_embd), the per-head q/k norms
 // (rows = token heads, n = head_dim, in place) and the Gemma post-norms,
 // which add the normed row into the residual stream (ACCUMULATE) so that
@@ -19,6 +20,10 @@ layout(std430, binding = 2) readonly buffer Params { float params[]; };
 layout(std430, binding = 0) buffer Src4 { vec4 src4[]; };
 layout(std430, binding = 1) buffer Dst4 { vec4 dst4[]; };
 layout(std430, binding = 2) readonly buffer Params4 { vec4 params4[]; };
+// dst as f16 pairs and quads (`quantise` 2): row r from half 2 dst_off + r n,
+// the bytes where its f32 row would start for r = 0.
+layout(std430, binding = 1) buffer DstH { uint dst_h[]; };
+layout(std430, binding = 1) buffer DstH2 { uvec2 dst_h2[]; };
 
 // The normed rows quantised for the int8 matvec (int8_acts.glsl), row r at
 // 16-byte word r * int8_token_vec4s(n), when `quantise` is set.
@@ -33,7 +38,9 @@ layout(push_constant) uniform Push {
     // 0: dst = norm(src) * w; 1: dst += norm(src) * w.
     uint accumulate;
     // 1: write the normed row quantised to q8 instead of to dst (n a
-    // multiple of 32; the matvecs after the norm read nothing else).
+    // multiple of 32; the matvecs after the norm read nothing else); 2:
+    // write it to dst in f16 (n even; the cooperative prefill kernel's
+    // X_F16 input).
     uint quantise;
 } p;
 
@@ -114,6 +121,23 @@ void main() {
         total += partial16[k];
     }
     float scale = 1.0 / sqrt(total / float(p.n) + p.eps);
+    if (p.quantise == 2u) {
+        // Word index of the row's first pair: (2 dst_off + row n) / 2.
+        uint h0 = p.dst_off + row * (p.n / 2u);
+        if (wide) {
+            for (uint i = tid; i < p.n / 4u; i += WG_SIZE) {
+                vec4 v = src4[s0 / 4u + i] * scale * params4[p.w_off / 4u + i];
+                dst_h2[h0 / 2u + i] = uvec2(packHalf2x16(v.xy), packHalf2x16(v.zw));
+            }
+        } else {
+            for (uint j = tid; j < p.n / 2u; j += WG_SIZE) {
+                vec2 v = vec2(src[s0 + 2u * j], src[s0 + 2u * j + 1u]) * scale
+                    * vec2(params[p.w_off + 2u * j], params[p.w_off + 2u * j + 1u]);
+                dst_h[h0 + j] = packHalf2x16(v);
+            }
+        }
+        return;
+    }
     if (p.quantise != 0u) {
         if (wide) {
             quantise_row_wide(row, s0, scale);

@@ -183,6 +183,21 @@ const TYPE_VARIANTS: &[TypeVariant] = &[
         compiler: ShaderCompiler::Glslc,
         quantised_only: false,
     },
+    // The same on x in f16 (prefill matmuls after a norm that writes f16).
+    TypeVariant {
+        prefix: "coopmat_x16",
+        source: "matmul_coopmat.comp",
+        defines: &["X_F16"],
+        compiler: ShaderCompiler::GlslangCoopMat,
+        quantised_only: false,
+    },
+    TypeVariant {
+        prefix: "coopmat_emu_x16",
+        source: "matmul_coopmat.comp",
+        defines: &["EMULATE_COOPMAT", "X_F16"],
+        compiler: ShaderCompiler::Glslc,
+        quantised_only: false,
+    },
     TypeVariant {
         prefix: "coopmat_stream",
         source: "matmul_coopmat_stream.comp",

@@ -777,6 +777,11 @@ fn device_limits(info: &DeviceInfo) -> TileLimits {
 /// Whether batched span forwards take the emulated batch tile on devices
 /// without cooperative matrices (FISH_GPU_BATCH_EMULATED=1, a test knob read
 /// at each call).
+/// FISH_GPU_PREFILL_EMULATED=1: `Gpu::prefill_kernel` (test knob).
+fn emulated_prefill_wanted() -> bool {
+    std::env::var("FISH_GPU_PREFILL_EMULATED").as_deref() == Ok("1")
+}
+
 pub(crate) fn emulated_batch_wanted() -> bool {
     std::env::var("FISH_GPU_BATCH_EMULATED").as_deref() == Ok("1")
 }
@@ -801,10 +806,38 @@ impl crate::gpu::Gpu {
     /// tile made prefill slower end to end: pp512 1630 vs 2857 tok/s on the
     /// llama-1b shape, 404 vs 730 on llama-8b; hence the 64-token default
     /// tile, DEFAULT_WARPS.)
+    /// With FISH_GPU_PREFILL_EMULATED=1 (a test knob, read at each plan) a
+    /// device without cooperative matrices takes the emulated kernel
+    /// instead, so that the lavapipe tests run spans through the prefill
+    /// kernel's paths (f16 input included).
     pub fn prefill_kernel(&self, n_tok: usize) -> Kernel {
         match self.info.cooperative_matrix {
             Some(tile) if n_tok >= tile.tokens() as usize => Kernel::CoopMat,
+            None if emulated_prefill_wanted() => match emulated_tile(&self.info, false) {
+                Ok(tile) if n_tok >= tile.tokens() as usize => Kernel::CoopMatEmulated,
+                _ => Kernel::Tiled,
+            },
             _ => Kernel::Tiled,
+        }
+    }
+
+    /// How the matmuls after a norm in a span's prefill chunk of `n_tok`
+    /// tokens take x of `n_in` values: in f16 (the norm writes it so) where
+    /// they run the cooperative prefill kernel (`coopmat_x16_*`; emulated
+    /// with FISH_GPU_PREFILL_EMULATED=1) on rows of 8k values: half the
+    /// input bytes and no conversion in its staging, +5.6% on the 128 x 128
+    /// tile and +8.5% on the 64 x 64 one for Q4_K 4096 x 14336 on the H200
+    /// (docs/BENCHMARKS.md, ninth round). `FISH_GPU_F16_INPUT=0` keeps f32.
+    pub fn prefill_input(&self, n_tok: usize, n_in: usize) -> crate::MatmulInput {
+        let f16 = !crate::config::env_switched_off("FISH_GPU_F16_INPUT")
+            && n_in.is_multiple_of(8)
+            && matches!(
+                self.prefill_kernel(n_tok),
+                Kernel::CoopMat | Kernel::CoopMatEmulated
+            );
+        match f16 {
+            true => crate::MatmulInput::F16,
+            false => crate::MatmulInput::F32,
         }
     }
 

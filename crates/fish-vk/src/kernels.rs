@@ -116,6 +116,17 @@ pub enum Kernel {
     CoopMatBatchEmulated,
 }
 
+/// How a matmul's x arrives: f32 (every kernel), or f16 where the stage
+/// before wrote it so (the cooperative-matrix prefill kernel only, modules
+/// `coopmat_x16_<type>`: half the input bytes and no conversion when
+/// staging; the staged values are the same f16 roundings).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum MatmulInput {
+    #[default]
+    F32,
+    F16,
+}
+
 /// The activation of a gated feed-forward block (shaders/gated_act.glsl).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum GatedActivation {
@@ -363,9 +374,19 @@ impl MatvecShape {
 impl Gpu {
     /// The module of `kernel` for `ty`; a cooperative-matrix kernel's module
     /// follows its tile's staging (`tile`, CoopMatTile::module_family).
-    fn module_name(&self, ty: WeightFormat, kernel: Kernel, tile: Option<CoopMatTile>) -> String {
+    fn module_name(
+        &self,
+        ty: WeightFormat,
+        kernel: Kernel,
+        tile: Option<CoopMatTile>,
+        input: MatmulInput,
+    ) -> String {
         let suffix = ty.name().to_ascii_lowercase();
         let family = tile.map_or("coopmat", |t| t.module_family());
+        let x16 = match input {
+            MatmulInput::F32 => "",
+            MatmulInput::F16 => "_x16",
+        };
         match kernel {
             Kernel::Matvec if self.info.subgroup_arithmetic => format!("matvec_subgroup_{suffix}"),
             Kernel::Matvec | Kernel::MatvecSharedReduce => format!("matvec_{suffix}"),
@@ -377,9 +398,9 @@ impl Gpu {
             Kernel::MatvecGated(_) => format!("matvec_gated_{suffix}"),
             Kernel::MatvecGateUp(_) => format!("matvec_gateup_{suffix}"),
             Kernel::Tiled | Kernel::Auto => format!("tiled_{suffix}"),
-            Kernel::CoopMat | Kernel::CoopMatBatch => format!("{family}_{suffix}"),
+            Kernel::CoopMat | Kernel::CoopMatBatch => format!("{family}{x16}_{suffix}"),
             Kernel::CoopMatEmulated | Kernel::CoopMatBatchEmulated => {
-                format!("{family}_emu_{suffix}")
+                format!("{family}_emu{x16}_{suffix}")
             }
         }
     }
@@ -407,6 +428,20 @@ impl Gpu {
         x: &[f32],
         n_tok: usize,
         kernel: Kernel,
+    ) -> Result<Vec<Vec<f32>>> {
+        self.matmul_group_on(handles, x, n_tok, kernel, MatmulInput::F32)
+    }
+
+    /// `matmul_group_with` with x uploaded as `input` (f16: rounded on the
+    /// host, as a span's norm writes it for the cooperative prefill kernel;
+    /// tests).
+    pub fn matmul_group_on(
+        &self,
+        handles: &[TensorHandle],
+        x: &[f32],
+        n_tok: usize,
+        kernel: Kernel,
+        input: MatmulInput,
     ) -> Result<Vec<Vec<f32>>> {
         let n_in = check_group(handles, n_tok)?;
         if matches!(
@@ -437,20 +472,29 @@ impl Gpu {
             .collect::<Result<_>>()?;
         let y_len: usize = handles.iter().map(|h| h.n_out() * n_tok).sum();
         // The pre-quantised int8 matvecs read x in the int8 layout.
-        let x_int8 = (kernel == Kernel::MatvecInt8Prequantised)
-            .then(|| crate::int8_dot::quantise_activations(x, n_in));
-        let x_bytes = x_int8.as_ref().map_or(x.len() * 4, Vec::len) as u64;
+        let x_packed = match input {
+            _ if kernel == Kernel::MatvecInt8Prequantised => {
+                Some(crate::int8_dot::quantise_activations(x, n_in))
+            }
+            MatmulInput::F16 => Some(
+                x.iter()
+                    .flat_map(|&v| half::f16::from_f32(v).to_le_bytes())
+                    .collect(),
+            ),
+            MatmulInput::F32 => None,
+        };
+        let x_bytes = x_packed.as_ref().map_or(x.len() * 4, Vec::len) as u64;
         let y_bytes = (y_len * 4) as u64;
         if y_len > u32::MAX as usize || x.len() > u32::MAX as usize / 4 {
             return Err(VkError::Input("batch too large for 32-bit indexing".into()));
         }
-        let dispatches = self.plan(&resident, n_tok, kernel)?;
+        let dispatches = self.plan(&resident, n_tok, kernel, input)?;
 
         let mut exec = self.lock_exec();
         let need = self.split_need(&dispatches, kernel)?;
         self.prepare_scratch(&mut exec, x_bytes, y_bytes, need)?;
         let staging = exec.staging.as_mut().expect("prepared");
-        match &x_int8 {
+        match &x_packed {
             Some(bytes) => staging.write(&self.allocator, 0, bytes)?,
             None => staging.write_f32(&self.allocator, 0, x)?,
         }
@@ -556,7 +600,7 @@ impl Gpu {
             .collect::<Result<_>>()?;
         let y_bytes: u64 = handles.iter().map(|h| (h.n_out() * n_tok * 4) as u64).sum();
         let x_bytes = (n_tok * n_in * 4) as u64;
-        let dispatches = self.plan(&resident, n_tok, kernel)?;
+        let dispatches = self.plan(&resident, n_tok, kernel, MatmulInput::F32)?;
         let need = self.split_need(&dispatches, kernel)?;
         self.time_dispatches(&dispatches, x_bytes, y_bytes, need, repeats, sync)
     }
@@ -691,21 +735,34 @@ impl Gpu {
         n_tok: usize,
         kernel: Kernel,
     ) -> Result<Vec<Dispatch>> {
+        self.plan_handles_on(handles, n_tok, kernel, MatmulInput::F32)
+    }
+
+    /// `plan_handles` on x arriving as `input`.
+    pub(crate) fn plan_handles_on(
+        &self,
+        handles: &[TensorHandle],
+        n_tok: usize,
+        kernel: Kernel,
+        input: MatmulInput,
+    ) -> Result<Vec<Dispatch>> {
         check_group(handles, n_tok)?;
         let tensors = self.lock_tensors();
         let resident: Vec<&ResidentTensor> = handles
             .iter()
             .map(|h| tensors.get(&h.id()).ok_or(VkError::UnknownHandle(h.id())))
             .collect::<Result<_>>()?;
-        self.plan(&resident, n_tok, kernel)
+        self.plan(&resident, n_tok, kernel, input)
     }
 
-    /// The dispatches for `tensors`, their outputs laid out one after the other.
+    /// The dispatches for `tensors` on x arriving as `input`, their outputs
+    /// laid out one after the other.
     fn plan(
         &self,
         tensors: &[&ResidentTensor],
         n_tok: usize,
         kernel: Kernel,
+        input: MatmulInput,
     ) -> Result<Vec<Dispatch>> {
         let kernel = kernel.resolve(n_tok, self.prefill_kernel(n_tok));
         let min_n_in = tensors.iter().map(|t| t.handle.n_in()).min().unwrap_or(0);
@@ -721,6 +778,16 @@ impl Gpu {
                     .sum()
             },
         )?;
+        if input == MatmulInput::F16 {
+            let staged = coop_tile.is_some_and(|t| t.module_family() == "coopmat");
+            let eight = tensors.iter().all(|t| t.handle.n_in().is_multiple_of(8));
+            if !(matches!(kernel, Kernel::CoopMat | Kernel::CoopMatEmulated) && staged && eight) {
+                return Err(VkError::Input(format!(
+                    "f16 input only for the cooperative prefill kernel on rows of 8k values, \
+                     not {kernel:?}"
+                )));
+            }
+        }
         let max_x = self.info.max_workgroups_x.clamp(1, 65535);
         let mut splits = split_rule.map(SplitPlanner::new);
         let mut out = Vec::new();
@@ -750,8 +817,10 @@ impl Gpu {
                 (_, Some(tile)) => tile.spec(),
                 _ => Vec::new(),
             };
-            let tensor = coop_tile.and_then(|t| self.tensor_module(kernel, &t, h.ty(), h.n_out()));
-            let module = self.module_name(h.ty(), kernel, coop_tile);
+            let tensor = coop_tile
+                .filter(|_| input == MatmulInput::F32)
+                .and_then(|t| self.tensor_module(kernel, &t, h.ty(), h.n_out()));
+            let module = self.module_name(h.ty(), kernel, coop_tile, input);
             let pipeline = match (kernel, coop_tile, tensor) {
                 (_, _, Some((module, spec))) => self.pipelines.get(&self.device, &module, &spec)?,
                 (Kernel::CoopMat | Kernel::CoopMatBatch, Some(tile), None) => self

@@ -38,7 +38,9 @@ pub use error::{Result, VkError};
 pub use gpu::Gpu;
 pub use grid_barrier::ChainProbe;
 pub use int8_dot::{int8_activations, Int8Dot, Int8Policy, INT8_BLOCK};
-pub use kernels::{supports, DispatchSync, GatedActivation, Kernel, MATVEC_MAX_TOKENS};
+pub use kernels::{
+    supports, DispatchSync, GatedActivation, Kernel, MatmulInput, MATVEC_MAX_TOKENS,
+};
 pub use pipeline::{module_bytes, COMPILED_AT_BUILD};
 pub use span::{
     Reservation, Span, SpanActivation, SpanDesc, SpanFootprint, SpanLayerDesc, SpanOutputDesc,

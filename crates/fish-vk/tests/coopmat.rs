@@ -181,6 +181,52 @@ fn coopmat_kernel_matches_the_cpu_for_every_type() {
     check_every_type(gpu, Kernel::CoopMatBatch);
 }
 
+/// x arriving in f16 (`MatmulInput::F16`, modules coopmat_x16_* and
+/// coopmat_emu_x16_*: a span's norm writes it so before prefill matmuls),
+/// on the default and the wide tile under every staging that fits: the
+/// emulated kernel on three types (it is slow on lavapipe), the real one
+/// on every type where the device has cooperative matrices.
+#[test]
+fn f16_input_matches_the_cpu() {
+    let Some(gpu) = gpu_or_skip() else { return };
+    let f16_x = fish_vk::MatmulInput::F16;
+    let check = |kernel: Kernel, ty: GgmlType, n_tok: usize| {
+        for wide in [false, true] {
+            gpu.with_wide_tiles(wide, || {
+                let tile = gpu
+                    .plan_tile_for(kernel, (N_IN, N_OUT), n_tok)
+                    .expect("plan");
+                let stagings = fitting_stagings(gpu, &tile.expect("a cooperative tile"));
+                with_uploaded(gpu, ty, (N_IN, N_OUT), 510, |w, h| {
+                    let what = format!("{ty:?} n_tok={n_tok} f16 x wide={wide}");
+                    let seed = 60 + n_tok as u64;
+                    let ran = with_input(f16_x, || {
+                        multiply_and_check(gpu, kernel, h, w, n_tok, seed, &what, &stagings)
+                    });
+                    assert!(ran > 0, "{what}: no staging ran");
+                });
+            });
+        }
+    };
+    for ty in [GgmlType::Q4_K, GgmlType::Q6_K, GgmlType::F32] {
+        check(Kernel::CoopMatEmulated, ty, 37);
+    }
+    if gpu.coopmat_tile_in_use().is_some() {
+        for ty in KERNEL_TYPES {
+            for n_tok in TOKENS {
+                check(Kernel::CoopMat, ty, n_tok);
+            }
+        }
+    }
+    // Kernels that read f32 refuse it.
+    with_uploaded(gpu, GgmlType::Q4_K, (N_IN, N_OUT), 511, |_, h| {
+        let x = vec![0.5f32; N_IN * 2];
+        let err = gpu.matmul_group_on(&[h], &x, 2, Kernel::Matvec, f16_x);
+        assert!(err.is_err(), "the matvec took f16 input");
+    });
+    assert_no_validation_messages(gpu);
+}
+
 #[test]
 fn wide_rows_stay_within_the_f16_bounds() {
     // 4096 values (the width of 8B-class models) and a row count that is

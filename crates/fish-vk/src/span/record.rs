@@ -13,7 +13,7 @@ use super::prefetch::L2Prefetch;
 use super::profile::{Profiler, SpanStage};
 use crate::error::{Result, VkError};
 use crate::gpu::Gpu;
-use crate::kernels::{Dispatch, GatedActivation, Kernel, MATVEC_MAX_TOKENS};
+use crate::kernels::{Dispatch, GatedActivation, Kernel, MatmulInput, MATVEC_MAX_TOKENS};
 use crate::pipeline::Params as MatmulParams;
 use ash::vk;
 
@@ -118,6 +118,9 @@ fn int8_rows(n: usize, batch_kernel: Option<Kernel>) -> bool {
 pub(crate) enum NormedInput {
     /// xn, written by the norm.
     Float,
+    /// xn in f16, written by the norm, for the cooperative prefill kernel
+    /// (`MatmulInput::F16`).
+    Half,
     /// The norm's int8 copy of xn (`Kernel::MatvecInt8Prequantised`).
     Int8,
     /// The residual stream x, normed inside the matvec (`Kernel::MatvecNorm`;
@@ -191,6 +194,8 @@ pub(crate) fn plan_chunks(
             Some(act) if decode => Kernel::MatvecGated(act),
             _ => matmul_kernel,
         };
+        let f16_input =
+            !decode && !int8 && batch_kernel.is_none() && prefill_reads_f16(gpu, n, shape);
         let n_layers = bindings.layers.len();
         let mut matmuls = Vec::with_capacity(n_layers);
         let mut inputs = Vec::with_capacity(n_layers);
@@ -206,6 +211,7 @@ pub(crate) fn plan_chunks(
                 int8,
                 first: tok0 == 0,
                 kernel: matmul_kernel,
+                f16_input,
             };
             let (qkv_plan, qkv_input) = ls.qkv_group().plan(gpu, n, mode, qkv_parts, shape)?;
             // The decode attention kernel quantises its output in whole
@@ -280,6 +286,12 @@ pub(crate) fn plan_chunks(
         });
     }
     Ok(chunks)
+}
+
+/// Whether the q/k/v and gate/up matmuls of a prefill chunk of `n` tokens
+/// read xn in f16 (Gpu::prefill_input).
+fn prefill_reads_f16(gpu: &Gpu, n: usize, shape: &SpanShape) -> bool {
+    gpu.prefill_input(n, shape.n_embd) == MatmulInput::F16
 }
 
 /// Whether a chunk of `n` of a forward's `n_tok` tokens defers its norms
@@ -432,6 +444,8 @@ struct PlanMode {
     int8: bool,
     first: bool,
     kernel: Kernel,
+    /// The groups after a norm dispatch read xn in f16 (prefill_reads_f16).
+    f16_input: bool,
 }
 
 /// The batch tile's kernel, where the device has the batch and prefill
@@ -529,6 +543,7 @@ impl NormedGroup<'_> {
             int8,
             first,
             kernel,
+            f16_input,
         } = mode;
         match (self.int8, deferred, self.fused) {
             (Some(q), _, _) if int8 => {
@@ -544,6 +559,10 @@ impl NormedGroup<'_> {
                 plan_group(gpu, f, n_tok, Kernel::MatvecNorm)?,
                 NormedInput::Fused,
             )),
+            _ if f16_input => Ok((
+                plan_group_on(gpu, self.float, n_tok, kernel, MatmulInput::F16)?,
+                NormedInput::Half,
+            )),
             _ => Ok((
                 plan_group(gpu, self.float, n_tok, kernel)?,
                 NormedInput::Float,
@@ -553,7 +572,7 @@ impl NormedGroup<'_> {
 
     fn sets(&self, input: NormedInput) -> &[vk::DescriptorSet] {
         let chosen = match input {
-            NormedInput::Float | NormedInput::Deferred(_) => None,
+            NormedInput::Float | NormedInput::Half | NormedInput::Deferred(_) => None,
             NormedInput::Int8 => self.int8.as_ref(),
             NormedInput::Fused => self.fused.as_ref(),
         };
@@ -562,7 +581,17 @@ impl NormedGroup<'_> {
 }
 
 fn plan_group(gpu: &Gpu, sets: &MatmulSets, n_tok: usize, kernel: Kernel) -> Result<Vec<Dispatch>> {
-    let plan = gpu.plan_handles(&sets.handles, n_tok, kernel)?;
+    plan_group_on(gpu, sets, n_tok, kernel, MatmulInput::F32)
+}
+
+fn plan_group_on(
+    gpu: &Gpu,
+    sets: &MatmulSets,
+    n_tok: usize,
+    kernel: Kernel,
+    input: MatmulInput,
+) -> Result<Vec<Dispatch>> {
+    let plan = gpu.plan_handles_on(&sets.handles, n_tok, kernel, input)?;
     if plan.len() != sets.sets.len() {
         return Err(VkError::Input(
             "span matmul plan does not match its descriptor sets".into(),
@@ -624,6 +653,9 @@ enum NormOut {
     /// Only the result quantised for the int8 matvec, into binding 3 (the
     /// group after the norm reads nothing else).
     Int8,
+    /// dst = norm(src) * w in f16, row r from half r * width (the
+    /// cooperative prefill kernel after it reads x so, `MatmulInput::F16`).
+    F16,
 }
 
 /// What a recording needs besides the command buffer.
@@ -1013,6 +1045,7 @@ impl Recording<'_> {
         let x_off = (chunk.tok0 * s.n_embd) as u32;
         let out = match input {
             NormedInput::Float => NormOut::Set,
+            NormedInput::Half => NormOut::F16,
             NormedInput::Int8 => NormOut::Int8,
             NormedInput::Fused => {
                 self.matmul(r, &with_norm(plan, norm, s.rms_eps), group.sets(input));
@@ -1102,8 +1135,13 @@ impl Recording<'_> {
             w_off,
             self.shape.rms_eps.to_bits(),
             u32::from(out == NormOut::Add),
-            // span_rmsnorm.comp's `quantise`: 1 writes the int8 copy only.
-            u32::from(out == NormOut::Int8),
+            // span_rmsnorm.comp's `quantise`: 1 writes the int8 copy only,
+            // 2 the row in f16.
+            match out {
+                NormOut::Int8 => 1,
+                NormOut::F16 => 2,
+                NormOut::Set | NormOut::Add => 0,
+            },
         ];
         r.dispatch(SpanKernel::RmsNorm, set, &push, (rows as u32, 1));
     }

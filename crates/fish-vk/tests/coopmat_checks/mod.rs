@@ -5,7 +5,7 @@
 #![allow(dead_code)]
 
 use crate::common::*;
-use fish_vk::{CoopMatTile, Gpu, Kernel, Staging, TensorHandle, VkError};
+use fish_vk::{CoopMatTile, Gpu, Kernel, MatmulInput, Staging, TensorHandle, VkError};
 
 pub fn require_coopmat() -> bool {
     std::env::var("FISH_REQUIRE_COOPMAT").as_deref() == Ok("1")
@@ -23,6 +23,20 @@ pub fn tile_overridden() -> bool {
     ]
     .iter()
     .any(|v| std::env::var_os(v).is_some())
+}
+
+thread_local! {
+    /// How multiply_and_check uploads x (with_input).
+    static INPUT: std::cell::Cell<MatmulInput> = const { std::cell::Cell::new(MatmulInput::F32) };
+}
+
+/// Runs `f` with multiply_and_check uploading x as `input` (f16: rounded on
+/// the host, which the f32 path does in staging, so the same bounds hold).
+pub fn with_input<R>(input: MatmulInput, f: impl FnOnce() -> R) -> R {
+    let before = INPUT.with(|i| i.replace(input));
+    let result = f();
+    INPUT.with(|i| i.set(before));
+    result
 }
 
 /// The three workgroup stagings, synchronous (the reference) first.
@@ -45,14 +59,15 @@ pub fn multiply_and_check(
     what: &str,
     stagings: &[Staging],
 ) -> usize {
+    let input = INPUT.with(std::cell::Cell::get);
     let x = random_values(weights.n_in * n_tok, x_seed);
     let mut first: Option<Vec<f32>> = None;
     let mut ran = 0;
     for &staging in stagings {
         let what = format!("{what} {kernel:?} {staging:?}");
-        let y = match gpu
-            .with_coopmat_staging(staging, || gpu.matmul_group_with(&[h], &x, n_tok, kernel))
-        {
+        let y = match gpu.with_coopmat_staging(staging, || {
+            gpu.matmul_group_on(&[h], &x, n_tok, kernel, input)
+        }) {
             Ok(mut ys) => ys.remove(0),
             Err(VkError::KernelUnavailable(why))
                 if tile_overridden() && why.contains("shared memory") =>

@@ -1,0 +1,51 @@
+//! Prefill chunks whose q/k/v and gate/up matmuls read xn in f16 (the norm
+//! writes it so where they run the cooperative prefill kernel; record.rs
+//! `prefill_reads_f16`). On a device without cooperative matrices
+//! (lavapipe) FISH_GPU_PREFILL_EMULATED=1 gives spans the emulated kernel,
+//! so the f16 path runs here too. The prompt of tests/span_chunks.rs in
+//! chunks of 64: every row as the same span fed one token per forward
+//! (same argmax, the seeds' 2% bound), and every logit the bits of a span
+//! placed with f32 inputs (FISH_GPU_F16_INPUT=0): the norm's f16 values are
+//! the roundings the f32 path makes while staging. One test per binary: the
+//! variables are process-wide.
+
+mod chunked;
+mod common;
+
+use chunked::{chunked_vs_stepped, on_gpu, prompt_logits, prompt_of, setup};
+use common::default_model;
+use fish_core::model::Model;
+
+#[test]
+fn f16_prefill_inputs_give_the_bits_of_f32_ones() {
+    std::env::set_var("FISH_GPU_PREFILL_EMULATED", "1");
+    let Some(gpu) = setup() else { return };
+    let cpu = Model::load(default_model()).expect("load");
+    let prompt = prompt_of(&cpu);
+    let n_embd = cpu.cfg.n_embd;
+    assert_eq!(
+        gpu.gpu().prefill_input(64, n_embd),
+        fish_vk::MatmulInput::F16,
+        "chunks of 64 do not take f16 inputs"
+    );
+    let span = on_gpu(&gpu, Model::load(default_model()).expect("load"));
+    let f16 = chunked_vs_stepped(&span, &prompt);
+    drop(span);
+
+    std::env::set_var("FISH_GPU_F16_INPUT", "0");
+    let span = on_gpu(&gpu, Model::load(default_model()).expect("load"));
+    let f32 = prompt_logits(&span, &prompt);
+    drop(span);
+    std::env::remove_var("FISH_GPU_F16_INPUT");
+
+    let differing = f16
+        .iter()
+        .flatten()
+        .zip(f32.iter().flatten())
+        .filter(|(a, b)| a.to_bits() != b.to_bits())
+        .count();
+    assert_eq!(
+        differing, 0,
+        "{differing} logits differ between f16 and f32 inputs"
+    );
+}
