@@ -3,7 +3,11 @@
 // up the two halves of the gate/up matmul output. The down projection then
 // reads the first half as its input.
 //
-// With `quantise` set the kernel instead writes act(gate) * up quantised for
+// With `quantise` 2 it writes act(gate) * up in f16 pairs into binding 1
+// (one invocation per two values; value i at half i) for a down projection
+// on the cooperative prefill kernel, and leaves gate/up as they are.
+//
+// With `quantise` 1 the kernel instead writes act(gate) * up quantised for
 // the int8 matvec (int8_acts.glsl) into binding 1, four values per
 // invocation and eight invocations per 32-value block (they meet in shared
 // memory for the block's max and sums), and leaves the gate half as it is:
@@ -17,6 +21,7 @@ layout(local_size_x = 256) in;
 layout(std430, binding = 0) buffer GateUp { float gu[]; };
 layout(std430, binding = 0) readonly buffer GateUp4 { vec4 gu4[]; };
 layout(std430, binding = 1) writeonly buffer Int8Acts { uint q8[]; };
+layout(std430, binding = 1) writeonly buffer Halves { uint h16[]; };
 
 layout(push_constant) uniform Push {
     // n_tok * n_ff: where `up` starts.
@@ -26,7 +31,8 @@ layout(push_constant) uniform Push {
     uint groups_x;
     // Row width (n_ff; a multiple of 32 when quantising).
     uint n;
-    // 1: write the int8 copy (one invocation per four values) instead.
+    // 1: write the int8 copy (one invocation per four values) instead; 2:
+    // the f16 copy (one invocation per two values; count even).
     uint quantise;
 } p;
 
@@ -43,6 +49,14 @@ void main() {
     if (p.quantise == 0u) {
         if (i < p.count) {
             gu[i] = gated_act(gu[i], p.gelu) * gu[p.count + i];
+        }
+        return;
+    }
+    if (p.quantise == 2u) {
+        if (i < p.count / 2u) {
+            vec2 v = vec2(gated_act(gu[2u * i], p.gelu) * gu[p.count + 2u * i],
+                          gated_act(gu[2u * i + 1u], p.gelu) * gu[p.count + 2u * i + 1u]);
+            h16[i] = packHalf2x16(v);
         }
         return;
     }

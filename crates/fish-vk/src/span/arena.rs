@@ -37,6 +37,11 @@ pub(crate) struct Arena {
     /// attention for wo once q/k/v has read xn, and act(gate) * up, written
     /// by the activation for down once gate/up has. Sized for the widest.
     pub xn_int8: Buffer,
+    /// act(gate) * up of a chunk in f16 (chunk x n_ff halves), written by
+    /// the activation for a down projection on the cooperative prefill
+    /// kernel (`MatmulInput::F16`; the activation's f32 result stays in
+    /// place in `gate_up`, which it is still reading).
+    pub h16: Buffer,
     /// Host-visible copies of x (in and out), sized like `x`.
     pub upload: Buffer,
     pub readback: Buffer,
@@ -63,7 +68,7 @@ fn f32_bytes(n: usize) -> u64 {
 }
 
 /// The arena's buffers in allocation order: (f32 values, memory kind).
-fn sizes(shape: &SpanShape, n_ff: usize) -> [(usize, MemoryKind); 11] {
+fn sizes(shape: &SpanShape, n_ff: usize) -> [(usize, MemoryKind); 12] {
     let c = span_chunk_tokens();
     let int8_width = shape.n_embd.max(n_ff).max(shape.attn_dim());
     let int8_values = (INT8_CHUNK_MAX_TOKENS * int8_token_bytes(int8_width)).div_ceil(4);
@@ -82,6 +87,7 @@ fn sizes(shape: &SpanShape, n_ff: usize) -> [(usize, MemoryKind); 11] {
         (c * shape.n_embd, MemoryKind::Device),
         (c * 2 * n_ff, MemoryKind::Device),
         (int8_values, MemoryKind::Device),
+        ((c * n_ff).div_ceil(2), MemoryKind::Device),
         (INITIAL_TOKENS * shape.n_embd, MemoryKind::Upload),
         (INITIAL_TOKENS * shape.n_embd, MemoryKind::Readback),
         (STEP_WORDS, MemoryKind::Device),
@@ -136,6 +142,7 @@ impl Arena {
             o: next(),
             gate_up: next(),
             xn_int8: next(),
+            h16: next(),
             upload: next(),
             readback: next(),
             step: next(),
@@ -185,6 +192,7 @@ impl Arena {
             &self.o,
             &self.gate_up,
             &self.xn_int8,
+            &self.h16,
             &self.step,
             &self.split,
         ]
@@ -202,6 +210,7 @@ impl Arena {
             self.o,
             self.gate_up,
             self.xn_int8,
+            self.h16,
             self.upload,
             self.readback,
             self.step,

@@ -26,6 +26,9 @@ pub(crate) struct LayerSets {
     pub wo: MatmulSets,
     pub gate_up: MatmulSets,
     pub down: MatmulSets,
+    /// down on the activation's f16 copy (prefill chunks on the cooperative
+    /// kernel, `MatmulInput::F16`).
+    pub down_x16: MatmulSets,
     /// q/k/v and gate/up on the norm's int8 copy of xn (`Gpu::int8_group`),
     /// for decode-sized chunks; None where the policy keeps float x.
     pub qkv_int8: Option<MatmulSets>,
@@ -86,6 +89,8 @@ pub(crate) struct Bindings {
     pub norm_o_into_x: vk::DescriptorSet,
     /// gate/up in place (activation).
     pub act: vk::DescriptorSet,
+    /// gate/up -> its f16 copy in h16 (activation, `quantise` 2).
+    pub act_f16: vk::DescriptorSet,
     pub layers: Vec<LayerSets>,
     /// The output projection: normed rows (xn) -> logits.
     pub output: Option<MatmulSets>,
@@ -141,11 +146,15 @@ impl Bindings {
         };
         let n_matmul: usize =
             weights.iter().flatten().map(Vec::len).sum::<usize>() + output_weights.len();
-        let n_span = 5 + 2 * layers.len();
+        let n_span = 6 + 2 * layers.len();
         // Room for the int8 and fused-norm copies of the q/k/v and gate/up
         // sets and the deferred-norm and int8 copies of the wo and down sets.
         let n_normed: usize = weights.iter().map(|w| w[0].len() + w[2].len()).sum();
-        let n_residual: usize = weights.iter().map(|w| 2 * (w[1].len() + w[3].len())).sum();
+        // (and the f16-input copy of the down sets).
+        let n_residual: usize = weights
+            .iter()
+            .map(|w| 2 * w[1].len() + 3 * w[3].len())
+            .sum();
         // And the gate/up sets with the activation (one per gate chunk).
         let n_gate_up_act: usize = weights.iter().map(|w| w[2].len() / 2).sum();
         // The output's plain sets, and its fused-norm and int8 copies.
@@ -296,6 +305,7 @@ impl Bindings {
                     a.gate_up.raw,
                     residual_target(lp.post_ffn_norm),
                 )?,
+                down_x16: matmul_sets(&g[3], &w[3], a.h16.raw, residual_target(lp.post_ffn_norm))?,
                 rope: span_set([a.qkv.raw, k, v, p])?,
                 attention: {
                     // The fused RoPE variant also reads the cos/sin table.
@@ -346,6 +356,7 @@ impl Bindings {
             qkv_self: span_set([a.qkv.raw, a.qkv.raw, p, p])?,
             norm_o_into_x: span_set([a.o.raw, a.x.raw, p, p])?,
             act: span_set([a.gate_up.raw, a.xn_int8.raw, a.gate_up.raw, a.gate_up.raw])?,
+            act_f16: span_set([a.gate_up.raw, a.h16.raw, a.gate_up.raw, a.gate_up.raw])?,
             layers,
         })
     }

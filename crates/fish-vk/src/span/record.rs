@@ -35,6 +35,11 @@ pub(crate) struct Chunk {
     /// (`Kernel::MatvecGateUp` on the layer's `gate_up_act` sets), so no
     /// act*mul dispatch runs.
     pub act_in_gate_up: Vec<bool>,
+    /// The activation writes its f16 copy (arena h16) and down reads it
+    /// (`MatmulInput::F16`, the `down_x16` sets): prefill chunks on the
+    /// cooperative kernel (prefill_reads_f16), whose activation is always
+    /// dispatched.
+    pub down_f16: bool,
     /// Decode chunks read each matvec's weights into L2 during the small
     /// stage before it (prefetch.rs).
     pub prefetch: Option<L2Prefetch>,
@@ -180,6 +185,7 @@ pub(crate) fn plan_chunks(
                 int8_in: same.int8_in.clone(),
                 gated: same.gated,
                 act_in_gate_up: same.act_in_gate_up.clone(),
+                down_f16: same.down_f16,
                 prefetch: same.prefetch,
                 rope_in_attention: same.rope_in_attention,
                 tiled_attention: same.tiled_attention,
@@ -196,6 +202,15 @@ pub(crate) fn plan_chunks(
         };
         let f16_input =
             !decode && !int8 && batch_kernel.is_none() && prefill_reads_f16(gpu, n, shape);
+        // The down projections' rows are n_ff values; a gated down applies
+        // the activation itself.
+        let down_f16 = f16_input
+            && !matches!(down_kernel, Kernel::MatvecGated(_))
+            && bindings
+                .layers
+                .iter()
+                .flat_map(|ls| &ls.down.handles)
+                .all(|h| gpu.prefill_input(n, h.n_in()) == MatmulInput::F16);
         let n_layers = bindings.layers.len();
         let mut matmuls = Vec::with_capacity(n_layers);
         let mut inputs = Vec::with_capacity(n_layers);
@@ -253,6 +268,14 @@ pub(crate) fn plan_chunks(
             let act_dispatched = !matches!(down_kernel, Kernel::MatvecGated(_)) && !act_fused;
             let down = match &ls.down_int8 {
                 Some(sets) if int8 && act_dispatched => int8_residual_plan(gpu, sets, n)?,
+                _ if down_f16 => {
+                    debug_assert!(act_dispatched, "a prefill chunk's activation is dispatched");
+                    let input = MatmulInput::F16;
+                    (
+                        plan_group_on(gpu, &ls.down_x16, n, down_kernel, input)?,
+                        None,
+                    )
+                }
                 _ => residual_plan(
                     gpu,
                     &ls.down,
@@ -278,6 +301,7 @@ pub(crate) fn plan_chunks(
             inputs,
             gated: matches!(down_kernel, Kernel::MatvecGated(_)),
             act_in_gate_up,
+            down_f16,
             prefetch: prefetch.filter(|_| decode),
             rope_in_attention: rope_in_attention(layout, n, shape),
             tiled_attention: attends_tiled(shape, layout, n),
@@ -997,24 +1021,24 @@ impl Recording<'_> {
         if !chunk.gated && !chunk.act_in_gate_up[il] {
             let count = n * layer.n_ff;
             // Quantising, one invocation per four values.
-            let quantise = down_int8.is_some();
-            let invocations = if quantise { count / 4 } else { count };
+            // span_act.comp's `quantise`: 1 the int8 copy (an invocation
+            // per four values), 2 the f16 copy (per two), 0 in place.
+            let (quantise, invocations, set) = match (down_int8, chunk.down_f16) {
+                (Some(_), _) => (1, count / 4, b.act),
+                (None, true) => (2, count / 2, b.act_f16),
+                (None, false) => (0, count, b.act),
+            };
             let (gx, gy) = elementwise_groups(invocations);
             let gelu = u32::from(s.activation == SpanActivation::GeGlu);
-            let push = [
-                count as u32,
-                gelu,
-                gx,
-                layer.n_ff as u32,
-                u32::from(quantise),
-            ];
-            r.dispatch(SpanKernel::Act, b.act, &push, (gx, gy));
+            let push = [count as u32, gelu, gx, layer.n_ff as u32, quantise];
+            r.dispatch(SpanKernel::Act, set, &push, (gx, gy));
             self.prefetch(r, chunk, &chunk.matmuls[il][3], &sets.down.sets);
             r.end(SpanStage::ActMul);
         }
         let next_layer = self.params.layers.get(il + 1);
         let (down_sets, down_next) = match (&sets.down_resnorm, next_layer, down_int8) {
             (_, _, Some(q)) => (&q.sets, None),
+            _ if chunk.down_f16 => (&sets.down_x16.sets, None),
             (Some(d), Some(next), None) if down_prepares => (&d.sets, Some(next.attn_norm)),
             _ => (&sets.down.sets, None),
         };
