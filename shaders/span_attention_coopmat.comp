@@ -60,6 +60,9 @@ layout(std430, binding = 0) readonly buffer Qkv { float qkv[]; };
 layout(std430, binding = 1) readonly buffer KCache4 { uvec4 kc4[]; };
 layout(std430, binding = 2) readonly buffer VCache4 { uvec4 vc4[]; };
 layout(std430, binding = 3) writeonly buffer Out { float attn[]; };
+// The same as f16 (8 values per word) with `f16_out`, for a wo projection
+// on the cooperative prefill kernel (`MatmulInput::F16`).
+layout(std430, binding = 3) writeonly buffer OutH { uvec4 attn_h[]; };
 
 layout(push_constant) uniform Push {
     // As span_attention_tiled.comp.
@@ -73,6 +76,8 @@ layout(push_constant) uniform Push {
     uint window;
     float scale;
     uint n_tok;
+    // 1: write the output in f16 (attn_h) instead of f32.
+    uint f16_out;
 } p;
 
 #define FragA coopmat<float16_t, gl_ScopeSubgroup, 16, 16, gl_MatrixUseA>
@@ -258,8 +263,18 @@ void main() {
         SUBGROUP_SYNC();
         if (q_live) {
             uint o0 = ((t0 + qi) * p.n_head + h) * HEAD_DIM + 16u * f + 8u * half_;
-            [[unroll]] for (uint c = 0u; c < 8u; c++) {
-                attn[o0 + c] = scores[warp * 16u * KT + qr * 16u + 8u * half_ + c];
+            uint s0 = warp * 16u * KT + qr * 16u + 8u * half_;
+            if (p.f16_out != 0u) {
+                // o0 is a multiple of 8: one word of 8 halves.
+                uvec4 w;
+                [[unroll]] for (uint c = 0u; c < 4u; c++) {
+                    w[c] = packHalf2x16(vec2(scores[s0 + 2u * c], scores[s0 + 2u * c + 1u]));
+                }
+                attn_h[o0 / 8u] = w;
+            } else {
+                [[unroll]] for (uint c = 0u; c < 8u; c++) {
+                    attn[o0 + c] = scores[s0 + c];
+                }
             }
         }
         SUBGROUP_SYNC();

@@ -53,6 +53,9 @@ layout(std430, binding = 0) readonly buffer Qkv { float qkv[]; };
 layout(std430, binding = 1) readonly buffer KCache4 { uvec4 kc4[]; };
 layout(std430, binding = 2) readonly buffer VCache4 { uvec4 vc4[]; };
 layout(std430, binding = 3) writeonly buffer Out { float attn[]; };
+// The same as f16 (8 values per word) with `f16_out`, for a wo projection
+// on the cooperative prefill kernel (`MatmulInput::F16`).
+layout(std430, binding = 3) writeonly buffer OutH { uvec4 attn_h[]; };
 
 layout(push_constant) uniform Push {
     // As span_attention.comp.
@@ -67,6 +70,8 @@ layout(push_constant) uniform Push {
     float scale;
     // Tokens of the chunk (the last block may be partial).
     uint n_tok;
+    // 1: write the output in f16 (attn_h; head_dim_v a multiple of 8).
+    uint f16_out;
 } p;
 
 // 16-byte words of the pool: 32 KiB less the weights and lane_buf.
@@ -243,6 +248,11 @@ void main() {
                 vec4 a = acc[2u * i] / total;
                 vec4 b = acc[2u * i + 1u] / total;
                 uint o = o0 + 8u * g;
+                if (p.f16_out != 0u) {
+                    attn_h[o / 8u] = uvec4(packHalf2x16(a.xy), packHalf2x16(a.zw),
+                                           packHalf2x16(b.xy), packHalf2x16(b.zw));
+                    continue;
+                }
                 attn[o] = a.x;
                 attn[o + 1u] = a.y;
                 attn[o + 2u] = a.z;

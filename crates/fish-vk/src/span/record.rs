@@ -40,6 +40,9 @@ pub(crate) struct Chunk {
     /// cooperative kernel (prefill_reads_f16), whose activation is always
     /// dispatched.
     pub down_f16: bool,
+    /// The query-blocked attention writes its output in f16 and wo reads it
+    /// (`MatmulInput::F16`): prefill chunks on the cooperative kernel.
+    pub wo_f16: bool,
     /// Decode chunks read each matvec's weights into L2 during the small
     /// stage before it (prefetch.rs).
     pub prefetch: Option<L2Prefetch>,
@@ -186,6 +189,7 @@ pub(crate) fn plan_chunks(
                 gated: same.gated,
                 act_in_gate_up: same.act_in_gate_up.clone(),
                 down_f16: same.down_f16,
+                wo_f16: same.wo_f16,
                 prefetch: same.prefetch,
                 rope_in_attention: same.rope_in_attention,
                 tiled_attention: same.tiled_attention,
@@ -211,6 +215,12 @@ pub(crate) fn plan_chunks(
                 .iter()
                 .flat_map(|ls| &ls.down.handles)
                 .all(|h| gpu.prefill_input(n, h.n_in()) == MatmulInput::F16);
+        // wo's rows are the attention's output (the query-blocked kernels
+        // write it in f16 in whole words of 8 values).
+        let wo_f16 = f16_input
+            && attends_tiled(shape, layout, n)
+            && shape.head_dim_v.is_multiple_of(8)
+            && gpu.prefill_input(n, shape.attn_dim()) == MatmulInput::F16;
         let n_layers = bindings.layers.len();
         let mut matmuls = Vec::with_capacity(n_layers);
         let mut inputs = Vec::with_capacity(n_layers);
@@ -237,6 +247,10 @@ pub(crate) fn plan_chunks(
                 .filter(|_| int8 && shape.head_dim_v.is_multiple_of(32));
             let wo = match wo_int8 {
                 Some(sets) => int8_residual_plan(gpu, sets, n)?,
+                None if wo_f16 => {
+                    let input = MatmulInput::F16;
+                    (plan_group_on(gpu, &ls.wo, n, matmul_kernel, input)?, None)
+                }
                 None => residual_plan(
                     gpu,
                     &ls.wo,
@@ -302,6 +316,7 @@ pub(crate) fn plan_chunks(
             gated: matches!(down_kernel, Kernel::MatvecGated(_)),
             act_in_gate_up,
             down_f16,
+            wo_f16,
             prefetch: prefetch.filter(|_| decode),
             rope_in_attention: rope_in_attention(layout, n, shape),
             tiled_attention: attends_tiled(shape, layout, n),
@@ -977,7 +992,7 @@ impl Recording<'_> {
                 | SpanKernel::AttentionCoopMat128
         );
         let push = if blocked {
-            [&attention[..], &[n as u32]].concat()
+            [&attention[..], &[n as u32, u32::from(chunk.wo_f16)]].concat()
         } else {
             [
                 &attention[..],
