@@ -35,7 +35,8 @@
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
 use fish_gguf::GgmlType;
 use fish_vk::{
-    ChainProbe, CoopMatTile, DispatchSync, Gpu, Kernel, PeakShape, TensorHandle, WeightFormat,
+    ChainProbe, CoopMatTile, DispatchSync, Gpu, Kernel, MatmulInput, PeakShape, TensorHandle,
+    WeightFormat,
 };
 use std::time::Duration;
 
@@ -161,6 +162,19 @@ fn gpu_time_synced(
     calls: u64,
     sync: DispatchSync,
 ) -> Duration {
+    gpu_time_on(gpu, handles, n_tok, kernel, calls, sync, MatmulInput::F32)
+}
+
+/// `gpu_time_synced` on x arriving as `input`.
+fn gpu_time_on(
+    gpu: &Gpu,
+    handles: &[TensorHandle],
+    n_tok: usize,
+    kernel: Kernel,
+    calls: u64,
+    sync: DispatchSync,
+    input: MatmulInput,
+) -> Duration {
     let copies = handles.len() as u64;
     let rounds = calls.div_ceil(copies);
     let mut total = Duration::ZERO;
@@ -168,7 +182,7 @@ fn gpu_time_synced(
     while left > 0 {
         let batch = left.min(ROUNDS_PER_SUBMIT);
         total += gpu
-            .time_matmul_synced(handles, n_tok, kernel, batch as u32, sync)
+            .time_matmul_on(handles, n_tok, kernel, batch as u32, sync, input)
             .expect("timed dispatch");
         left -= batch;
     }
@@ -403,6 +417,36 @@ fn bench_coopmat(c: &mut Criterion) {
                             gpu.with_coopmat_staging(staging, || {
                                 gpu_time(gpu, &handles, TILED_TOKENS, Kernel::CoopMat, iters)
                             })
+                        })
+                    })
+                },
+            );
+        }
+        // Both tiles, pipelined, on x in f16 (as span prefill chunks run
+        // them: `<tile>/x16`).
+        for wide in [false, true]
+            .into_iter()
+            .filter(|&w| !w || gpu.coopmat_wide_tile().is_some())
+        {
+            let tile = if wide { "wide" } else { "default" };
+            group.bench_function(
+                format!(
+                    "{}/{n_in}x{n_out}/n_tok{TILED_TOKENS}/{tile}/x16",
+                    ty.name()
+                ),
+                |b| {
+                    b.iter_custom(|iters| {
+                        gpu.with_wide_tiles(wide, || {
+                            let (sync, f16) = (DispatchSync::None, MatmulInput::F16);
+                            gpu_time_on(
+                                gpu,
+                                &handles,
+                                TILED_TOKENS,
+                                Kernel::CoopMat,
+                                iters,
+                                sync,
+                                f16,
+                            )
                         })
                     })
                 },

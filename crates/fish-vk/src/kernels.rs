@@ -591,6 +591,19 @@ impl Gpu {
         repeats: u32,
         sync: DispatchSync,
     ) -> Result<Duration> {
+        self.time_matmul_on(handles, n_tok, kernel, repeats, sync, MatmulInput::F32)
+    }
+
+    /// `time_matmul_synced` on x arriving as `input`.
+    pub fn time_matmul_on(
+        &self,
+        handles: &[TensorHandle],
+        n_tok: usize,
+        kernel: Kernel,
+        repeats: u32,
+        sync: DispatchSync,
+        input: MatmulInput,
+    ) -> Result<Duration> {
         let n_in = check_group(handles, n_tok)?;
         let kernel = self.lone_kernel(handles, n_tok, kernel);
         let tensors = self.lock_tensors();
@@ -599,8 +612,12 @@ impl Gpu {
             .map(|h| tensors.get(&h.id()).ok_or(VkError::UnknownHandle(h.id())))
             .collect::<Result<_>>()?;
         let y_bytes: u64 = handles.iter().map(|h| (h.n_out() * n_tok * 4) as u64).sum();
-        let x_bytes = (n_tok * n_in * 4) as u64;
-        let dispatches = self.plan(&resident, n_tok, kernel, MatmulInput::F32)?;
+        let value_bytes = match input {
+            MatmulInput::F32 => 4,
+            MatmulInput::F16 => 2,
+        };
+        let x_bytes = (n_tok * n_in * value_bytes) as u64;
+        let dispatches = self.plan(&resident, n_tok, kernel, input)?;
         let need = self.split_need(&dispatches, kernel)?;
         self.time_dispatches(&dispatches, x_bytes, y_bytes, need, repeats, sync)
     }
