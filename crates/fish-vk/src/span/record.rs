@@ -1035,7 +1035,6 @@ impl Recording<'_> {
         let down_int8 = sets.down_int8.as_ref().filter(|_| chunk.int8_in[il][1]);
         if !chunk.gated && !chunk.act_in_gate_up[il] {
             let count = n * layer.n_ff;
-            // Quantising, one invocation per four values.
             // span_act.comp's `quantise`: 1 the int8 copy (an invocation
             // per four values), 2 the f16 copy (per two), 0 in place.
             let (quantise, invocations, set) = match (down_int8, chunk.down_f16) {
