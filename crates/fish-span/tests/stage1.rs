@@ -39,6 +39,25 @@ fn placed_on(gpu: Arc<dyn ComputeBackend>, layers: usize) -> Model {
     model
 }
 
+/// `model`'s logits teacher-forced on `forced` (no device failure on the
+/// way), compared with the CPU's: (steps with the same argmax, max |dlogit|
+/// as a share of max |logit|), printed as `what`.
+fn forced_vs_cpu(
+    model: &Model,
+    forced: &[u32],
+    cpu_logits: &[Vec<f32>],
+    what: &str,
+) -> (Vec<Vec<f32>>, usize, f32) {
+    let logits = teacher_forced(model, forced);
+    assert!(!model.gpu.as_ref().unwrap().has_failed());
+    let (same, worst) = compare(cpu_logits, &logits);
+    eprintln!(
+        "{what} vs CPU: argmax {same}/33, max |dlogit| {:.2}% of max |logit|",
+        worst * 100.0
+    );
+    (logits, same, worst)
+}
+
 #[test]
 fn stage1_agrees_with_the_cpu_over_33_teacher_forced_steps() {
     let Some(gpu) = backend() else { return };
@@ -51,14 +70,7 @@ fn stage1_agrees_with_the_cpu_over_33_teacher_forced_steps() {
     let placement = model.gpu.as_ref().expect("placed");
     assert_eq!(placement.n_layers_placed(), GPU_LAYERS);
     assert!(placement.output.is_some(), "output projection placed first");
-    let gpu_logits = teacher_forced(&model, &forced[..32]);
-    assert!(!model.gpu.as_ref().unwrap().has_failed());
-
-    let (same, worst) = compare(&cpu_logits, &gpu_logits);
-    eprintln!(
-        "stage 1 vs CPU: argmax {same}/33, max |dlogit| {:.2}% of max |logit|",
-        worst * 100.0
-    );
+    let (gpu_logits, same, worst) = forced_vs_cpu(&model, &forced[..32], &cpu_logits, "stage 1");
     assert!(same >= 32, "argmax agreed at {same}/33 steps");
     assert!(worst <= 0.04, "max |dlogit| {:.2}%", worst * 100.0);
     assert_eq!(argmax(&gpu_logits[0]), PARIS);
@@ -78,13 +90,8 @@ fn stage1_agrees_with_the_cpu_over_33_teacher_forced_steps() {
     assert!(int8_gpu.gpu().int8_matvec(fish_gguf::GgmlType::Q4_1));
     drop(model);
     let model = placed_on(int8_gpu, GPU_LAYERS);
-    let int8_logits = teacher_forced(&model, &forced[..32]);
-    assert!(!model.gpu.as_ref().unwrap().has_failed());
-    let (int8_same, int8_worst) = compare(&cpu_logits, &int8_logits);
-    eprintln!(
-        "stage 1 int8 vs CPU: argmax {int8_same}/33, max |dlogit| {:.2}% of max |logit|",
-        int8_worst * 100.0
-    );
+    let (_, int8_same, int8_worst) =
+        forced_vs_cpu(&model, &forced[..32], &cpu_logits, "stage 1 int8");
     assert!(
         int8_same >= 32,
         "int8: argmax agreed at {int8_same}/33 steps"

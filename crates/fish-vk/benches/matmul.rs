@@ -35,8 +35,8 @@
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
 use fish_gguf::GgmlType;
 use fish_vk::{
-    ChainProbe, CoopMatTile, DispatchSync, Gpu, Kernel, MatmulInput, PeakShape, TensorHandle,
-    WeightFormat,
+    ChainProbe, CoopMatTile, DispatchSync, Gpu, Kernel, MatmulInput, PeakShape, Staging,
+    TensorHandle, WeightFormat,
 };
 use std::time::Duration;
 
@@ -399,54 +399,36 @@ fn bench_coopmat(c: &mut Criterion) {
         };
         let flops = 2 * n_in as u64 * n_out as u64 * TILED_TOKENS as u64;
         group.throughput(Throughput::Elements(flops));
-        // The default tile, then the wide one (`<staging>/wide`).
+        // The default tile, then the wide one (`<staging>/wide`), under every
+        // staging on f32 x, and pipelined on x in f16 as span prefill chunks
+        // run them (`pipelined[/wide]/x16`).
         let tiles = [false, true]
             .into_iter()
             .filter(|&wide| !wide || gpu.coopmat_wide_tile().is_some());
-        for (wide, staging) in tiles.flat_map(|w| CoopMatTile::STAGINGS.map(|s| (w, s))) {
+        let inputs = CoopMatTile::STAGINGS
+            .map(|s| (s, MatmulInput::F32))
+            .into_iter()
+            .chain([(Staging::Pipelined, MatmulInput::F16)]);
+        for (wide, (staging, input)) in tiles.flat_map(|w| inputs.clone().map(move |v| (w, v))) {
             let id = format!("{staging:?}").to_ascii_lowercase();
             let suffix = if wide { "/wide" } else { "" };
+            let x16 = if input == MatmulInput::F16 {
+                "/x16"
+            } else {
+                ""
+            };
             group.bench_function(
                 format!(
-                    "{}/{n_in}x{n_out}/n_tok{TILED_TOKENS}/{id}{suffix}",
+                    "{}/{n_in}x{n_out}/n_tok{TILED_TOKENS}/{id}{suffix}{x16}",
                     ty.name()
                 ),
                 |b| {
                     b.iter_custom(|iters| {
                         gpu.with_wide_tiles(wide, || {
                             gpu.with_coopmat_staging(staging, || {
-                                gpu_time(gpu, &handles, TILED_TOKENS, Kernel::CoopMat, iters)
+                                let (kernel, sync) = (Kernel::CoopMat, DispatchSync::None);
+                                gpu_time_on(gpu, &handles, TILED_TOKENS, kernel, iters, sync, input)
                             })
-                        })
-                    })
-                },
-            );
-        }
-        // Both tiles, pipelined, on x in f16 (as span prefill chunks run
-        // them: `<tile>/x16`).
-        for wide in [false, true]
-            .into_iter()
-            .filter(|&w| !w || gpu.coopmat_wide_tile().is_some())
-        {
-            let tile = if wide { "wide" } else { "default" };
-            group.bench_function(
-                format!(
-                    "{}/{n_in}x{n_out}/n_tok{TILED_TOKENS}/{tile}/x16",
-                    ty.name()
-                ),
-                |b| {
-                    b.iter_custom(|iters| {
-                        gpu.with_wide_tiles(wide, || {
-                            let (sync, f16) = (DispatchSync::None, MatmulInput::F16);
-                            gpu_time_on(
-                                gpu,
-                                &handles,
-                                TILED_TOKENS,
-                                Kernel::CoopMat,
-                                iters,
-                                sync,
-                                f16,
-                            )
                         })
                     })
                 },

@@ -577,24 +577,14 @@ impl Gpu {
         kernel: Kernel,
         repeats: u32,
     ) -> Result<Duration> {
-        self.time_matmul_synced(handles, n_tok, kernel, repeats, DispatchSync::None)
+        let (sync, input) = (DispatchSync::None, MatmulInput::F32);
+        self.time_matmul_on(handles, n_tok, kernel, repeats, sync, input)
     }
 
-    /// `time_matmul` with `sync` between the dispatches: with
-    /// `DispatchSync::EveryDispatch` each waits for the one before, as the stages of
-    /// a span do, so the time includes each dispatch's start, ramp and tail.
-    pub fn time_matmul_synced(
-        &self,
-        handles: &[TensorHandle],
-        n_tok: usize,
-        kernel: Kernel,
-        repeats: u32,
-        sync: DispatchSync,
-    ) -> Result<Duration> {
-        self.time_matmul_on(handles, n_tok, kernel, repeats, sync, MatmulInput::F32)
-    }
-
-    /// `time_matmul_synced` on x arriving as `input`.
+    /// `time_matmul` with `sync` between the dispatches (with
+    /// `DispatchSync::EveryDispatch` each waits for the one before, as the
+    /// stages of a span do, so the time includes each dispatch's start, ramp
+    /// and tail), on x arriving as `input`.
     pub fn time_matmul_on(
         &self,
         handles: &[TensorHandle],

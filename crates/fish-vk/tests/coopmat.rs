@@ -94,6 +94,29 @@ fn emulated_wide_tile_matches_the_cpu_for_every_type() {
     });
 }
 
+/// One synthetic `ty` matrix of `shape` (n_in, n_out) at `n_tok` tokens
+/// through `kernel` under every staging that fits the tile its plan takes
+/// (at least one must), each result within the bounds.
+fn check_fitting_stagings(
+    gpu: &Gpu,
+    kernel: Kernel,
+    ty: GgmlType,
+    shape: (usize, usize),
+    n_tok: usize,
+    (w_seed, x_seed): (u64, u64),
+    what: &str,
+) {
+    let tile = gpu
+        .plan_tile_for(kernel, shape, n_tok)
+        .expect("plan")
+        .expect("a cooperative tile");
+    let stagings = fitting_stagings(gpu, &tile);
+    with_uploaded(gpu, ty, shape, w_seed, |weights, h| {
+        let ran = multiply_and_check(gpu, kernel, h, weights, n_tok, x_seed, what, &stagings);
+        assert!(ran > 0, "{what}: no staging ran");
+    });
+}
+
 #[test]
 fn wide_tiles_split_across_workgroups_match_the_cpu() {
     // 8192 values are 256 steps; 70 rows x 19 tokens are one wide tile, so
@@ -107,18 +130,9 @@ fn wide_tiles_split_across_workgroups_match_the_cpu() {
     }
     gpu.with_wide_tiles(true, || {
         for kernel in kernels {
-            let tile = gpu
-                .plan_tile_for(kernel, (8192, 70), 19)
-                .expect("plan")
-                .expect("a cooperative tile");
-            let stagings = fitting_stagings(gpu, &tile);
             for ty in [GgmlType::Q4_K, GgmlType::Q8_0, GgmlType::F16] {
-                with_uploaded(gpu, ty, (8192, 70), 920, |weights, h| {
-                    let what = format!("{ty:?} wide split");
-                    let ran =
-                        multiply_and_check(gpu, kernel, h, weights, 19, 921, &what, &stagings);
-                    assert!(ran > 0, "{what}: no staging ran");
-                });
+                let what = format!("{ty:?} wide split");
+                check_fitting_stagings(gpu, kernel, ty, (8192, 70), 19, (920, 921), &what);
             }
         }
     });
@@ -192,19 +206,12 @@ fn f16_input_matches_the_cpu() {
     let f16_x = fish_vk::MatmulInput::F16;
     let check = |kernel: Kernel, ty: GgmlType, n_tok: usize| {
         for wide in [false, true] {
+            let what = format!("{ty:?} n_tok={n_tok} f16 x wide={wide}");
+            let seeds = (510, 60 + n_tok as u64);
             gpu.with_wide_tiles(wide, || {
-                let tile = gpu
-                    .plan_tile_for(kernel, (N_IN, N_OUT), n_tok)
-                    .expect("plan");
-                let stagings = fitting_stagings(gpu, &tile.expect("a cooperative tile"));
-                with_uploaded(gpu, ty, (N_IN, N_OUT), 510, |w, h| {
-                    let what = format!("{ty:?} n_tok={n_tok} f16 x wide={wide}");
-                    let seed = 60 + n_tok as u64;
-                    let ran = with_input(f16_x, || {
-                        multiply_and_check(gpu, kernel, h, w, n_tok, seed, &what, &stagings)
-                    });
-                    assert!(ran > 0, "{what}: no staging ran");
-                });
+                with_input(f16_x, || {
+                    check_fitting_stagings(gpu, kernel, ty, (N_IN, N_OUT), n_tok, seeds, &what)
+                })
             });
         }
     };
