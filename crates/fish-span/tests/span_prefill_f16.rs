@@ -1,6 +1,6 @@
-//! Prefill chunks whose q/k/v and gate/up matmuls read xn in f16 (the norm
-//! writes it so where they run the cooperative prefill kernel; record.rs
-//! `prefill_reads_f16`). On a device without cooperative matrices
+//! Prefill chunks whose matmuls read their inputs in f16 (the stages before
+//! write them so where the matmuls run the cooperative prefill kernel,
+//! `Gpu::prefill_input`). On a device without cooperative matrices
 //! (lavapipe) FISH_GPU_PREFILL_EMULATED=1 gives spans the emulated kernel,
 //! so the f16 path runs here too. The prompt of tests/span_chunks.rs in
 //! chunks of 64: every row as the same span fed one token per forward

@@ -37,7 +37,7 @@ pub(crate) struct Chunk {
     pub act_in_gate_up: Vec<bool>,
     /// The activation writes its f16 copy (arena h16) and down reads it
     /// (`MatmulInput::F16`, the `down_x16` sets): prefill chunks on the
-    /// cooperative kernel (prefill_reads_f16), whose activation is always
+    /// cooperative kernel (Gpu::prefill_input), whose activation is always
     /// dispatched.
     pub down_f16: bool,
     /// The query-blocked attention writes its output in f16 and wo reads it
@@ -204,8 +204,10 @@ pub(crate) fn plan_chunks(
             Some(act) if decode => Kernel::MatvecGated(act),
             _ => matmul_kernel,
         };
-        let f16_input =
-            !decode && !int8 && batch_kernel.is_none() && prefill_reads_f16(gpu, n, shape);
+        // Whether a matmul of this chunk on rows of n_in values reads f16 x
+        // (Gpu::prefill_input); q/k/v and gate/up read xn (n_embd values).
+        let reads_f16 = |n_in: usize| gpu.prefill_input(n, n_in) == MatmulInput::F16;
+        let f16_input = !decode && !int8 && batch_kernel.is_none() && reads_f16(shape.n_embd);
         // The down projections' rows are n_ff values; a gated down applies
         // the activation itself.
         let down_f16 = f16_input
@@ -214,13 +216,13 @@ pub(crate) fn plan_chunks(
                 .layers
                 .iter()
                 .flat_map(|ls| &ls.down.handles)
-                .all(|h| gpu.prefill_input(n, h.n_in()) == MatmulInput::F16);
+                .all(|h| reads_f16(h.n_in()));
         // wo's rows are the attention's output (the query-blocked kernels
         // write it in f16 in whole words of 8 values).
         let wo_f16 = f16_input
             && attends_tiled(shape, layout, n)
             && shape.head_dim_v.is_multiple_of(8)
-            && gpu.prefill_input(n, shape.attn_dim()) == MatmulInput::F16;
+            && reads_f16(shape.attn_dim());
         let n_layers = bindings.layers.len();
         let mut matmuls = Vec::with_capacity(n_layers);
         let mut inputs = Vec::with_capacity(n_layers);
@@ -325,12 +327,6 @@ pub(crate) fn plan_chunks(
         });
     }
     Ok(chunks)
-}
-
-/// Whether the q/k/v and gate/up matmuls of a prefill chunk of `n` tokens
-/// read xn in f16 (Gpu::prefill_input).
-fn prefill_reads_f16(gpu: &Gpu, n: usize, shape: &SpanShape) -> bool {
-    gpu.prefill_input(n, shape.n_embd) == MatmulInput::F16
 }
 
 /// Whether a chunk of `n` of a forward's `n_tok` tokens defers its norms
@@ -483,7 +479,7 @@ struct PlanMode {
     int8: bool,
     first: bool,
     kernel: Kernel,
-    /// The groups after a norm dispatch read xn in f16 (prefill_reads_f16).
+    /// The groups after a norm dispatch read xn in f16 (Gpu::prefill_input).
     f16_input: bool,
 }
 
