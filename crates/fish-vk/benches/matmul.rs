@@ -252,16 +252,29 @@ fn bench_matvec(c: &mut Criterion) {
     ] {
         matvec_group(c, gpu, name, Kernel::MatvecInt8Prequantised, sync);
     }
+    // The same on the matrix units, where the device has int8 fragments.
+    if gpu.info().int8_matrix.is_none() {
+        eprintln!("matvec_i8mm: skipped, no int8 fragments on this device");
+        return;
+    }
+    for (name, sync) in [
+        ("matvec_i8mm", DispatchSync::None),
+        ("matvec_i8mm_serial", DispatchSync::EveryDispatch),
+    ] {
+        matvec_group(c, gpu, name, Kernel::MatvecInt8Matrix, sync);
+    }
 }
 
 /// Whether `kernel` runs on weights of type `ty` (the int8 matvec only
 /// takes the quantised types).
 fn kernel_takes(kernel: Kernel, ty: WeightFormat) -> bool {
-    !matches!(kernel, Kernel::MatvecInt8 | Kernel::MatvecInt8Prequantised)
-        || !matches!(
-            ty,
-            WeightFormat::Ggml(GgmlType::F32) | WeightFormat::Ggml(GgmlType::F16)
-        )
+    !matches!(
+        kernel,
+        Kernel::MatvecInt8 | Kernel::MatvecInt8Prequantised | Kernel::MatvecInt8Matrix
+    ) || !matches!(
+        ty,
+        WeightFormat::Ggml(GgmlType::F32) | WeightFormat::Ggml(GgmlType::F16)
+    )
 }
 
 fn matvec_group(
@@ -304,6 +317,9 @@ fn bench_matvec_batch(c: &mut Criterion) {
     if gpu.info().int8_dot != fish_vk::Int8Dot::Absent {
         kernels.push(("matvec_i8_batch", Kernel::MatvecInt8));
         kernels.push(("matvec_i8x_batch", Kernel::MatvecInt8Prequantised));
+    }
+    if gpu.info().int8_matrix.is_some() {
+        kernels.push(("matvec_i8mm_batch", Kernel::MatvecInt8Matrix));
     }
     for (name, kernel) in kernels {
         if !group_selected(name) {

@@ -169,6 +169,22 @@ const TYPE_VARIANTS: &[TypeVariant] = &[
         compiler: ShaderCompiler::Glslc,
         quantised_only: true,
     },
+    // The int8 matvec on the matrix units (int8_matrix.rs) and its
+    // emulation on plain code.
+    TypeVariant {
+        prefix: "matvec_i8mm",
+        source: "matvec_i8mm.comp",
+        defines: &[],
+        compiler: ShaderCompiler::GlslangCoopMat,
+        quantised_only: true,
+    },
+    TypeVariant {
+        prefix: "matvec_i8mm_emu",
+        source: "matvec_i8mm.comp",
+        defines: &["EMULATE_COOPMAT"],
+        compiler: ShaderCompiler::Glslc,
+        quantised_only: true,
+    },
     TypeVariant {
         prefix: "coopmat",
         source: "matmul_coopmat.comp",

@@ -506,13 +506,17 @@ pub(crate) struct CoopMatFeatures {
 }
 
 impl CoopMatFeatures {
-    pub(crate) fn enabled() -> CoopMatFeatures {
+    /// `int8`: also shaderInt8, for the int8 matvec on the matrix units
+    /// (int8_matrix.rs).
+    pub(crate) fn enabled(int8: bool) -> CoopMatFeatures {
         CoopMatFeatures {
             coop: vk::PhysicalDeviceCooperativeMatrixFeaturesKHR::default()
                 .cooperative_matrix(true),
             memory_model: vk::PhysicalDeviceVulkanMemoryModelFeatures::default()
                 .vulkan_memory_model(true),
-            float16: vk::PhysicalDeviceShaderFloat16Int8Features::default().shader_float16(true),
+            float16: vk::PhysicalDeviceShaderFloat16Int8Features::default()
+                .shader_float16(true)
+                .shader_int8(int8),
         }
     }
 
@@ -648,6 +652,64 @@ fn env_disabled() -> bool {
     crate::config::env_switched_off("FISH_VK_COOPMAT")
 }
 
+/// The fragment shapes and types the device reports.
+///
+/// # Safety
+/// As `probe`; the device must advertise VK_KHR_cooperative_matrix.
+pub(crate) unsafe fn matrix_properties(
+    entry: &ash::Entry,
+    instance: &ash::Instance,
+    physical: vk::PhysicalDevice,
+) -> std::result::Result<Vec<vk::CooperativeMatrixPropertiesKHR<'static>>, String> {
+    let loader = khr::cooperative_matrix::Instance::new(entry, instance);
+    // SAFETY: the caller's contract.
+    let props = unsafe { loader.get_physical_device_cooperative_matrix_properties(physical) }
+        .map_err(|e| format!("vkGetPhysicalDeviceCooperativeMatrixPropertiesKHR: {e}"))?;
+    Ok(props.iter().map(owned_property).collect())
+}
+
+/// `p` without its extension chain, so that it outlives the query.
+fn owned_property(
+    p: &vk::CooperativeMatrixPropertiesKHR<'_>,
+) -> vk::CooperativeMatrixPropertiesKHR<'static> {
+    vk::CooperativeMatrixPropertiesKHR {
+        m_size: p.m_size,
+        n_size: p.n_size,
+        k_size: p.k_size,
+        a_type: p.a_type,
+        b_type: p.b_type,
+        c_type: p.c_type,
+        result_type: p.result_type,
+        saturating_accumulation: p.saturating_accumulation,
+        scope: p.scope,
+        ..Default::default()
+    }
+}
+
+/// A subgroup-scope fragment property for tests: M x N x K with A and B
+/// of type `ab`, accumulating in int32 for int8 inputs, else in f32.
+#[cfg(test)]
+pub(crate) fn fragment_property(
+    m: u32,
+    n: u32,
+    k: u32,
+    ab: vk::ComponentTypeKHR,
+) -> vk::CooperativeMatrixPropertiesKHR<'static> {
+    let c = match ab {
+        vk::ComponentTypeKHR::SINT8 => vk::ComponentTypeKHR::SINT32,
+        _ => vk::ComponentTypeKHR::FLOAT32,
+    };
+    vk::CooperativeMatrixPropertiesKHR::default()
+        .m_size(m)
+        .n_size(n)
+        .k_size(k)
+        .a_type(ab)
+        .b_type(ab)
+        .c_type(c)
+        .result_type(c)
+        .scope(vk::ScopeKHR::SUBGROUP)
+}
+
 /// The cooperative-matrix tile for this device, or why there is none.
 ///
 /// # Safety
@@ -681,10 +743,8 @@ pub(crate) unsafe fn probe(
     {
         return Err("cooperativeMatrix, vulkanMemoryModel or shaderFloat16 not supported".into());
     }
-    let loader = khr::cooperative_matrix::Instance::new(entry, instance);
     // SAFETY: the device advertises the extension.
-    let props = unsafe { loader.get_physical_device_cooperative_matrix_properties(physical) }
-        .map_err(|e| format!("vkGetPhysicalDeviceCooperativeMatrixPropertiesKHR: {e}"))?;
+    let props = unsafe { matrix_properties(entry, instance, physical) }?;
     let shape = pick_shape(&props).ok_or("no f16 x f16 -> f32 subgroup shape")?;
     if info.subgroup_size == 0 {
         return Err("subgroup size unknown".into());
@@ -1012,24 +1072,7 @@ mod tests {
         assert!(t.shared_bytes <= 48 * 1024, "{}", t.shared_bytes);
     }
 
-    fn prop(
-        m: u32,
-        n: u32,
-        k: u32,
-        ab: vk::ComponentTypeKHR,
-    ) -> vk::CooperativeMatrixPropertiesKHR<'static> {
-        vk::CooperativeMatrixPropertiesKHR {
-            m_size: m,
-            n_size: n,
-            k_size: k,
-            a_type: ab,
-            b_type: ab,
-            c_type: vk::ComponentTypeKHR::FLOAT32,
-            result_type: vk::ComponentTypeKHR::FLOAT32,
-            scope: vk::ScopeKHR::SUBGROUP,
-            ..Default::default()
-        }
-    }
+    use super::fragment_property as prop;
 
     #[test]
     fn the_sixteen_cube_f16_shape_is_preferred() {

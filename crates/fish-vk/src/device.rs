@@ -50,6 +50,10 @@ pub struct DeviceInfo {
     pub cooperative_tensor: Option<crate::coopmat2::CoopMat2>,
     /// Packed int8 dot products (the int8-activation matvec, int8_dot.rs).
     pub int8_dot: Int8Dot,
+    /// Tokens per pass of the int8 matvec on the matrix units
+    /// (int8_matrix.rs: the device's 16 x N x 32 int8 fragment width), where
+    /// the device has those fragments and the prefill tile's features.
+    pub int8_matrix: Option<u32>,
     /// Pipeline statistics asked for (FISH_VK_PIPELINE_STATS=1) and offered
     /// (VK_KHR_pipeline_executable_properties; pipeline_stats.rs).
     pub pipeline_stats: bool,
@@ -227,6 +231,7 @@ fn describe_physical(
         cooperative_batch: None,
         cooperative_tensor: None,
         int8_dot,
+        int8_matrix: None,
         pipeline_stats,
         full_subgroups,
     })
@@ -246,7 +251,7 @@ pub(crate) fn create_logical(
     if info.memory_budget_ext {
         exts.push(ext::memory_budget::NAME.as_ptr());
     }
-    let mut coop_features = CoopMatFeatures::enabled();
+    let mut coop_features = CoopMatFeatures::enabled(info.int8_matrix.is_some());
     if info.cooperative_matrix.is_some() {
         exts.extend(CoopMatFeatures::extension_names());
     }

@@ -86,6 +86,26 @@ impl Gpu {
         info.cooperative_wide = info
             .cooperative_matrix
             .and_then(|t| coopmat::wide_tile(&t, &info));
+        if info.cooperative_matrix.is_some() {
+            // SAFETY: as above; the prefill tile's probe found the extension.
+            let int8 = unsafe {
+                crate::int8_matrix::probe(
+                    &instance.entry,
+                    &instance.raw,
+                    physical,
+                    info.subgroup_size,
+                )
+            };
+            if config.verbose {
+                match &int8 {
+                    Ok(n) => {
+                        eprintln!("fish-vk: int8 matvec on the matrix units, 16x{n}x32 fragments")
+                    }
+                    Err(why) => eprintln!("fish-vk: no int8 matvec on the matrix units: {why}"),
+                }
+            }
+            info.int8_matrix = int8.ok();
+        }
         // SAFETY: as above; the instance was created at instance.api_version.
         let tensor = unsafe {
             crate::coopmat2::probe(

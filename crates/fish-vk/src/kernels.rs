@@ -70,6 +70,15 @@ pub enum Kernel {
     /// (`INT8X_THREADS`), so decode steps, verification rounds and batched
     /// rows give each token the same bits.
     MatvecInt8Prequantised,
+    /// The int8 matvec on the matrix units (shaders/matvec_i8mm.comp,
+    /// int8_matrix.rs), on x pre-quantised as for `MatvecInt8Prequantised`:
+    /// 16 rows x up to `DeviceInfo::int8_matrix` tokens per int8 fragment
+    /// product, each token with the bits of a one-token call. An error where
+    /// the device has no int8 fragments or the type no such kernel.
+    MatvecInt8Matrix,
+    /// The same with the fragment products done by plain code, on any
+    /// device (passes of 8 tokens): tests its staging and scaling; slow.
+    MatvecInt8MatrixEmulated,
     /// The matvec with the RMS norm before it fused in (shaders/matvec.comp
     /// NORM): x is the raw residual stream, the norm weights are at
     /// binding 3 (`Params::norm_off`). Needs subgroup arithmetic.
@@ -151,6 +160,19 @@ impl Kernel {
     /// The matvecs on int8 activations (shaders/matvec_i8.comp).
     fn is_int8(self) -> bool {
         matches!(self, Kernel::MatvecInt8 | Kernel::MatvecInt8Prequantised)
+    }
+
+    /// The int8 matvecs on the matrix units (real or emulated).
+    fn is_int8_matrix(self) -> bool {
+        matches!(
+            self,
+            Kernel::MatvecInt8Matrix | Kernel::MatvecInt8MatrixEmulated
+        )
+    }
+
+    /// Whether x arrives in the pre-quantised int8 layout (int8_acts.glsl).
+    pub(crate) fn reads_int8_acts(self) -> bool {
+        self == Kernel::MatvecInt8Prequantised || self.is_int8_matrix()
     }
 
     fn resolve(self, n_tok: usize, prefill: Kernel) -> Kernel {
@@ -392,6 +414,8 @@ impl Gpu {
             Kernel::Matvec | Kernel::MatvecSharedReduce => format!("matvec_{suffix}"),
             Kernel::MatvecInt8 => format!("matvec_i8_{suffix}"),
             Kernel::MatvecInt8Prequantised => format!("matvec_i8x_{suffix}"),
+            Kernel::MatvecInt8Matrix => format!("matvec_i8mm_{suffix}"),
+            Kernel::MatvecInt8MatrixEmulated => format!("matvec_i8mm_emu_{suffix}"),
             Kernel::MatvecNorm => format!("matvec_norm_{suffix}"),
             Kernel::MatvecResNorm => format!("matvec_resnorm_{suffix}"),
             Kernel::MatvecPrenormed => format!("matvec_prenormed_{suffix}"),
@@ -473,9 +497,7 @@ impl Gpu {
         let y_len: usize = handles.iter().map(|h| h.n_out() * n_tok).sum();
         // The pre-quantised int8 matvecs read x in the int8 layout.
         let x_packed = match input {
-            _ if kernel == Kernel::MatvecInt8Prequantised => {
-                Some(crate::int8_dot::quantise_activations(x, n_in))
-            }
+            _ if kernel.reads_int8_acts() => Some(crate::int8_dot::quantise_activations(x, n_in)),
             MatmulInput::F16 => Some(
                 x.iter()
                     .flat_map(|&v| half::f16::from_f32(v).to_le_bytes())
@@ -802,7 +824,12 @@ impl Gpu {
         for t in tensors {
             let h = t.handle;
             let (kernel, matvec) = self.matvec_choice(kernel, h.ty(), h.n_in(), n_tok)?;
+            let int8_matrix = match kernel.is_int8_matrix() {
+                true => Some(self.int8_matrix_shape(kernel, h.ty(), h.n_in())?),
+                false => None,
+            };
             let spec: Vec<u32> = match (kernel, coop_tile) {
+                _ if int8_matrix.is_some() => int8_matrix.map_or(Vec::new(), |s| s.spec().to_vec()),
                 (
                     Kernel::Matvec
                     | Kernel::MatvecSharedReduce
@@ -833,6 +860,11 @@ impl Gpu {
                 (Kernel::CoopMat | Kernel::CoopMatBatch, Some(tile), None) => self
                     .pipelines
                     .get_cooperative(&self.device, &module, &spec, tile.threads())?,
+                (Kernel::MatvecInt8Matrix, _, _) => {
+                    let threads = int8_matrix.map_or(0, |s| s.threads());
+                    self.pipelines
+                        .get_cooperative(&self.device, &module, &spec, threads)?
+                }
                 _ => self.pipelines.get(&self.device, &module, &spec)?,
             };
             for c in &t.chunks {
@@ -852,7 +884,11 @@ impl Gpu {
                         ((gx, (n_tok as u32).div_ceil(TILE_TOKENS)), gx)
                     }
                     _ => {
-                        let wgs = n_rows.div_ceil(matvec.rows);
+                        let rows = match int8_matrix {
+                            Some(_) => crate::int8_matrix::FRAGMENT_ROWS,
+                            None => matvec.rows,
+                        };
+                        let wgs = n_rows.div_ceil(rows);
                         let gx = wgs.min(max_x);
                         ((gx, wgs.div_ceil(gx)), gx)
                     }
@@ -934,6 +970,49 @@ impl Gpu {
                 ))
             }
             _ => Ok((kernel, shape)),
+        }
+    }
+
+    /// The workgroup of the int8 matvec on the matrix units for rows of
+    /// `n_in` values of `ty`: passes of the device's fragment width (8 when
+    /// emulated), as many subgroups as its shared memory holds.
+    fn int8_matrix_shape(
+        &self,
+        kernel: Kernel,
+        ty: WeightFormat,
+        n_in: usize,
+    ) -> Result<crate::int8_matrix::Int8MatrixShape> {
+        let tokens = match kernel {
+            Kernel::MatvecInt8MatrixEmulated => Some(8),
+            _ => self.info.int8_matrix,
+        };
+        let tokens = tokens.ok_or_else(|| {
+            VkError::Input("no int8 fragments on the matrix units of this device".into())
+        })?;
+        crate::int8_matrix::Int8MatrixShape::new(ty, n_in, tokens, self.info.max_shared_memory)
+            .ok_or_else(|| {
+                VkError::Input(format!(
+                    "no int8 matvec on the matrix units for {ty:?} rows of {n_in}"
+                ))
+            })
+    }
+
+    /// The int8 matvec a span runs on pre-quantised x for `handles`: on the
+    /// matrix units (`Kernel::MatvecInt8Matrix`) where FISH_VK_I8MM=1, the
+    /// device has int8 fragments and every tensor has the kernel, else the
+    /// packed-dot-product matvec. One choice per group and device, whatever
+    /// the tokens, so decode steps, verification rounds and batched rows
+    /// keep giving each token the same bits.
+    pub(crate) fn int8_span_kernel(&self, handles: &[TensorHandle]) -> Kernel {
+        let wanted = std::env::var("FISH_VK_I8MM").as_deref() == Ok("1");
+        let fits = |h: &TensorHandle| {
+            self.int8_matrix_shape(Kernel::MatvecInt8Matrix, h.ty(), h.n_in())
+                .is_ok()
+        };
+        if wanted && !handles.is_empty() && handles.iter().all(fits) {
+            Kernel::MatvecInt8Matrix
+        } else {
+            Kernel::MatvecInt8Prequantised
         }
     }
 

@@ -18,6 +18,7 @@ mod gpu;
 mod grid_barrier;
 mod instance;
 mod int8_dot;
+mod int8_matrix;
 mod kernels;
 mod loader;
 mod pipeline;

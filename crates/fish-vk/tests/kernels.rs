@@ -270,3 +270,57 @@ fn int8_matvec_matches_the_product_with_int8_activations() {
     }
     assert_no_validation_messages(gpu);
 }
+
+/// The int8 matvec on the matrix units (shaders/matvec_i8mm.comp) against
+/// the product with int8 activations, for every quantised type, with
+/// batches over one and two passes, and each token of a batch the bits of
+/// its one-token call. The emulated kernel runs on any device; the real one
+/// where the device has int8 fragments (FISH_REQUIRE_INT8_MATRIX=1 makes
+/// their absence a failure).
+#[test]
+fn int8_matrix_matvec_matches_the_product_with_int8_activations() {
+    let Some(gpu) = gpu_or_skip() else { return };
+    let mut kernels = vec![Kernel::MatvecInt8MatrixEmulated];
+    match gpu.info().int8_matrix {
+        Some(_) => kernels.push(Kernel::MatvecInt8Matrix),
+        None => {
+            assert!(
+                std::env::var("FISH_REQUIRE_INT8_MATRIX").as_deref() != Ok("1"),
+                "FISH_REQUIRE_INT8_MATRIX=1 but no int8 fragments"
+            );
+            eprintln!("real kernel skipped: no int8 fragments on the matrix units");
+        }
+    }
+    let quantised = KERNEL_TYPES
+        .into_iter()
+        .filter(|t| !matches!(t, GgmlType::F32 | GgmlType::F16));
+    for (i, ty) in quantised.enumerate() {
+        for (n_in, n_out, batches) in [(N_IN, N_OUT, &[1usize, 3, 11][..]), (14336, 9, &[2][..])] {
+            with_uploaded(gpu, ty, (n_in, n_out), 500 + i as u64, |weights, h| {
+                for &n_tok in batches {
+                    let x = random_values(n_in * n_tok, 31 + n_tok as u64);
+                    for &kernel in &kernels {
+                        let y = matmul_one(gpu, h, &x, n_tok, kernel);
+                        let what = format!("{ty:?} {kernel:?} {n_in} n_tok={n_tok}");
+                        check_int8_product(weights, &x, n_tok, &y, &what);
+                        if n_tok == 1 {
+                            continue;
+                        }
+                        for t in 0..n_tok {
+                            let xt = &x[t * n_in..(t + 1) * n_in];
+                            let single = matmul_one(gpu, h, xt, 1, kernel);
+                            let row = &y[t * n_out..(t + 1) * n_out];
+                            assert!(
+                                row.iter()
+                                    .zip(&single)
+                                    .all(|(a, b)| a.to_bits() == b.to_bits()),
+                                "{what} token {t}: batched and single-token sums differ"
+                            );
+                        }
+                    }
+                }
+            });
+        }
+    }
+    assert_no_validation_messages(gpu);
+}

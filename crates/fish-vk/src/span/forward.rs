@@ -309,7 +309,7 @@ fn output_recording<'a>(
         ),
         (None, Some(q)) => (
             &q.sets,
-            gpu.plan_handles(&[o.weight], rows, Kernel::MatvecInt8Prequantised)?,
+            gpu.plan_handles(&[o.weight], rows, gpu.int8_span_kernel(&[o.weight]))?,
             OutputInput::Int8,
         ),
         (None, None) => (

@@ -383,7 +383,7 @@ fn int8_residual_plan(
     n: usize,
 ) -> Result<(Vec<Dispatch>, Option<DeferredNorm>)> {
     Ok((
-        plan_group(gpu, sets, n, Kernel::MatvecInt8Prequantised)?,
+        plan_group(gpu, sets, n, gpu.int8_span_kernel(&sets.handles))?,
         None,
     ))
 }
@@ -582,7 +582,7 @@ impl NormedGroup<'_> {
         } = mode;
         match (self.int8, deferred, self.fused) {
             (Some(q), _, _) if int8 => {
-                let plan = plan_group(gpu, q, n_tok, Kernel::MatvecInt8Prequantised)?;
+                let plan = plan_group(gpu, q, n_tok, gpu.int8_span_kernel(&q.handles))?;
                 Ok((plan, NormedInput::Int8))
             }
             (_, Some(norm), _) => {

@@ -1,0 +1,213 @@
+//! The int8 matvec on the matrix units (shaders/matvec_i8mm.comp): decode-
+//! sized batches of pre-quantised activations times quantised weights as
+//! 16 x N x 32 signed int8 fragment products (VK_KHR_cooperative_matrix),
+//! scaled per 32-value block by each invocation for the elements it holds.
+//! The packed-dot-product matvec spends its instructions per token; this
+//! kernel per block of 16 rows x N tokens, so a batch costs about what one
+//! token does (docs/GPU.md, "int8 products on the matrix units").
+//!
+//! Here: whether the device has the fragments (`probe`), the workgroup
+//! shape a type takes (`Int8MatrixShape`) and the shared memory it needs.
+
+use crate::weight_format::WeightFormat;
+use ash::vk;
+use fish_gguf::GgmlType;
+
+/// Rows of a fragment (and of a workgroup): the shader's TM.
+pub(crate) const FRAGMENT_ROWS: u32 = 16;
+/// Values of a fragment's depth: one block of int8 activations.
+const FRAGMENT_DEPTH: u32 = 32;
+/// Invocations per subgroup the shader assumes (its lanes stage 16 rows x
+/// two units).
+pub(crate) const LANES: u32 = 32;
+/// Subgroups per workgroup where shared memory allows: each takes every
+/// fourth step of the same 16 rows (on the H200 4 measured 30.8 us for
+/// Q4_K 4096 x 14336 against 34.3 with 8; docs/BENCHMARKS.md).
+const MAX_WARPS: u32 = 4;
+/// Values of a step of one row (two invocations, 128 values each).
+const STEP_VALUES: usize = 256;
+/// Bytes of one staged row of a fragment: 32 values padded to 48 (the
+/// shader's ROW_WORDS), so that eight rows' 16-byte loads hit distinct banks.
+const ROW_BYTES: u32 = 48;
+
+/// The fragment width (tokens per pass) the device offers for signed int8
+/// A and B with int32 accumulation at subgroup scope, 16 rows deep 32:
+/// 8 preferred (decode batches rarely exceed it, and a fragment of 16
+/// would scale twice the elements), else 16.
+pub fn pick_tokens(props: &[vk::CooperativeMatrixPropertiesKHR<'_>]) -> Option<u32> {
+    use vk::ComponentTypeKHR as C;
+    let offered = |n: u32| {
+        props.iter().any(|p| {
+            p.a_type == C::SINT8
+                && p.b_type == C::SINT8
+                && p.c_type == C::SINT32
+                && p.result_type == C::SINT32
+                && p.scope == vk::ScopeKHR::SUBGROUP
+                && (p.m_size, p.n_size, p.k_size) == (FRAGMENT_ROWS, n, FRAGMENT_DEPTH)
+        })
+    };
+    [8, 16].into_iter().find(|&n| offered(n))
+}
+
+/// The tokens per pass of the kernel on this device, or why it has none.
+/// The cooperative-matrix extension and its features must already be in
+/// use (`DeviceInfo::cooperative_matrix`); the kernel also needs shaderInt8
+/// and 32-invocation subgroups.
+///
+/// # Safety
+/// `instance` must be a live instance created from `entry`, `physical` one of its devices.
+pub(crate) unsafe fn probe(
+    entry: &ash::Entry,
+    instance: &ash::Instance,
+    physical: vk::PhysicalDevice,
+    subgroup_size: u32,
+) -> std::result::Result<u32, String> {
+    if crate::config::env_switched_off("FISH_VK_INT8_MATRIX") {
+        return Err("FISH_VK_INT8_MATRIX=0".into());
+    }
+    if subgroup_size != LANES {
+        return Err(format!("subgroups of {subgroup_size}, not {LANES}"));
+    }
+    let mut int8 = vk::PhysicalDeviceShaderFloat16Int8Features::default();
+    let mut features = vk::PhysicalDeviceFeatures2::default().push_next(&mut int8);
+    // SAFETY: the caller checked the extension (cooperative_matrix's set).
+    unsafe { instance.get_physical_device_features2(physical, &mut features) };
+    if int8.shader_int8 == vk::FALSE {
+        return Err("no shaderInt8".into());
+    }
+    // SAFETY: the device advertises the extension (the caller's contract).
+    let props = unsafe { crate::coopmat::matrix_properties(entry, instance, physical) }?;
+    pick_tokens(&props).ok_or_else(|| "no 16xNx32 s8 x s8 -> s32 subgroup shape".into())
+}
+
+/// Fragments staged per round of a step (the shader's FRAGS): one per x
+/// block of each half of the row, two for Q6_K (whose scales cover 16
+/// values); None for the types without the kernel.
+fn round_fragments(ty: WeightFormat) -> Option<u64> {
+    use GgmlType::*;
+    match ty {
+        WeightFormat::Ggml(Q4_0 | Q4_1 | Q5_0 | Q5_1 | Q8_0 | Q4_K | Q5_K) | WeightFormat::Fq3 => {
+            Some(2)
+        }
+        WeightFormat::Ggml(Q6_K) => Some(4),
+        _ => None,
+    }
+}
+/// A workgroup of the kernel for one weight type.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Int8MatrixShape {
+    pub(crate) warps: u32,
+    pub(crate) tokens: u32,
+}
+
+/// FISH_VK_I8MM_WARPS: the most subgroups per workgroup (1, 2, 4, 8 or
+/// 16; tuning), read once.
+fn warps_override() -> Option<u32> {
+    static READ: std::sync::OnceLock<Option<u32>> = std::sync::OnceLock::new();
+    *READ.get_or_init(|| {
+        std::env::var("FISH_VK_I8MM_WARPS")
+            .ok()
+            .and_then(|v| v.parse::<u32>().ok())
+            .filter(|&w| w.is_power_of_two() && w <= 16)
+    })
+}
+
+impl Int8MatrixShape {
+    /// The most subgroups (up to MAX_WARPS) whose tiles fit `max_shared`
+    /// bytes, for rows of `n_in` values of `ty` and passes of `tokens`;
+    /// None where the type has no such kernel or n_in is not a whole number
+    /// of steps.
+    pub(crate) fn new(
+        ty: WeightFormat,
+        n_in: usize,
+        tokens: u32,
+        max_shared: u32,
+    ) -> Option<Int8MatrixShape> {
+        round_fragments(ty)?;
+        if n_in == 0 || !n_in.is_multiple_of(STEP_VALUES) {
+            return None;
+        }
+        let mut warps = warps_override().unwrap_or(MAX_WARPS);
+        while warps > 0 {
+            let shape = Int8MatrixShape { warps, tokens };
+            if shape.shared_bytes(ty)? <= u64::from(max_shared) {
+                return Some(shape);
+            }
+            warps /= 2;
+        }
+        None
+    }
+
+    pub(crate) fn threads(&self) -> u32 {
+        self.warps * LANES
+    }
+
+    /// The shader's shared arrays (matvec_i8mm.comp), in bytes.
+    pub(crate) fn shared_bytes(&self, ty: WeightFormat) -> Option<u64> {
+        let frags = round_fragments(ty)?;
+        let (warps, tokens) = (u64::from(self.warps), u64::from(self.tokens));
+        let rows = u64::from(FRAGMENT_ROWS);
+        let row_bytes = u64::from(ROW_BYTES);
+        let per_warp = frags * rows * row_bytes // A fragments of a round
+            + 2 * tokens * row_bytes // its two x blocks
+            + frags * rows * 8 // (scale, minv') per row
+            + frags * tokens * 8 // (d, s) per token
+            + rows * tokens * 4; // sums for the reduction
+                                 // The element-index matrix.
+        Some(warps * per_warp + rows * tokens * 4)
+    }
+
+    /// Specialisation constants 0..2: subgroups, tokens, threads.
+    pub(crate) fn spec(&self) -> [u32; 3] {
+        [self.warps, self.tokens, self.threads()]
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    use crate::coopmat::fragment_property as prop;
+
+    #[test]
+    fn eight_token_fragments_are_preferred() {
+        use vk::ComponentTypeKHR as C;
+        let both = [prop(16, 16, 32, C::SINT8), prop(16, 8, 32, C::SINT8)];
+        assert_eq!(pick_tokens(&both), Some(8));
+        assert_eq!(pick_tokens(&both[..1]), Some(16));
+        // f16 shapes, unsigned bytes and other depths do not count.
+        assert_eq!(pick_tokens(&[prop(16, 8, 16, C::FLOAT16)]), None);
+        assert_eq!(pick_tokens(&[prop(16, 8, 32, C::UINT8)]), None);
+        assert_eq!(pick_tokens(&[prop(16, 8, 16, C::SINT8)]), None);
+    }
+
+    #[test]
+    fn shapes_fit_the_shared_memory_and_whole_steps() {
+        use GgmlType::*;
+        let q4k = WeightFormat::Ggml(Q4_K);
+        let q6k = WeightFormat::Ggml(Q6_K);
+        let s = Int8MatrixShape::new(q4k, 4096, 8, 48 * 1024).expect("Q4_K");
+        assert_eq!((s.warps, s.threads()), (4, 128));
+        // Q4_K: per subgroup 2 fragments (1536 B), two x blocks (768), their
+        // scales (256 + 128) and the sums (512); the index matrix (512).
+        assert_eq!(s.shared_bytes(q4k), Some(4 * 3200 + 512));
+        // Q6_K stages four fragments per round.
+        let s = Int8MatrixShape::new(q6k, 4096, 8, 48 * 1024).expect("Q6_K");
+        assert_eq!(s.warps, 4);
+        let small = Int8MatrixShape::new(q6k, 4096, 8, 16 * 1024).expect("Q6_K, 16 KiB");
+        assert_eq!(small.warps, 2);
+        // Steps are 256 values.
+        assert_eq!(Int8MatrixShape::new(q6k, 4096 + 128, 8, 48 * 1024), None);
+        assert_eq!(
+            Int8MatrixShape::new(WeightFormat::Fq3, 896, 8, 48 * 1024),
+            None
+        );
+        assert!(Int8MatrixShape::new(WeightFormat::Fq3, 4096, 16, 48 * 1024).is_some());
+        assert_eq!(
+            Int8MatrixShape::new(WeightFormat::Ggml(F16), 4096, 8, 48 * 1024),
+            None
+        );
+        // A device too small for one subgroup's tiles has none.
+        assert_eq!(Int8MatrixShape::new(q4k, 4096, 8, 1024), None);
+    }
+}
