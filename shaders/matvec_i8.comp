@@ -21,6 +21,18 @@
 // The weight loop, the workgroup shape and the reduction are those of
 // matvec.comp (same units, same specialisation constants 0-3); constant 4 is
 // n_in / 16, which sizes the shared activations.
+//
+// With GATE_UP_INT8 (on pre-quantised x) it is the gate/up matvec of an
+// int8 decode step with the activation in its epilogue: a workgroup holds
+// 2 * 32 / ROWS slices of WG invocations, each computing ROWS rows exactly as
+// a workgroup of the plain kernel does (the same units, sums and reduction,
+// so the same bits), the first half over the gate weights and the second
+// over the up weights (binding 5) of the same 32 rows. The 32 values
+// act(gate) * up of each token then form one block, which the epilogue
+// quantises into the int8 layout (binding 2) exactly as span_act.comp does,
+// for the down projection: no act*mul dispatch, and no barrier before it.
+// Constant 5 is the activation (0 SiLU, 1 tanh GELU), constant 6 the
+// workgroup size.
 #extension GL_GOOGLE_include_directive : require
 #extension GL_KHR_shader_subgroup_arithmetic : require
 #extension GL_KHR_shader_subgroup_basic : require
@@ -31,14 +43,48 @@ layout(constant_id = 1) const uint ROWS = 4;
 layout(constant_id = 2) const uint NT = 1;
 layout(constant_id = 3) const uint UNROLL = 1;
 layout(constant_id = 4) const uint IN_VEC4 = 16;
+#if defined(GATE_UP_INT8)
+layout(constant_id = 5) const uint GELU = 0;
+layout(constant_id = 6) const uint WG_ALL = 512;
+layout(local_size_x_id = 6) in;
+// Rows of a block: each workgroup's output rows.
+const uint BLOCK_ROWS = 32u;
+const uint SLICES = 2u * BLOCK_ROWS / ROWS;
+#else
 layout(local_size_x_id = 0) in;
+#endif
 
 #define USE_SUBGROUP 1
 #include "common.glsl"
 layout(std430, binding = 0) readonly buffer Weights4 { uvec4 w4[]; };
 #include "dequant.glsl"
 #include "matvec_units.glsl"
+#if defined(GATE_UP_INT8)
+layout(std430, binding = 5) readonly buffer UpWeights { uint up_w[]; };
+layout(std430, binding = 5) readonly buffer UpWeights4 { uvec4 up_w4[]; };
+// load_up_unit: load_unit over the up weights.
+#define LOAD_UNIT load_up_unit
+#define LOAD_WORDS4 up_w4
+#define LOAD_WORDS up_w
+#include "matvec_loads.glsl"
+#undef LOAD_UNIT
+#undef LOAD_WORDS4
+#undef LOAD_WORDS
+#include "gated_act.glsl"
+// The block's int8 copy (int8_acts.glsl) goes to binding 2.
+layout(std430, binding = 2) writeonly buffer Int8Out { uint q8[]; };
+shared float part_max[WG_ALL];
+shared int part_sum[WG_ALL];
+#define INT8_PARTS_WRITER 1
+#include "int8_acts.glsl"
+float acc[ROWS][NT];
+// Per slice, row and token: the partial sums of its subgroups (at least 4
+// invocations each), then the gate and up values of the block.
+shared float partial[SLICES][ROWS * NT][WG / 4u];
+shared float block_sums[SLICES * ROWS][NT];
+#else
 #include "matvec_reduce.glsl"
+#endif
 
 // OpSUDot with the 4x8-bit packed format: the signed bytes of a times the
 // unsigned bytes of b, summed.
@@ -55,7 +101,9 @@ shared float xs[NT * IN_VEC4];
 #endif
 
 #if defined(X_PREQUANTISED)
+#if !defined(GATE_UP_INT8)
 #include "int8_acts.glsl"
+#endif
 layout(std430, binding = 1) readonly buffer XQ { uvec4 x_int8[]; };
 layout(std430, binding = 1) readonly buffer XQF { float x_int8_f[]; };
 
@@ -122,17 +170,128 @@ float int_float(int v) {
     return intBitsToFloat(v + 0x4B400000) - 12582912.0;
 }
 
-// Loads units u0, u0 + WG, ... (UNROLL of them) of every row; units past the
-// end reload u0 (skipped when computing).
-void load_units(out Unit un[UNROLL][ROWS], uint row_byte[ROWS], uint u0, uint n_units) {
+// Loads units u0, u0 + WG, ... (UNROLL of them) of every row from the
+// weights at binding 0, or with GATE_UP_INT8 and `up` from the up weights;
+// units past the end reload u0 (skipped when computing).
+void load_units(out Unit un[UNROLL][ROWS], uint row_byte[ROWS], uint u0, uint n_units, bool up) {
     for (uint i = 0u; i < UNROLL; i++) {
         uint u = u0 + i * WG < n_units ? u0 + i * WG : u0;
         for (uint r = 0u; r < ROWS; r++) {
+#if defined(GATE_UP_INT8)
+            un[i][r] = up ? load_up_unit(row_byte[r], u) : load_unit(row_byte[r], u);
+#else
             un[i][r] = load_unit(row_byte[r], u);
+#endif
         }
     }
 }
 
+// Sets acc to this invocation's sums of the rows at row_byte for tokens t0
+// .. t0 + NT - 1 (invocation tid of WG strides over the row's units).
+void sum_pass(uint row_byte[ROWS], uint t0, uint tid, bool up) {
+    uint n_units = p.n_in / UNIT_VALUES;
+    for (uint r = 0u; r < ROWS; r++) {
+        for (uint t = 0u; t < NT; t++) {
+            acc[r][t] = 0.0;
+        }
+    }
+    for (uint u0 = tid; u0 < n_units; u0 += UNROLL * WG) {
+        // All loads of UNROLL units first, so that they are in flight together.
+        Unit un[UNROLL][ROWS];
+        load_units(un, row_byte, u0, n_units, up);
+        for (uint i = 0u; i < UNROLL; i++) {
+            uint u = u0 + i * WG;
+            if (u >= n_units) {
+                break;
+            }
+            for (uint run = 0u; run < RUNS; run++) {
+                uvec4 codes[ROWS];
+                float scale[ROWS];
+                float offset[ROWS];
+                for (uint r = 0u; r < ROWS; r++) {
+                    float minv;
+                    decode_codes(un[i][r], run, codes[r], scale[r], minv);
+                    offset[r] = minv - scale[r] * CODE_OFFSET;
+                }
+                // The run's 16 values: one uvec4 of quants, half a scale block.
+                uint xv = run_x4(u, run) / 4u;
+                for (uint t = 0u; t < NT; t++) {
+                    uvec4 q;
+                    float d;
+                    float s;
+                    x_run(t0 + t, xv, q, d, s);
+                    for (uint r = 0u; r < ROWS; r++) {
+                        int idot = dot_i8_u8(q.x, codes[r].x, PACKED_4X8)
+                                + dot_i8_u8(q.y, codes[r].y, PACKED_4X8)
+                                + dot_i8_u8(q.z, codes[r].z, PACKED_4X8)
+                                + dot_i8_u8(q.w, codes[r].w, PACKED_4X8);
+                        acc[r][t] += scale[r] * (d * int_float(idot)) + offset[r] * s;
+                    }
+                }
+            }
+        }
+    }
+}
+
+#if defined(GATE_UP_INT8)
+void main() {
+    // Slice `slice` of the workgroup computes rows row0 + ROWS * (slice %
+    // (SLICES / 2)) .. of gate (first half of the slices) or up.
+    uint slice = gl_LocalInvocationID.x / WG;
+    uint tid = gl_LocalInvocationID.x % WG;
+    bool up = slice >= SLICES / 2u;
+    uint block_row0 = workgroup_index() * BLOCK_ROWS;
+    uint row0 = block_row0 + ROWS * (slice % (SLICES / 2u));
+    uint row_byte[ROWS];
+    for (uint r = 0u; r < ROWS; r++) {
+        row_byte[r] = min(row0 + r, p.n_rows - 1u) * p.row_stride;
+    }
+    // Subgroups of a slice (a slice is whole subgroups: WG is a multiple
+    // of the subgroup size).
+    uint sg_per_slice = WG / gl_SubgroupSize;
+    uint sg_in_slice = gl_SubgroupID % sg_per_slice;
+    for (uint t0 = 0u; t0 < p.n_tok; t0 += NT) {
+        sum_pass(row_byte, t0, tid, up);
+        // The plain kernel's reduction, per slice: subgroup sums, then
+        // their partials in subgroup order.
+        for (uint r = 0u; r < ROWS; r++) {
+            for (uint t = 0u; t < NT; t++) {
+                float s = subgroupAdd(acc[r][t]);
+                if (subgroupElect()) {
+                    partial[slice][r * NT + t][sg_in_slice] = s;
+                }
+            }
+        }
+        barrier();
+        for (uint i = tid; i < ROWS * NT; i += WG) {
+            float s = 0.0;
+            for (uint j = 0u; j < sg_per_slice; j++) {
+                s += partial[slice][i][j];
+            }
+            block_sums[slice * ROWS + i / NT][i % NT] = s;
+        }
+        barrier();
+        // Eight invocations per token quantise its block, four values each
+        // (store_int8_part, as span_act.comp): gate row k of the block is
+        // block_sums[k], its up row block_sums[BLOCK_ROWS + k].
+        uint lid = gl_LocalInvocationID.x;
+        uint t = lid / 8u;
+        uint part = lid % 8u;
+        bool write = t < NT && t0 + t < p.n_tok;
+        vec4 v = vec4(0.0);
+        if (write) {
+            for (uint c = 0u; c < 4u; c++) {
+                uint k = 4u * part + c;
+                v[c] = gated_act(block_sums[k][t], GELU) * block_sums[BLOCK_ROWS + k][t];
+            }
+        }
+        // The copy's rows are tokens of y_stride (n_ff) values; this
+        // chunk's rows start at y_offset.
+        store_int8_part(v, write, t0 + t, (p.y_offset + block_row0) / BLOCK_ROWS, p.y_stride);
+        barrier();
+    }
+}
+#else
 void main() {
     uint row0 = workgroup_index() * ROWS;
     // Uniform across the workgroup, so the barriers below stay legal.
@@ -140,7 +299,6 @@ void main() {
         return;
     }
     uint tid = gl_LocalInvocationID.x;
-    uint n_units = p.n_in / UNIT_VALUES;
     uint row_byte[ROWS];
     for (uint r = 0u; r < ROWS; r++) {
         // Rows past the end read the last row; their sums are never written.
@@ -152,43 +310,8 @@ void main() {
 #if !defined(X_PREQUANTISED)
         barrier();
 #endif
-        clear_sums();
-        for (uint u0 = tid; u0 < n_units; u0 += UNROLL * WG) {
-            // All loads of UNROLL units first, so that they are in flight together.
-            Unit un[UNROLL][ROWS];
-            load_units(un, row_byte, u0, n_units);
-            for (uint i = 0u; i < UNROLL; i++) {
-                uint u = u0 + i * WG;
-                if (u >= n_units) {
-                    break;
-                }
-                for (uint run = 0u; run < RUNS; run++) {
-                    uvec4 codes[ROWS];
-                    float scale[ROWS];
-                    float offset[ROWS];
-                    for (uint r = 0u; r < ROWS; r++) {
-                        float minv;
-                        decode_codes(un[i][r], run, codes[r], scale[r], minv);
-                        offset[r] = minv - scale[r] * CODE_OFFSET;
-                    }
-                    // The run's 16 values: one uvec4 of quants, half a scale block.
-                    uint xv = run_x4(u, run) / 4u;
-                    for (uint t = 0u; t < NT; t++) {
-                        uvec4 q;
-                        float d;
-                        float s;
-                        x_run(t0 + t, xv, q, d, s);
-                        for (uint r = 0u; r < ROWS; r++) {
-                            int idot = dot_i8_u8(q.x, codes[r].x, PACKED_4X8)
-                                    + dot_i8_u8(q.y, codes[r].y, PACKED_4X8)
-                                    + dot_i8_u8(q.z, codes[r].z, PACKED_4X8)
-                                    + dot_i8_u8(q.w, codes[r].w, PACKED_4X8);
-                            acc[r][t] += scale[r] * (d * int_float(idot)) + offset[r] * s;
-                        }
-                    }
-                }
-            }
-        }
+        sum_pass(row_byte, t0, tid, false);
         store_sums(row0, t0);
     }
 }
+#endif

@@ -10,14 +10,17 @@
 //! the attention for wo, the act*mul dispatch for down): none may quantise
 //! x in every workgroup (`matvec_i8_*`). A verification round longer than
 //! one matvec pass must give one-token decode's logits bit for bit, and a
-//! batched decode step (rows in slots of their own) the sequences' own.
+//! batched decode step (rows in slots of their own) the sequences' own. The
+//! activation in the int8 gate/up matvec's epilogue (the default) must give
+//! the bits of the act*mul dispatch (FISH_GPU_INT8_ACT_FUSED=0): one test in
+//! this binary, since the variable is process-wide.
 
 mod common;
 
 use common::{
     assert_int8_within_float_bound, assert_round_equals_one_by_one, backend_with_int8, compare,
-    default_model, float_backend, greedy_after_prompt, span_teacher_forced, teacher_forced, PARIS,
-    PROMPT,
+    default_model, differing_bits, float_backend, greedy_after_prompt, span_teacher_forced,
+    teacher_forced, PARIS, PROMPT,
 };
 use fish_core::batch::BatchSession;
 use fish_core::model::{LogitsFor, Model};
@@ -114,8 +117,27 @@ fn int8_span_decode_matches_the_cpu_and_answers_paris() {
         );
     }
 
+    // The gate/up matvec with the activation and its int8 copy in its
+    // epilogue gives the logits of the act*mul dispatch bit for bit (the
+    // same sums, the same activation, the same quantisation).
+    drop(model);
+    std::env::set_var("FISH_GPU_INT8_ACT_FUSED", "0");
+    let unfused = span_teacher_forced(&gpu, &forced).1;
+    std::env::remove_var("FISH_GPU_INT8_ACT_FUSED");
+    let differing = differing_bits(&logits, &unfused);
+    assert_eq!(
+        differing, 0,
+        "{differing} logits differ with the act*mul dispatch"
+    );
+
     // SmolLM2's layers are Q4_1, its output Q8_0: both on pre-quantised x.
     let built = gpu.gpu().built_matmul_pipelines();
+    assert!(
+        built
+            .iter()
+            .any(|p| p.starts_with("matvec_i8x_gateup_q4_1")),
+        "the gate/up epilogue did not run: {built:?}"
+    );
     for ty in ["q4_1", "q8_0"] {
         assert!(
             built

@@ -13,7 +13,7 @@ mod chunked;
 mod common;
 
 use chunked::{chunked_vs_stepped, on_gpu, prompt_logits, prompt_of, setup};
-use common::default_model;
+use common::{default_model, differing_bits};
 use fish_core::model::Model;
 
 #[test]
@@ -38,12 +38,7 @@ fn f16_prefill_inputs_give_the_bits_of_f32_ones() {
     drop(span);
     std::env::remove_var("FISH_GPU_F16_INPUT");
 
-    let differing = f16
-        .iter()
-        .flatten()
-        .zip(f32.iter().flatten())
-        .filter(|(a, b)| a.to_bits() != b.to_bits())
-        .count();
+    let differing = differing_bits(&f16, &f32);
     assert_eq!(
         differing, 0,
         "{differing} logits differ between f16 and f32 inputs"

@@ -185,6 +185,15 @@ const TYPE_VARIANTS: &[TypeVariant] = &[
         compiler: ShaderCompiler::Glslc,
         quantised_only: true,
     },
+    // The int8 gate/up matvec with the activation and its quantisation in
+    // the epilogue (span decode steps).
+    TypeVariant {
+        prefix: "matvec_i8x_gateup",
+        source: "matvec_i8.comp",
+        defines: &["X_PREQUANTISED", "GATE_UP_INT8"],
+        compiler: ShaderCompiler::Glslc,
+        quantised_only: true,
+    },
     TypeVariant {
         prefix: "coopmat",
         source: "matmul_coopmat.comp",

@@ -79,6 +79,16 @@ pub enum Kernel {
     /// The same with the fragment products done by plain code, on any
     /// device (passes of 8 tokens): tests its staging and scaling; slow.
     MatvecInt8MatrixEmulated,
+    /// The gate/up matvec of an int8 decode step with the gated activation
+    /// and its int8 quantisation in the epilogue (shaders/matvec_i8.comp
+    /// GATE_UP_INT8 on pre-quantised x): planned on the gate tensor, whose
+    /// sets bind the up tensor's matching chunk at binding 5 and the int8
+    /// copy for the down projection at binding 2. A workgroup computes 32
+    /// rows of gate and of up, each `ROWS` of them as a workgroup of
+    /// `MatvecInt8Prequantised` would (the same bits), and writes their
+    /// block of act(gate) * up as span_act.comp would. Runs only inside a
+    /// span; chunks of a multiple of 32 rows.
+    MatvecInt8GateUp(GatedActivation),
     /// The matvec with the RMS norm before it fused in (shaders/matvec.comp
     /// NORM): x is the raw residual stream, the norm weights are at
     /// binding 3 (`Params::norm_off`). Needs subgroup arithmetic.
@@ -159,7 +169,19 @@ impl GatedActivation {
 impl Kernel {
     /// The matvecs on int8 activations (shaders/matvec_i8.comp).
     fn is_int8(self) -> bool {
-        matches!(self, Kernel::MatvecInt8 | Kernel::MatvecInt8Prequantised)
+        matches!(
+            self,
+            Kernel::MatvecInt8 | Kernel::MatvecInt8Prequantised | Kernel::MatvecInt8GateUp(_)
+        )
+    }
+
+    /// The int8 matvecs on pre-quantised x with one shape for every use
+    /// (`INT8X_THREADS`, K-quant passes of 4 tokens).
+    fn is_int8_prequantised_matvec(self) -> bool {
+        matches!(
+            self,
+            Kernel::MatvecInt8Prequantised | Kernel::MatvecInt8GateUp(_)
+        )
     }
 
     /// The int8 matvecs on the matrix units (real or emulated).
@@ -268,7 +290,7 @@ fn pass_tokens(ty: WeightFormat, kernel: Kernel, forced: Option<u32>) -> usize {
     use GgmlType::*;
     let float_kernel = !kernel.is_int8();
     let k_class = matches!(ty, WeightFormat::Ggml(Q5_0 | Q5_1 | Q4_K | Q5_K | Q6_K));
-    let natural = if (float_kernel || kernel == Kernel::MatvecInt8Prequantised) && k_class {
+    let natural = if (float_kernel || kernel.is_int8_prequantised_matvec()) && k_class {
         K_CLASS_PASS_TOKENS
     } else {
         MATVEC_MAX_TOKENS as u32
@@ -290,6 +312,16 @@ fn pass_tokens(ty: WeightFormat, kernel: Kernel, forced: Option<u32>) -> usize {
 /// 807, B = 2 1209 against 1334 (its 8192-value down rows have half the
 /// threads in flight: the price of batch-invariant rows).
 const INT8X_THREADS: u32 = 32;
+
+/// Output rows of a `Kernel::MatvecInt8GateUp` workgroup: one 32-value block
+/// of the int8 copy it writes (the shader's BLOCK_ROWS).
+pub(crate) const INT8_GATE_UP_ROWS: u32 = 32;
+
+/// Rows per slice of a `Kernel::MatvecInt8GateUp` workgroup (8 slices of 32
+/// invocations): on the H200, llama-1b decode 856 tok/s against 839 with
+/// the plain kernel's 2 rows (32 slices), llama-8b level with its 4
+/// (docs/BENCHMARKS.md).
+const INT8_GATE_UP_SLICE_ROWS: u32 = 8;
 
 impl MatvecShape {
     /// The shapes measured fastest on the H200 (docs/BENCHMARKS.md): for one
@@ -328,7 +360,7 @@ impl MatvecShape {
             _ => (4, 128),
         };
         let threads = match kernel {
-            Kernel::MatvecInt8Prequantised => INT8X_THREADS,
+            k if k.is_int8_prequantised_matvec() => INT8X_THREADS,
             _ => threads,
         };
         let o = MatvecOverrides::get();
@@ -338,6 +370,9 @@ impl MatvecShape {
         // the rows keep the plain kernel's registers and sums per workgroup.
         let rows = match kernel {
             Kernel::MatvecGateUp(_) => o.gate_up_rows.unwrap_or((rows / 2).max(1)),
+            // Its slices sum gate or up rows only, and the rows per slice
+            // do not change any row's sums (FISH_VK_GATE_UP_ROWS: tuning).
+            Kernel::MatvecInt8GateUp(_) => o.gate_up_rows.unwrap_or(INT8_GATE_UP_SLICE_ROWS),
             _ => rows,
         };
         MatvecShape {
@@ -414,6 +449,7 @@ impl Gpu {
             Kernel::Matvec | Kernel::MatvecSharedReduce => format!("matvec_{suffix}"),
             Kernel::MatvecInt8 => format!("matvec_i8_{suffix}"),
             Kernel::MatvecInt8Prequantised => format!("matvec_i8x_{suffix}"),
+            Kernel::MatvecInt8GateUp(_) => format!("matvec_i8x_gateup_{suffix}"),
             Kernel::MatvecInt8Matrix => format!("matvec_i8mm_{suffix}"),
             Kernel::MatvecInt8MatrixEmulated => format!("matvec_i8mm_emu_{suffix}"),
             Kernel::MatvecNorm => format!("matvec_norm_{suffix}"),
@@ -470,7 +506,10 @@ impl Gpu {
         let n_in = check_group(handles, n_tok)?;
         if matches!(
             kernel,
-            Kernel::MatvecResNorm | Kernel::MatvecPrenormed | Kernel::MatvecGateUp(_)
+            Kernel::MatvecResNorm
+                | Kernel::MatvecPrenormed
+                | Kernel::MatvecGateUp(_)
+                | Kernel::MatvecInt8GateUp(_)
         ) {
             // They bind the span's parameters and normed-input buffer.
             return Err(VkError::Input(format!(
@@ -843,6 +882,16 @@ impl Gpu {
                     spec.push(act.selector());
                     spec
                 }
+                (Kernel::MatvecInt8GateUp(act), _) => {
+                    let mut spec = matvec.spec().to_vec();
+                    let slices = 2 * INT8_GATE_UP_ROWS / matvec.rows;
+                    spec.extend([
+                        (h.n_in() / 16) as u32,
+                        act.selector(),
+                        slices * matvec.threads,
+                    ]);
+                    spec
+                }
                 (k, _) if k.is_int8() => {
                     let mut spec = matvec.spec().to_vec();
                     spec.push((h.n_in() / 16) as u32);
@@ -884,9 +933,10 @@ impl Gpu {
                         ((gx, (n_tok as u32).div_ceil(TILE_TOKENS)), gx)
                     }
                     _ => {
-                        let rows = match int8_matrix {
-                            Some(_) => crate::int8_matrix::FRAGMENT_ROWS,
-                            None => matvec.rows,
+                        let rows = match (int8_matrix, kernel) {
+                            (Some(_), _) => crate::int8_matrix::FRAGMENT_ROWS,
+                            (None, Kernel::MatvecInt8GateUp(_)) => INT8_GATE_UP_ROWS,
+                            (None, _) => matvec.rows,
                         };
                         let wgs = n_rows.div_ceil(rows);
                         let gx = wgs.min(max_x);
@@ -1014,6 +1064,39 @@ impl Gpu {
         } else {
             Kernel::MatvecInt8Prequantised
         }
+    }
+
+    /// Whether the gate/up group `handles` (gate, up) can take
+    /// `Kernel::MatvecInt8GateUp`: a quantised type, every chunk a whole
+    /// number of 32-row blocks, subgroups that divide the 32-invocation
+    /// slices, and a device that holds the workgroup (2 x 32 / rows slices
+    /// of 32 invocations).
+    pub(crate) fn int8_gate_up_fusable(&self, handles: &[TensorHandle]) -> bool {
+        let [gate, _up] = handles else {
+            return false;
+        };
+        let tensors = self.lock_tensors();
+        let Some(resident) = tensors.get(&gate.id()) else {
+            return false;
+        };
+        let blocks = resident
+            .chunks
+            .iter()
+            .all(|c| c.n_rows.is_multiple_of(INT8_GATE_UP_ROWS as usize));
+        let shape = MatvecShape::new(
+            gate.ty(),
+            Kernel::MatvecInt8GateUp(GatedActivation::Silu),
+            MATVEC_MAX_TOKENS,
+            gate.n_in(),
+        );
+        let threads = 2 * INT8_GATE_UP_ROWS / shape.rows * shape.threads;
+        let subgroup = self.info.subgroup_size;
+        has_int8_matvec(gate.ty())
+            && blocks
+            && INT8_GATE_UP_ROWS.is_multiple_of(shape.rows)
+            && subgroup > 0
+            && shape.threads.is_multiple_of(subgroup)
+            && threads <= self.info.max_workgroup_threads
     }
 
     /// Whether every tensor of a group takes the int8 matvec under the

@@ -151,6 +151,15 @@ pub fn greedy_after_prompt(model: &Model, n: usize) -> Vec<u32> {
 }
 
 /// (steps with the same argmax, worst max |dlogit| / max |logit|)
+/// How many values of two runs' rows differ in their bits.
+pub fn differing_bits(a: &[Vec<f32>], b: &[Vec<f32>]) -> usize {
+    a.iter()
+        .flatten()
+        .zip(b.iter().flatten())
+        .filter(|(x, y)| x.to_bits() != y.to_bits())
+        .count()
+}
+
 pub fn compare(a: &[Vec<f32>], b: &[Vec<f32>]) -> (usize, f32) {
     let (mut same, mut worst) = (0, 0f32);
     for (x, y) in a.iter().zip(b) {

@@ -40,7 +40,10 @@ pub(crate) struct Arena {
     /// act(gate) * up of a chunk in f16 (chunk x n_ff halves), written by
     /// the activation for a down projection on the cooperative prefill
     /// kernel (`MatmulInput::F16`; the activation's f32 result stays in
-    /// place in `gate_up`, which it is still reading).
+    /// place in `gate_up`, which it is still reading); in int8 chunks the
+    /// same product quantised (int8_acts.glsl), written by a gate/up matvec
+    /// with the activation in its epilogue (`Kernel::MatvecInt8GateUp`,
+    /// which is still reading xn_int8). Sized for both.
     pub h16: Buffer,
     /// Host-visible copies of x (in and out), sized like `x`.
     pub upload: Buffer,
@@ -87,7 +90,12 @@ fn sizes(shape: &SpanShape, n_ff: usize) -> [(usize, MemoryKind); 12] {
         (c * shape.n_embd, MemoryKind::Device),
         (c * 2 * n_ff, MemoryKind::Device),
         (int8_values, MemoryKind::Device),
-        ((c * n_ff).div_ceil(2), MemoryKind::Device),
+        (
+            (c * n_ff)
+                .div_ceil(2)
+                .max((INT8_CHUNK_MAX_TOKENS * int8_token_bytes(n_ff)).div_ceil(4)),
+            MemoryKind::Device,
+        ),
         (INITIAL_TOKENS * shape.n_embd, MemoryKind::Upload),
         (INITIAL_TOKENS * shape.n_embd, MemoryKind::Readback),
         (STEP_WORDS, MemoryKind::Device),

@@ -55,6 +55,13 @@ pub(crate) struct LayerSets {
     /// binding 5; None where `act_in_gate_up_wanted` says no or the two
     /// tensors differ in type, shape or chunks.
     pub gate_up_act: Option<MatmulSets>,
+    /// gate/up of int8 chunks with the activation and its quantisation in
+    /// the epilogue (`Kernel::MatvecInt8GateUp`: gate weights, xn_int8, the
+    /// int8 copy into h16, up weights at binding 5), and down reading that
+    /// copy from h16; both None where `Gpu::int8_gate_up_fusable` says no
+    /// or FISH_GPU_INT8_ACT_FUSED=0.
+    pub gate_up_int8_act: Option<MatmulSets>,
+    pub down_int8_h16: Option<MatmulSets>,
     /// qkv, K, V, params.
     pub rope: vk::DescriptorSet,
     /// qkv, K, V, attn, step, params, the int8 copy of attn.
@@ -257,37 +264,64 @@ impl Bindings {
                     .transpose()
             };
             // Gate chunk i pairs with up chunk i: same type and shape give
-            // the same chunks (upload.rs splits by row stride only).
-            let gate_up_act_sets = |handles: &[TensorHandle], w: &[vk::Buffer]| {
-                let [gate, up] = handles else {
-                    return Ok(None);
+            // the same chunks (upload.rs splits by row stride only). The
+            // sets bind x, y and the up chunk at binding 5.
+            let gate_up_epilogue_sets =
+                |handles: &[TensorHandle],
+                 w: &[vk::Buffer],
+                 wanted: bool,
+                 (x, y): (vk::Buffer, vk::Buffer)| {
+                    let [gate, up] = handles else {
+                        return Ok(None);
+                    };
+                    let same = gate.ty() == up.ty()
+                        && gate.n_in() == up.n_in()
+                        && gate.n_out() == up.n_out()
+                        && w.len().is_multiple_of(2);
+                    if !(wanted && same) {
+                        return Ok(None);
+                    }
+                    let (gate_w, up_w) = w.split_at(w.len() / 2);
+                    let sets = gate_w
+                        .iter()
+                        .zip(up_w)
+                        .map(|(&gw, &uw)| {
+                            let set = allocate(gpu, pool, gpu.pipelines.set_layout)?;
+                            // Bindings 3 and 4 are unused by these kernels.
+                            let unused = a.split.raw;
+                            write_set(gpu, set, &[gw, x, y, unused, unused, uw]);
+                            Ok(set)
+                        })
+                        .collect::<Result<_>>()?;
+                    Ok(Some(MatmulSets {
+                        handles: vec![*gate],
+                        sets,
+                    }))
                 };
-                let same = gate.ty() == up.ty()
-                    && gate.n_in() == up.n_in()
-                    && gate.n_out() == up.n_out()
-                    && w.len().is_multiple_of(2);
-                if !(act_in_gate_up && same) {
-                    return Ok(None);
-                }
-                let (gate_w, up_w) = w.split_at(w.len() / 2);
-                let sets = gate_w
-                    .iter()
-                    .zip(up_w)
-                    .map(|(&gw, &uw)| {
-                        let set = allocate(gpu, pool, gpu.pipelines.set_layout)?;
-                        // Bindings 3 and 4 are unused by this kernel.
-                        let unused = a.split.raw;
-                        write_set(gpu, set, &[gw, a.xn.raw, a.gate_up.raw, unused, unused, uw]);
-                        Ok(set)
-                    })
-                    .collect::<Result<_>>()?;
-                Ok(Some(MatmulSets {
-                    handles: vec![*gate],
-                    sets,
-                }))
+            let int8_act_fused = int8_act_fused_wanted()
+                && gpu.int8_gate_up_fusable(&g[2])
+                && gpu.int8_group(&g[2])
+                && gpu.int8_group(&g[3]);
+            let gate_up_int8_act =
+                gate_up_epilogue_sets(&g[2], &w[2], int8_act_fused, (a.xn_int8.raw, a.h16.raw))?;
+            let down_int8_h16 = match gate_up_int8_act {
+                Some(_) => Some(matmul_sets(
+                    &g[3],
+                    &w[3],
+                    a.h16.raw,
+                    residual_target(lp.post_ffn_norm),
+                )?),
+                None => None,
             };
             layers.push(LayerSets {
-                gate_up_act: gate_up_act_sets(&g[2], &w[2])?,
+                gate_up_act: gate_up_epilogue_sets(
+                    &g[2],
+                    &w[2],
+                    act_in_gate_up,
+                    (a.xn.raw, a.gate_up.raw),
+                )?,
+                gate_up_int8_act,
+                down_int8_h16,
                 qkv_int8: int8_sets(&g[0], &w[0], a.qkv.raw)?,
                 gate_up_int8: int8_sets(&g[2], &w[2], a.gate_up.raw)?,
                 wo_int8: int8_sets(&g[1], &w[1], residual_target(lp.post_attn_norm))?,
@@ -380,6 +414,13 @@ fn fused_norm_wanted(gpu: &Gpu) -> bool {
 /// Whether decode steps (with the deferred norm) compute act(gate) * up in
 /// the gate/up matvec's epilogue (`Kernel::MatvecGateUp`), so that no
 /// act*mul dispatch and barrier run: on unless `FISH_GPU_FUSE_GATE_UP=0`.
+/// Whether int8 decode steps move the activation and its quantisation into
+/// the gate/up matvec (`Kernel::MatvecInt8GateUp`): on unless
+/// `FISH_GPU_INT8_ACT_FUSED=0`.
+fn int8_act_fused_wanted() -> bool {
+    std::env::var("FISH_GPU_INT8_ACT_FUSED").as_deref() != Ok("0")
+}
+
 fn act_in_gate_up_wanted() -> bool {
     std::env::var("FISH_GPU_FUSE_GATE_UP").as_deref() != Ok("0")
 }

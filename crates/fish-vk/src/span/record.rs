@@ -35,6 +35,11 @@ pub(crate) struct Chunk {
     /// (`Kernel::MatvecGateUp` on the layer's `gate_up_act` sets), so no
     /// act*mul dispatch runs.
     pub act_in_gate_up: Vec<bool>,
+    /// Per layer: the int8 gate/up matvec writes act(gate) * up quantised
+    /// (`Kernel::MatvecInt8GateUp` on the layer's `gate_up_int8_act` sets,
+    /// into h16) and down reads it (`down_int8_h16`), so no act*mul
+    /// dispatch runs.
+    pub int8_act_in_gate_up: Vec<bool>,
     /// The activation writes its f16 copy (arena h16) and down reads it
     /// (`MatmulInput::F16`, the `down_x16` sets): prefill chunks on the
     /// cooperative kernel (Gpu::prefill_input), whose activation is always
@@ -188,6 +193,7 @@ pub(crate) fn plan_chunks(
                 int8_in: same.int8_in.clone(),
                 gated: same.gated,
                 act_in_gate_up: same.act_in_gate_up.clone(),
+                int8_act_in_gate_up: same.int8_act_in_gate_up.clone(),
                 down_f16: same.down_f16,
                 wo_f16: same.wo_f16,
                 prefetch: same.prefetch,
@@ -228,6 +234,7 @@ pub(crate) fn plan_chunks(
         let mut inputs = Vec::with_capacity(n_layers);
         let mut resnorm = Vec::with_capacity(n_layers);
         let mut act_in_gate_up = Vec::with_capacity(n_layers);
+        let mut int8_act_in_gate_up = Vec::with_capacity(n_layers);
         let mut int8_in = Vec::with_capacity(n_layers);
         let defer = defers_norms(decode, n, n_tok, layout).then(|| norm_parts_offset(shape));
         // The sums of squares the previous layer's down projection left.
@@ -275,15 +282,36 @@ pub(crate) fn plan_chunks(
                 _ => (gate_up_plan, false),
             };
             act_in_gate_up.push(act_fused);
+            // In single-token int8 chunks the activation and its
+            // quantisation move into the gate/up epilogue where the layer
+            // has those sets (and the down projection does not apply the
+            // activation itself). Same bits as the act*mul dispatch, so the
+            // choice may differ with the chunk: on the H200 the epilogue
+            // took llama-1b decode +3% and left llama-8b level, but cost
+            // batched steps 6-9% (its workgroups hold 32 rows of gate and
+            // of up: fewer, larger workgroups; docs/BENCHMARKS.md).
+            let gated = matches!(down_kernel, Kernel::MatvecGated(_));
+            let int8_act = match (gate_up_input, &ls.gate_up_int8_act, &ls.down_int8_h16) {
+                (NormedInput::Int8, Some(act), Some(down)) if !gated && n == 1 => Some((act, down)),
+                _ => None,
+            };
+            let gate_up_plan = match int8_act {
+                Some((sets, _)) => {
+                    plan_group(gpu, sets, n, Kernel::MatvecInt8GateUp(activation(shape)))?
+                }
+                None => gate_up_plan,
+            };
+            int8_act_in_gate_up.push(int8_act.is_some());
             let next_reads_xn = bindings
                 .layers
                 .get(il + 1)
                 .is_some_and(|next| next.qkv_int8.is_none());
             // Where the act*mul dispatch runs, it can hand down its output
             // quantised (int8 chunks, where the policy gave down int8 sets).
-            let act_dispatched = !matches!(down_kernel, Kernel::MatvecGated(_)) && !act_fused;
-            let down = match &ls.down_int8 {
-                Some(sets) if int8 && act_dispatched => int8_residual_plan(gpu, sets, n)?,
+            let act_dispatched = !gated && !act_fused && int8_act.is_none();
+            let down = match (&ls.down_int8, int8_act) {
+                (_, Some((_, sets))) => int8_residual_plan(gpu, sets, n)?,
+                (Some(sets), None) if int8 && act_dispatched => int8_residual_plan(gpu, sets, n)?,
                 _ if down_f16 => {
                     debug_assert!(act_dispatched, "a prefill chunk's activation is dispatched");
                     let input = MatmulInput::F16;
@@ -317,6 +345,7 @@ pub(crate) fn plan_chunks(
             inputs,
             gated: matches!(down_kernel, Kernel::MatvecGated(_)),
             act_in_gate_up,
+            int8_act_in_gate_up,
             down_f16,
             wo_f16,
             prefetch: prefetch.filter(|_| decode),
@@ -1023,13 +1052,21 @@ impl Recording<'_> {
                 self.matmul(r, gate_up_plan, &act_sets.sets);
                 r.end(SpanStage::Matvec);
             }
+            _ if chunk.int8_act_in_gate_up[il] => {
+                // The norm's int8 copy, then gate/up on the epilogue sets.
+                let gate_up = NormedGroup {
+                    int8: &sets.gate_up_int8_act,
+                    ..sets.gate_up_group()
+                };
+                self.normed_matmul(r, chunk, &gate_up, gate_up_input, gate_up_plan, lp.ffn_norm);
+            }
             _ => {
                 let gate_up = sets.gate_up_group();
                 self.normed_matmul(r, chunk, &gate_up, gate_up_input, gate_up_plan, lp.ffn_norm);
             }
         }
         let down_int8 = sets.down_int8.as_ref().filter(|_| chunk.int8_in[il][1]);
-        if !chunk.gated && !chunk.act_in_gate_up[il] {
+        if !chunk.gated && !chunk.act_in_gate_up[il] && !chunk.int8_act_in_gate_up[il] {
             let count = n * layer.n_ff;
             // span_act.comp's `quantise`: 1 the int8 copy (an invocation
             // per four values), 2 the f16 copy (per two), 0 in place.
@@ -1046,6 +1083,12 @@ impl Recording<'_> {
             r.end(SpanStage::ActMul);
         }
         let next_layer = self.params.layers.get(il + 1);
+        let down_h16 = sets
+            .down_int8_h16
+            .as_ref()
+            .filter(|_| chunk.int8_act_in_gate_up[il]);
+        // The int8 copy the gate/up epilogue or the act*mul dispatch wrote.
+        let down_int8 = down_h16.or(down_int8);
         let (down_sets, down_next) = match (&sets.down_resnorm, next_layer, down_int8) {
             (_, _, Some(q)) => (&q.sets, None),
             _ if chunk.down_f16 => (&sets.down_x16.sets, None),
