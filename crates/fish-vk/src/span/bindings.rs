@@ -162,8 +162,10 @@ impl Bindings {
             .iter()
             .map(|w| 2 * w[1].len() + 3 * w[3].len())
             .sum();
-        // And the gate/up sets with the activation (one per gate chunk).
-        let n_gate_up_act: usize = weights.iter().map(|w| w[2].len() / 2).sum();
+        // And the gate/up sets with the activation, float and int8 (one
+        // each per gate chunk), and the down sets reading the int8
+        // epilogue's copy.
+        let n_gate_up_act: usize = weights.iter().map(|w| w[2].len() + w[3].len()).sum();
         // The output's plain sets, and its fused-norm and int8 copies.
         let pool = create_pool(
             gpu,
@@ -298,7 +300,10 @@ impl Bindings {
                         sets,
                     }))
                 };
+            // Not beside the opt-in matrix-unit matvec: its batched rows
+            // would then sum gate/up in another order than single steps.
             let int8_act_fused = int8_act_fused_wanted()
+                && gpu.int8_span_kernel(&g[2]) == Kernel::MatvecInt8Prequantised
                 && gpu.int8_gate_up_fusable(&g[2])
                 && gpu.int8_group(&g[2])
                 && gpu.int8_group(&g[3]);
@@ -411,9 +416,6 @@ fn fused_norm_wanted(gpu: &Gpu) -> bool {
     gpu.info.subgroup_arithmetic && std::env::var("FISH_GPU_FUSE_NORM").as_deref() == Ok("1")
 }
 
-/// Whether decode steps (with the deferred norm) compute act(gate) * up in
-/// the gate/up matvec's epilogue (`Kernel::MatvecGateUp`), so that no
-/// act*mul dispatch and barrier run: on unless `FISH_GPU_FUSE_GATE_UP=0`.
 /// Whether int8 decode steps move the activation and its quantisation into
 /// the gate/up matvec (`Kernel::MatvecInt8GateUp`): on unless
 /// `FISH_GPU_INT8_ACT_FUSED=0`.
@@ -421,6 +423,9 @@ fn int8_act_fused_wanted() -> bool {
     std::env::var("FISH_GPU_INT8_ACT_FUSED").as_deref() != Ok("0")
 }
 
+/// Whether decode steps (with the deferred norm) compute act(gate) * up in
+/// the gate/up matvec's epilogue (`Kernel::MatvecGateUp`), so that no
+/// act*mul dispatch and barrier run: on unless `FISH_GPU_FUSE_GATE_UP=0`.
 fn act_in_gate_up_wanted() -> bool {
     std::env::var("FISH_GPU_FUSE_GATE_UP").as_deref() != Ok("0")
 }

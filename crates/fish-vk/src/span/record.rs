@@ -287,7 +287,7 @@ pub(crate) fn plan_chunks(
             // has those sets (and the down projection does not apply the
             // activation itself). Same bits as the act*mul dispatch, so the
             // choice may differ with the chunk: on the H200 the epilogue
-            // took llama-1b decode +3% and left llama-8b level, but cost
+            // took llama-1b decode +5% and left llama-8b level, but cost
             // batched steps 6-9% (its workgroups hold 32 rows of gate and
             // of up: fewer, larger workgroups; docs/BENCHMARKS.md).
             let gated = matches!(down_kernel, Kernel::MatvecGated(_));
