@@ -3,8 +3,11 @@
 //! 16 x N x 32 signed int8 fragment products (VK_KHR_cooperative_matrix),
 //! scaled per 32-value block by each invocation for the elements it holds.
 //! The packed-dot-product matvec spends its instructions per token; this
-//! kernel per block of 16 rows x N tokens, so a batch costs about what one
-//! token does (docs/GPU.md, "int8 products on the matrix units").
+//! kernel per block of 16 rows x N tokens, so that a batch would cost about
+//! what one token does. Its time does hardly grow with the tokens, but on the
+//! H200 it starts far above the packed products' one-token time, so spans
+//! take it only with FISH_VK_I8MM=1 (docs/GPU.md, "int8 products on the
+//! matrix units"; docs/BENCHMARKS.md).
 //!
 //! Here: whether the device has the fragments (`probe`), the workgroup
 //! shape a type takes (`Int8MatrixShape`) and the shared memory it needs.
@@ -17,8 +20,8 @@ use fish_gguf::GgmlType;
 pub(crate) const FRAGMENT_ROWS: u32 = 16;
 /// Values of a fragment's depth: one block of int8 activations.
 const FRAGMENT_DEPTH: u32 = 32;
-/// Invocations per subgroup the shader assumes (its lanes stage 16 rows x
-/// two units).
+/// Invocations per subgroup the shader assumes (its lanes take 16 rows x
+/// the two halves of a step).
 pub(crate) const LANES: u32 = 32;
 /// Subgroups per workgroup where shared memory allows: each takes every
 /// fourth step of the same 16 rows (on the H200 4 measured 30.8 us for
