@@ -11,6 +11,13 @@ uint int8_sum_vec4s(uint n) { return (n / 16u + 3u) / 4u; }
 uint int8_token_vec4s(uint n) {
     return int8_quant_vec4s(n) + int8_scale_vec4s(n) + int8_sum_vec4s(n);
 }
+// Where row `row`'s scales and its sums start, in 16-byte words.
+uint int8_scales_vec4(uint row, uint n) {
+    return row * int8_token_vec4s(n) + int8_quant_vec4s(n);
+}
+uint int8_sums_vec4(uint row, uint n) {
+    return int8_scales_vec4(row, n) + int8_scale_vec4s(n);
+}
 
 #if defined(INT8_WRITER)
 // Writes block `blk` (32 values, v) of row `row` of rows of n values into
@@ -19,8 +26,8 @@ uint int8_token_vec4s(uint n) {
 // the same on the host.
 void store_int8_block(vec4 v[8], uint row, uint blk, uint n) {
     uint base = 4u * row * int8_token_vec4s(n);
-    uint scales = base + 4u * int8_quant_vec4s(n);
-    uint sums = scales + 4u * int8_scale_vec4s(n);
+    uint scales = 4u * int8_scales_vec4(row, n);
+    uint sums = 4u * int8_sums_vec4(row, n);
     float amax = 0.0;
     for (uint k = 0u; k < 8u; k++) {
         vec4 a = abs(v[k]);
@@ -68,8 +75,8 @@ void store_int8_part(vec4 v, bool write, uint row, uint blk, uint n) {
         return;
     }
     uint base = 4u * row * int8_token_vec4s(n);
-    uint scales = base + 4u * int8_quant_vec4s(n);
-    uint sums = scales + 4u * int8_scale_vec4s(n);
+    uint scales = 4u * int8_scales_vec4(row, n);
+    uint sums = 4u * int8_sums_vec4(row, n);
     uvec4 b = uvec4(q) & 0xFFu;
     q8[base + 8u * blk + part] = b.x | (b.y << 8) | (b.z << 16) | (b.w << 24);
     if (part == 0u) {

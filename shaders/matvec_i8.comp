@@ -115,9 +115,10 @@ void load_x(uint t0) {}
 // The quants (16 values from value 16 * v16), their scale and d * sum.
 void x_run(uint t, uint v16, out uvec4 q, out float d, out float s) {
     uint n = p.n_in;
-    uint base = min(t, p.n_tok - 1u) * int8_token_vec4s(n);
-    uint scales = base + int8_quant_vec4s(n);
-    uint sums = scales + int8_scale_vec4s(n);
+    uint tok = min(t, p.n_tok - 1u);
+    uint base = tok * int8_token_vec4s(n);
+    uint scales = int8_scales_vec4(tok, n);
+    uint sums = int8_sums_vec4(tok, n);
     q = x_int8[base + v16];
     d = x_int8_f[4u * scales + v16 / 2u];
     s = x_int8_f[4u * sums + v16];

@@ -189,8 +189,8 @@ Fetched fetch_step(uint step, uint row_byte, uint t0, uint n_x4) {
             if (i < FRAGS * TN) {
                 uint f = i / TN;
                 uint tok = min(t0 + i % TN, p.n_tok - 1u);
-                uint scales = tok * n_x4 + int8_quant_vec4s(p.n_in);
-                uint sums = scales + int8_scale_vec4s(p.n_in);
+                uint scales = int8_scales_vec4(tok, p.n_in);
+                uint sums = int8_sums_vec4(tok, p.n_in);
                 uint blk = (step * STEP) / 32u + frag_block(f) * ROUNDS + k;
 #if defined(HALF_FRAGMENTS)
                 float s = x_int8_f[4u * sums + 2u * blk + f % 2u];
