@@ -4,10 +4,13 @@
 //! scaled per 32-value block by each invocation for the elements it holds.
 //! The packed-dot-product matvec spends its instructions per token; this
 //! kernel per block of 16 rows x N tokens, so that a batch would cost about
-//! what one token does. Its time does hardly grow with the tokens, but on the
-//! H200 it starts far above the packed products' one-token time, so spans
-//! take it only with FISH_VK_I8MM=1 (docs/GPU.md, "int8 products on the
-//! matrix units"; docs/BENCHMARKS.md).
+//! what one token does. Q4_K and Q6_K take a form without staging rounds
+//! (matvec_i8mm_direct.glsl), the other types the staged one. Its time does
+//! hardly grow with the tokens, but on the H200 it starts far above the
+//! packed products' one-token time (Q4_K 4096 x 14336: 22.5 us against 7.8;
+//! at 8 tokens 29.9 against 33.1), so spans take it only with
+//! FISH_VK_I8MM=1 (docs/GPU.md, "int8 products on the matrix units";
+//! docs/BENCHMARKS.md).
 //!
 //! Here: whether the device has the fragments (`probe`), the workgroup
 //! shape a type takes (`Int8MatrixShape`) and the shared memory it needs.
@@ -27,6 +30,9 @@ pub(crate) const LANES: u32 = 32;
 /// fourth step of the same 16 rows (on the H200 4 measured 30.8 us for
 /// Q4_K 4096 x 14336 against 34.3 with 8; docs/BENCHMARKS.md).
 const MAX_WARPS: u32 = 4;
+/// The same without staging rounds, each subgroup taking every other
+/// super-block (H200, Q4_K 4096 x 14336: 22.5 us with 2, 25.0 with 4).
+const MAX_WARPS_DIRECT: u32 = 2;
 /// Values of a step of one row (two invocations, 128 values each).
 const STEP_VALUES: usize = 256;
 /// Bytes of one staged row of a fragment: 32 values padded to 48 (the
@@ -83,6 +89,20 @@ pub(crate) unsafe fn probe(
     pick_tokens(&props).ok_or_else(|| "no 16xNx32 s8 x s8 -> s32 subgroup shape".into())
 }
 
+/// Fragments per block of the types without staging rounds
+/// (matvec_i8mm_direct.glsl): one, two for Q6_K (one per 16-value scale);
+/// None for the staged types. The shader is written for one element layout
+/// of 16 x 8 x 32 fragments, so these types take passes of 8 tokens only.
+fn unstaged_fragments(ty: WeightFormat) -> Option<u64> {
+    match ty {
+        WeightFormat::Ggml(GgmlType::Q4_K) => Some(1),
+        WeightFormat::Ggml(GgmlType::Q6_K) => Some(2),
+        _ => None,
+    }
+}
+/// Tokens per pass of the kernel without staging rounds.
+const DIRECT_TOKENS: u32 = 8;
+
 /// Fragments staged per round of a step (the shader's FRAGS): one per x
 /// block of each half of the row, two for Q6_K (whose scales cover 16
 /// values); None for the types without the kernel.
@@ -130,7 +150,12 @@ impl Int8MatrixShape {
         if n_in == 0 || !n_in.is_multiple_of(STEP_VALUES) {
             return None;
         }
-        let mut warps = warps_override().unwrap_or(MAX_WARPS);
+        let direct = unstaged_fragments(ty).is_some();
+        if direct && tokens != DIRECT_TOKENS {
+            return None;
+        }
+        let most = if direct { MAX_WARPS_DIRECT } else { MAX_WARPS };
+        let mut warps = warps_override().unwrap_or(most);
         while warps > 0 {
             let shape = Int8MatrixShape { warps, tokens };
             if shape.shared_bytes(ty)? <= u64::from(max_shared) {
@@ -150,6 +175,15 @@ impl Int8MatrixShape {
         let frags = round_fragments(ty)?;
         let (warps, tokens) = (u64::from(self.warps), u64::from(self.tokens));
         let rows = u64::from(FRAGMENT_ROWS);
+        if let Some(frags) = unstaged_fragments(ty) {
+            let sums = warps * rows * tokens * 4;
+            // On a real device each subgroup's four A tiles (16 rows of 48
+            // bytes) and the layout check's index matrices (B's rows and
+            // columns, C's element numbers); emulated, the fragment tiles.
+            let real = warps * 4 * rows * 48 + 2 * 32 * tokens + rows * tokens * 4;
+            let emulated = warps * (frags * rows * 32 + tokens * 32);
+            return Some(sums + real.max(emulated));
+        }
         let row_bytes = u64::from(ROW_BYTES);
         let per_warp = frags * rows * row_bytes // A fragments of a round
             + 2 * tokens * row_bytes // its two x blocks
@@ -190,14 +224,26 @@ mod tests {
         let q4k = WeightFormat::Ggml(Q4_K);
         let q6k = WeightFormat::Ggml(Q6_K);
         let s = Int8MatrixShape::new(q4k, 4096, 8, 48 * 1024).expect("Q4_K");
-        assert_eq!((s.warps, s.threads()), (4, 128));
-        // Q4_K: per subgroup 2 fragments (1536 B), two x blocks (768), their
-        // scales (256 + 128) and the sums (512); the index matrix (512).
-        assert_eq!(s.shared_bytes(q4k), Some(4 * 3200 + 512));
-        // Q6_K stages four fragments per round.
+        assert_eq!((s.warps, s.threads()), (2, 64));
+        // Q4_K without staging rounds: the sums (2 x 512), and the larger of
+        // the real kernel's A tiles (2 x 3072) with the layout check's
+        // matrices (1024) and the emulation's tiles (2 x (512 + 256)).
+        assert_eq!(s.shared_bytes(q4k), Some(1024 + 7168));
+        // Q6_K emulates two fragments per block; the real kernel's tiles are
+        // the same.
         let s = Int8MatrixShape::new(q6k, 4096, 8, 48 * 1024).expect("Q6_K");
-        assert_eq!(s.warps, 4);
-        let small = Int8MatrixShape::new(q6k, 4096, 8, 16 * 1024).expect("Q6_K, 16 KiB");
+        assert_eq!((s.warps, s.shared_bytes(q6k)), (2, Some(1024 + 7168)));
+        let small = Int8MatrixShape::new(q6k, 4096, 8, 6 * 1024).expect("Q6_K, 6 KiB");
+        assert_eq!(small.warps, 1);
+        // The unstaged kernel is written for passes of 8 tokens.
+        assert_eq!(Int8MatrixShape::new(q6k, 4096, 16, 48 * 1024), None);
+        // The staged types: per subgroup 2 fragments (1536 B), two x blocks
+        // (768), their scales (256 + 128) and the sums (512); the index
+        // matrix (512).
+        let q4_0 = WeightFormat::Ggml(Q4_0);
+        let s = Int8MatrixShape::new(q4_0, 4096, 8, 48 * 1024).expect("Q4_0");
+        assert_eq!(s.shared_bytes(q4_0), Some(4 * 3200 + 512));
+        let small = Int8MatrixShape::new(q4_0, 4096, 8, 12 * 1024).expect("Q4_0, 12 KiB");
         assert_eq!(small.warps, 2);
         // Steps are 256 values.
         assert_eq!(Int8MatrixShape::new(q6k, 4096 + 128, 8, 48 * 1024), None);
