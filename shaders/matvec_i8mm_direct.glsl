@@ -52,6 +52,7 @@ const uint FRAGS = 1u;
 
 layout(std430, binding = 0) readonly buffer Weights2 { uvec2 w2[]; };
 layout(std430, binding = 1) readonly buffer XQ2 { uvec2 x_int8_2[]; };
+layout(std430, binding = 1) readonly buffer XQF2 { vec2 x_int8_f2[]; };
 layout(std430, binding = 1) readonly buffer XQF4 { vec4 x_int8_f4[]; };
 
 // The subgroups' sums of one pass, for the reduction.
@@ -222,21 +223,10 @@ bool layout_matches() {
 }
 #endif
 
-// x's scales d of the super-block's eight blocks for token `tok`, and its
-// sums (d * sum of quants) per 16 values.
-void load_x_scales(uint tok, uint sb, out vec4 d[2], out vec4 s[4]) {
-    uint scales4 = int8_scales_vec4(tok, p.n_in) + 2u * sb;
-    uint sums4 = int8_sums_vec4(tok, p.n_in) + 4u * sb;
-    [[unroll]] for (uint i = 0u; i < 2u; i++) {
-        d[i] = x_int8_f4[scales4 + i];
-    }
-    [[unroll]] for (uint i = 0u; i < 4u; i++) {
-        s[i] = x_int8_f4[sums4 + i];
-    }
-}
-
-float vec_at(vec4 v[2], uint i) { return v[i / 4u][i % 4u]; }
-float vec_at4(vec4 v[4], uint i) { return v[i / 4u][i % 4u]; }
+// Where token `tok`'s scales d and sums (d * sum of quants per 16 values)
+// of block `blk` are, in floats.
+uint x_scale_at(uint tok, uint blk) { return 4u * int8_scales_vec4(tok, p.n_in) + blk; }
+uint x_sums_at(uint tok, uint blk) { return 4u * int8_sums_vec4(tok, p.n_in) + 2u * blk; }
 
 void main() {
     uint tid = gl_LocalInvocationIndex;
@@ -273,16 +263,9 @@ void main() {
         for (uint turn = 0u; turn < turns; turn++) {
             uint sb = min(turn * WARPS + warp, n_sb - 1u);
             bool live = turn * WARPS + warp < n_sb;
-            // x: this invocation's 8 bytes of each block for B, the scales
-            // and sums of C's tokens.
-            uvec2 xq[8];
-            [[unroll]] for (uint j = 0u; j < 8u; j++) {
-                xq[j] = x_int8_2[tok_b * n_x2 + 4u * (8u * sb + j) + t];
-            }
-            vec4 xd[2][2];
-            vec4 xs[2][4];
-            load_x_scales(tok_c[0], sb, xd[0], xs[0]);
-            load_x_scales(tok_c[1], sb, xd[1], xs[1]);
+            // x per block: this invocation's 8 bytes for B (xq), the scales
+            // and sums of C's two tokens (loaded where the blocks are
+            // multiplied, which keeps the registers per invocation low).
 #if defined(TYPE_Q4_K)
             // Per row: the block head and, per 64-value chunk c, the eight
             // code bytes 8t.. of qs[32c ..] (low nibbles: block 2c, high:
@@ -303,17 +286,28 @@ void main() {
                 vec4 sm[2];
                 sm[0] = q4k_scales_mins(head[0], c);
                 sm[1] = q4k_scales_mins(head[1], c);
+                // Blocks 2c and 2c + 1: x's quants, and per C token the two
+                // scales and four sums.
+                uint blk = 8u * sb + 2u * c;
+                uvec2 xq[2];
+                xq[0] = x_int8_2[tok_b * n_x2 + 4u * blk + t];
+                xq[1] = x_int8_2[tok_b * n_x2 + 4u * (blk + 1u) + t];
+                vec2 xd[2];
+                vec4 xs[2];
+                [[unroll]] for (uint k = 0u; k < 2u; k++) {
+                    xd[k] = x_int8_f2[x_scale_at(tok_c[k], blk) / 2u];
+                    xs[k] = x_int8_f4[x_sums_at(tok_c[k], blk) / 4u];
+                }
                 [[unroll]] for (uint hn = 0u; hn < 2u; hn++) {
-                    uint j = 2u * c + hn;
                     uvec2 lo = (qs[0][c] >> (4u * hn)) & 0x0f0f0f0fu;
                     uvec2 hi = (qs[1][c] >> (4u * hn)) & 0x0f0f0f0fu;
-                    C_TYPE prod = PRODUCT(MAKE_A(lo, hi, j), make_b(xq[j]), 0u);
+                    C_TYPE prod = PRODUCT(MAKE_A(lo, hi, 2u * c + hn), make_b(xq[hn]), 0u);
                     [[unroll]] for (uint e = 0u; e < ELEMS; e++) {
                         uint h = e / 2u;
                         float scale = dd[h].x * (hn == 0u ? sm[h].x : sm[h].y);
                         float minv = -dd[h].y * (hn == 0u ? sm[h].z : sm[h].w);
-                        float xdj = vec_at(xd[e % 2u], j);
-                        float xsj = vec_at4(xs[e % 2u], 2u * j) + vec_at4(xs[e % 2u], 2u * j + 1u);
+                        float xdj = xd[e % 2u][hn];
+                        float xsj = xs[e % 2u][2u * hn] + xs[e % 2u][2u * hn + 1u];
                         if (live) {
                             acc[e] = fma(minv, xsj, fma(scale * xdj, int_float(C_AT(prod, e)), acc[e]));
                         }
@@ -352,7 +346,14 @@ void main() {
                             | (((qh[h][n] >> (2u * qq)) & 0x03030303u) << 4);
                     }
                     uvec2 zero = uvec2(0u);
-                    B_FRAG b = make_b(xq[j]);
+                    uint blk = 8u * sb + j;
+                    B_FRAG b = make_b(x_int8_2[tok_b * n_x2 + 4u * blk + t]);
+                    float xd[2];
+                    vec2 xs[2];
+                    [[unroll]] for (uint k = 0u; k < 2u; k++) {
+                        xd[k] = x_int8_f[x_scale_at(tok_c[k], blk)];
+                        xs[k] = x_int8_f2[x_sums_at(tok_c[k], blk) / 2u];
+                    }
                     C_TYPE p0 = PRODUCT(MAKE_A(first_half ? code[0] : zero, first_half ? code[1] : zero, 2u * j), b, 0u);
                     C_TYPE p1 = PRODUCT(MAKE_A(first_half ? zero : code[0], first_half ? zero : code[1], 2u * j + 1u), b, 1u);
                     [[unroll]] for (uint e = 0u; e < ELEMS; e++) {
@@ -360,12 +361,12 @@ void main() {
                         uint s0 = 8u * n + 2u * qq;
                         float sc0 = d[h] * sbyte_float((scales[h][s0 / 4u] >> (8u * (s0 % 4u))) & 0xFFu);
                         float sc1 = d[h] * sbyte_float((scales[h][s0 / 4u] >> (8u * (s0 % 4u) + 8u)) & 0xFFu);
-                        float xdj = vec_at(xd[e % 2u], j);
+                        float xdj = xd[e % 2u];
                         if (live) {
                             float a = fma(sc0 * xdj, int_float(C_AT(p0, e)), acc[e]);
-                            a = fma(-32.0 * sc0, vec_at4(xs[e % 2u], 2u * j), a);
+                            a = fma(-32.0 * sc0, xs[e % 2u].x, a);
                             a = fma(sc1 * xdj, int_float(C_AT(p1, e)), a);
-                            acc[e] = fma(-32.0 * sc1, vec_at4(xs[e % 2u], 2u * j + 1u), a);
+                            acc[e] = fma(-32.0 * sc1, xs[e % 2u].y, a);
                         }
                     }
                 }

@@ -30,9 +30,14 @@ pub(crate) const LANES: u32 = 32;
 /// fourth step of the same 16 rows (on the H200 4 measured 30.8 us for
 /// Q4_K 4096 x 14336 against 34.3 with 8; docs/BENCHMARKS.md).
 const MAX_WARPS: u32 = 4;
-/// The same without staging rounds, each subgroup taking every other
-/// super-block (H200, Q4_K 4096 x 14336: 22.5 us with 2, 25.0 with 4).
-const MAX_WARPS_DIRECT: u32 = 2;
+/// Without staging rounds: the most subgroups per workgroup, and the
+/// super-blocks (256 values) each takes at most where that limit allows.
+/// As a dependent stage (a barrier after each call, as spans run them) the
+/// H200 measured, Q4_K us for 1 / 2 / 4 / 8 subgroups: 4096 x 4096 25.8 /
+/// 15.0 / 11.7 / 10.7, 4096 x 14336 31.8 / 27.4 / 25.7 / 30.1, 14336-value
+/// rows x 4096 79.9 / 42.5 / 28.1 / 24.8 (docs/BENCHMARKS.md).
+const MAX_WARPS_DIRECT: u32 = 8;
+const DIRECT_SUPER_BLOCKS_PER_WARP: usize = 4;
 /// Values of a step of one row (two invocations, 128 values each).
 const STEP_VALUES: usize = 256;
 /// Bytes of one staged row of a fragment: 32 values padded to 48 (the
@@ -154,7 +159,14 @@ impl Int8MatrixShape {
         if direct && tokens != DIRECT_TOKENS {
             return None;
         }
-        let most = if direct { MAX_WARPS_DIRECT } else { MAX_WARPS };
+        let most = if direct {
+            let warps = (n_in / STEP_VALUES).div_ceil(DIRECT_SUPER_BLOCKS_PER_WARP);
+            u32::try_from(warps.next_power_of_two())
+                .unwrap_or(MAX_WARPS_DIRECT)
+                .min(MAX_WARPS_DIRECT)
+        } else {
+            MAX_WARPS
+        };
         let mut warps = warps_override().unwrap_or(most);
         while warps > 0 {
             let shape = Int8MatrixShape { warps, tokens };
@@ -224,17 +236,26 @@ mod tests {
         let q4k = WeightFormat::Ggml(Q4_K);
         let q6k = WeightFormat::Ggml(Q6_K);
         let s = Int8MatrixShape::new(q4k, 4096, 8, 48 * 1024).expect("Q4_K");
-        assert_eq!((s.warps, s.threads()), (2, 64));
-        // Q4_K without staging rounds: the sums (2 x 512), and the larger of
-        // the real kernel's A tiles (2 x 3072) with the layout check's
-        // matrices (1024) and the emulation's tiles (2 x (512 + 256)).
-        assert_eq!(s.shared_bytes(q4k), Some(1024 + 7168));
+        assert_eq!((s.warps, s.threads()), (4, 128));
+        // Q4_K without staging rounds: the sums (4 x 512), and the larger of
+        // the real kernel's A tiles (4 x 3072) with the layout check's
+        // matrices (1024) and the emulation's tiles (4 x (512 + 256)).
+        assert_eq!(s.shared_bytes(q4k), Some(2048 + 13312));
         // Q6_K emulates two fragments per block; the real kernel's tiles are
         // the same.
         let s = Int8MatrixShape::new(q6k, 4096, 8, 48 * 1024).expect("Q6_K");
-        assert_eq!((s.warps, s.shared_bytes(q6k)), (2, Some(1024 + 7168)));
+        assert_eq!((s.warps, s.shared_bytes(q6k)), (4, Some(2048 + 13312)));
         let small = Int8MatrixShape::new(q6k, 4096, 8, 6 * 1024).expect("Q6_K, 6 KiB");
         assert_eq!(small.warps, 1);
+        // Subgroups grow with the row (4096 values: 4 of 4 super-blocks):
+        // 14336 values (56 super-blocks) take 8 (7 each), 2048 two, and
+        // never more than 8.
+        let s = Int8MatrixShape::new(q4k, 14336, 8, 48 * 1024).expect("Q4_K down");
+        assert_eq!(s.warps, 8);
+        let s = Int8MatrixShape::new(q4k, 2048, 8, 48 * 1024).expect("Q4_K 2048");
+        assert_eq!(s.warps, 2);
+        let s = Int8MatrixShape::new(q4k, 65536, 8, 48 * 1024).expect("Q4_K long");
+        assert_eq!(s.warps, 8);
         // The unstaged kernel is written for passes of 8 tokens.
         assert_eq!(Int8MatrixShape::new(q6k, 4096, 16, 48 * 1024), None);
         // The staged types: per subgroup 2 fragments (1536 B), two x blocks
