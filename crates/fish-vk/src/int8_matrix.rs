@@ -7,10 +7,11 @@
 //! what one token does. Q4_K and Q6_K take a form without staging rounds
 //! (matvec_i8mm_direct.glsl), the other types the staged one. Its time does
 //! hardly grow with the tokens, but on the H200 it starts far above the
-//! packed products' one-token time (Q4_K 4096 x 14336: 22.5 us against 7.8;
-//! at 8 tokens 29.9 against 33.1), so spans take it only with
-//! FISH_VK_I8MM=1 (docs/GPU.md, "int8 products on the matrix units";
-//! docs/BENCHMARKS.md).
+//! packed products' one-token time (Q4_K 4096 x 14336: 18.1 us against 7.8;
+//! at 8 tokens 26.1 against 33.1), so spans take it by default only for
+//! batched decode steps of 8 sequences (`Gpu::int8_span_kernel`), and for
+//! every int8 matvec with FISH_VK_I8MM=1 (docs/GPU.md, "int8 products on
+//! the matrix units"; docs/BENCHMARKS.md).
 //!
 //! Here: whether the device has the fragments (`probe`), the workgroup
 //! shape a type takes (`Int8MatrixShape`) and the shared memory it needs.

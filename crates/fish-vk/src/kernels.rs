@@ -19,6 +19,9 @@ const SHORT_ROW: usize = 2048;
 
 /// Largest batch the matvec kernel takes under `Kernel::Auto`.
 pub const MATVEC_MAX_TOKENS: usize = 8;
+/// Rows of a batched decode step from which spans run the int8 matvecs on
+/// the matrix units by default (`Gpu::int8_span_kernel`).
+pub(crate) const INT8_MATRIX_MIN_STEP_ROWS: usize = 8;
 /// Tile sizes of the tiled kernel (see shaders/matmul_tiled.comp).
 const TILE_ROWS: u32 = 128;
 const TILE_TOKENS: u32 = 64;
@@ -1047,14 +1050,26 @@ impl Gpu {
             })
     }
 
-    /// The int8 matvec a span runs on pre-quantised x for `handles`: on the
-    /// matrix units (`Kernel::MatvecInt8Matrix`) where FISH_VK_I8MM=1, the
-    /// device has int8 fragments and every tensor has the kernel, else the
-    /// packed-dot-product matvec. One choice per group and device, whatever
-    /// the tokens, so decode steps, verification rounds and batched rows
-    /// keep giving each token the same bits.
-    pub(crate) fn int8_span_kernel(&self, handles: &[TensorHandle]) -> Kernel {
-        let wanted = std::env::var("FISH_VK_I8MM").as_deref() == Ok("1");
+    /// The int8 matvec a span runs on pre-quantised x for `handles`, in a
+    /// forward of `step_rows` independent sequences' rows (a batched decode
+    /// step; 0 for every other forward): on the matrix units
+    /// (`Kernel::MatvecInt8Matrix`) where the device has int8 fragments,
+    /// every tensor has the kernel and FISH_VK_I8MM allows it, else the
+    /// packed-dot-product matvec. FISH_VK_I8MM=1 takes the matrix units for
+    /// every forward, =0 for none, and by default only batched steps of at
+    /// least `INT8_MATRIX_MIN_STEP_ROWS` rows take them, where their flat
+    /// cost over the tokens wins (on the H200, llama-8b B = 8 +15%, B = 4
+    /// -15%; docs/BENCHMARKS.md). Decode steps, verification rounds and
+    /// prompts thus keep one kernel whatever their tokens (a round's rows
+    /// have the bits of one-token steps), while the rows of such a batched
+    /// step hold the int8 product in the matrix kernel's summation order:
+    /// within the int8 bound of single runs, not bit for bit.
+    pub(crate) fn int8_span_kernel(&self, handles: &[TensorHandle], step_rows: usize) -> Kernel {
+        let wanted = match std::env::var("FISH_VK_I8MM").as_deref() {
+            Ok("1") => true,
+            Ok("0") => false,
+            _ => step_rows >= INT8_MATRIX_MIN_STEP_ROWS,
+        };
         let fits = |h: &TensorHandle| {
             self.int8_matrix_shape(Kernel::MatvecInt8Matrix, h.ty(), h.n_in())
                 .is_ok()

@@ -300,10 +300,12 @@ impl Bindings {
                         sets,
                     }))
                 };
-            // Not beside the opt-in matrix-unit matvec: its batched rows
-            // would then sum gate/up in another order than single steps.
+            // Not beside the matrix-unit matvec on every forward
+            // (FISH_VK_I8MM=1): verification rounds would then sum gate/up
+            // in another order than single steps. (The epilogue runs in
+            // single-token chunks only, never in a batched step.)
             let int8_act_fused = int8_act_fused_wanted()
-                && gpu.int8_span_kernel(&g[2]) == Kernel::MatvecInt8Prequantised
+                && gpu.int8_span_kernel(&g[2], 0) == Kernel::MatvecInt8Prequantised
                 && gpu.int8_gate_up_fusable(&g[2])
                 && gpu.int8_group(&g[2])
                 && gpu.int8_group(&g[3]);

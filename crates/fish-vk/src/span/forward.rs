@@ -309,7 +309,11 @@ fn output_recording<'a>(
         ),
         (None, Some(q)) => (
             &q.sets,
-            gpu.plan_handles(&[o.weight], rows, gpu.int8_span_kernel(&[o.weight]))?,
+            gpu.plan_handles(
+                &[o.weight],
+                rows,
+                gpu.int8_span_kernel(&[o.weight], super::record::step_rows(layout, rows)),
+            )?,
             OutputInput::Int8,
         ),
         (None, None) => (

@@ -205,6 +205,7 @@ pub(crate) fn plan_chunks(
         let batch_kernel = batch_kernel(layout, n, batch_tile(gpu));
         let decode = n <= MATVEC_MAX_TOKENS && batch_kernel.is_none();
         let int8 = int8_rows(n, batch_kernel);
+        let step_rows = step_rows(layout, n);
         let matmul_kernel = batch_kernel.unwrap_or(Kernel::Auto);
         let down_kernel = match gated_act {
             Some(act) if decode => Kernel::MatvecGated(act),
@@ -243,6 +244,7 @@ pub(crate) fn plan_chunks(
             let mode = PlanMode {
                 decode,
                 int8,
+                step_rows,
                 first: tok0 == 0,
                 kernel: matmul_kernel,
                 f16_input,
@@ -255,7 +257,7 @@ pub(crate) fn plan_chunks(
                 .as_ref()
                 .filter(|_| int8 && shape.head_dim_v.is_multiple_of(32));
             let wo = match wo_int8 {
-                Some(sets) => int8_residual_plan(gpu, sets, n)?,
+                Some(sets) => int8_residual_plan(gpu, sets, n, step_rows)?,
                 None if wo_f16 => {
                     let input = MatmulInput::F16;
                     (plan_group_on(gpu, &ls.wo, n, matmul_kernel, input)?, None)
@@ -310,8 +312,10 @@ pub(crate) fn plan_chunks(
             // quantised (int8 chunks, where the policy gave down int8 sets).
             let act_dispatched = !gated && !act_fused && int8_act.is_none();
             let down = match (&ls.down_int8, int8_act) {
-                (_, Some((_, sets))) => int8_residual_plan(gpu, sets, n)?,
-                (Some(sets), None) if int8 && act_dispatched => int8_residual_plan(gpu, sets, n)?,
+                (_, Some((_, sets))) => int8_residual_plan(gpu, sets, n, step_rows)?,
+                (Some(sets), None) if int8 && act_dispatched => {
+                    int8_residual_plan(gpu, sets, n, step_rows)?
+                }
                 _ if down_f16 => {
                     debug_assert!(act_dispatched, "a prefill chunk's activation is dispatched");
                     let input = MatmulInput::F16;
@@ -410,11 +414,21 @@ fn int8_residual_plan(
     gpu: &Gpu,
     sets: &MatmulSets,
     n: usize,
+    step_rows: usize,
 ) -> Result<(Vec<Dispatch>, Option<DeferredNorm>)> {
     Ok((
-        plan_group(gpu, sets, n, gpu.int8_span_kernel(&sets.handles))?,
+        plan_group(gpu, sets, n, gpu.int8_span_kernel(&sets.handles, step_rows))?,
         None,
     ))
+}
+
+/// The rows of a batched decode step (each row a sequence of its own) for
+/// `Gpu::int8_span_kernel`; 0 for every other forward.
+pub(crate) fn step_rows(layout: TokenLayout, n: usize) -> usize {
+    match layout {
+        TokenLayout::PerSlot => n,
+        _ => 0,
+    }
 }
 
 /// Whether a chunk of `n` tokens laid out as `layout` runs RoPE and the KV
@@ -506,6 +520,8 @@ struct PlanMode {
     decode: bool,
     /// The chunk may read int8 copies (INT8_CHUNK_MAX_TOKENS).
     int8: bool,
+    /// Rows of a batched decode step (`step_rows`), for the int8 kernel.
+    step_rows: usize,
     first: bool,
     kernel: Kernel,
     /// The groups after a norm dispatch read xn in f16 (Gpu::prefill_input).
@@ -605,13 +621,14 @@ impl NormedGroup<'_> {
         let PlanMode {
             decode,
             int8,
+            step_rows,
             first,
             kernel,
             f16_input,
         } = mode;
         match (self.int8, deferred, self.fused) {
             (Some(q), _, _) if int8 => {
-                let plan = plan_group(gpu, q, n_tok, gpu.int8_span_kernel(&q.handles))?;
+                let plan = plan_group(gpu, q, n_tok, gpu.int8_span_kernel(&q.handles, step_rows))?;
                 Ok((plan, NormedInput::Int8))
             }
             (_, Some(norm), _) => {
@@ -1308,6 +1325,21 @@ mod tests {
         assert!(defers_norms(true, 4, 4, TokenLayout::OneSlot));
         assert!(!defers_norms(false, 64, 64, TokenLayout::Consecutive));
         assert!(!defers_norms(true, 6, 70, TokenLayout::Consecutive));
+    }
+
+    #[test]
+    fn only_batched_decode_steps_count_rows_for_the_int8_kernel() {
+        // Rows in slots of their own are a batched decode step; a plain
+        // forward, a verification round or a batched session's prompt (one
+        // slot) and mixed rows count none, so they keep one-token bits.
+        assert_eq!(step_rows(TokenLayout::PerSlot, 8), 8);
+        for layout in [
+            TokenLayout::Consecutive,
+            TokenLayout::PerRow,
+            TokenLayout::OneSlot,
+        ] {
+            assert_eq!(step_rows(layout, 8), 0, "{layout:?}");
+        }
     }
 
     #[test]
