@@ -172,7 +172,7 @@ impl Gpu {
                 return Err(e);
             }
         };
-        Ok(Gpu {
+        let mut gpu = Gpu {
             config: config.clone(),
             info,
             device,
@@ -185,7 +185,18 @@ impl Gpu {
             tensors: Mutex::new(HashMap::new()),
             exec: Mutex::new(exec),
             instance,
-        })
+        };
+        if gpu.info.int8_matrix.is_some() {
+            if let Err(why) =
+                crate::int8_matrix::layout_holds(&gpu, crate::Kernel::MatvecInt8Matrix)
+            {
+                if config.verbose {
+                    eprintln!("fish-vk: no int8 matvec on the matrix units: {why}");
+                }
+                gpu.info.int8_matrix = None;
+            }
+        }
+        Ok(gpu)
     }
 
     pub fn info(&self) -> &DeviceInfo {

@@ -95,6 +95,37 @@ pub(crate) unsafe fn probe(
     pick_tokens(&props).ok_or_else(|| "no 16xNx32 s8 x s8 -> s32 subgroup shape".into())
 }
 
+/// Whether the kernel without staging rounds runs on this device: one
+/// tiny Q4_K product (16 rows of 256 zero weights, 8 tokens) must come back
+/// finite. That form assumes the element layout of NVIDIA's 16 x 8 x 32
+/// products and writes NaN where a workgroup finds another one
+/// (matvec_i8mm_direct.glsl), so a device whose fragments are laid out
+/// differently loses the matrix kernel here, at open, instead of giving
+/// NaN logits later.
+/// (`kernel`: `Kernel::MatvecInt8Matrix`; the emulated kernel in tests.)
+pub(crate) fn layout_holds(
+    gpu: &crate::Gpu,
+    kernel: crate::Kernel,
+) -> std::result::Result<(), String> {
+    const N_IN: usize = 256;
+    const ROWS: usize = 16;
+    const TOKENS: usize = DIRECT_TOKENS as usize;
+    let q4k = GgmlType::Q4_K;
+    // One Q4_K super-block per row.
+    let bytes = vec![0u8; ROWS * q4k.block_bytes()];
+    let h = gpu
+        .upload(q4k, &bytes, N_IN, ROWS)
+        .map_err(|e| e.to_string())?;
+    let y = gpu.matmul_group_with(&[h], &[0.0; N_IN * TOKENS], TOKENS, kernel);
+    let freed = gpu.free(h);
+    let y = y.map_err(|e| e.to_string())?;
+    freed.map_err(|e| e.to_string())?;
+    match y.iter().flatten().all(|v| v.is_finite()) {
+        true => Ok(()),
+        false => Err("its fragments are not laid out as the kernel expects".into()),
+    }
+}
+
 /// Fragments per block of the types without staging rounds
 /// (matvec_i8mm_direct.glsl): one, two for Q6_K (one per 16-value scale);
 /// None for the staged types. The shader is written for one element layout
@@ -229,6 +260,26 @@ mod tests {
         assert_eq!(pick_tokens(&[prop(16, 8, 16, C::FLOAT16)]), None);
         assert_eq!(pick_tokens(&[prop(16, 8, 32, C::UINT8)]), None);
         assert_eq!(pick_tokens(&[prop(16, 8, 16, C::SINT8)]), None);
+    }
+
+    /// The open-time check's upload, product and free run on any device
+    /// through the emulated kernel (same layout, no products on the matrix
+    /// units); the real kernel's check runs at every open of a device with
+    /// int8 fragments.
+    #[test]
+    fn the_layout_check_runs_a_product_and_frees_its_tensor() {
+        let Some(gpu) = crate::global() else {
+            assert!(
+                std::env::var("FISH_REQUIRE_GPU").as_deref() != Ok("1"),
+                "FISH_REQUIRE_GPU=1 but no device"
+            );
+            return;
+        };
+        // (Freeing the tensor is part of the result.)
+        assert_eq!(
+            layout_holds(gpu, crate::Kernel::MatvecInt8MatrixEmulated),
+            Ok(())
+        );
     }
 
     #[test]
