@@ -107,7 +107,8 @@ A_FRAG make_a_slot(uvec2 lo, uvec2 hi, uint slot) {
 }
 #define MAKE_A(lo, hi, slot) make_a_slot(lo, hi, slot)
 #else
-// The emulation's A: the four code words as quads in the layout above.
+// The emulation's A: the four code words as quads, quad q at row g + 8 (q /
+// 2), column quad t + 4 (q % 2), as the tile above holds them.
 A_FRAG make_a(uvec2 lo, uvec2 hi) {
     A_FRAG a;
     uint words[4] = uint[4](lo.x, lo.y, hi.x, hi.y);
