@@ -30,6 +30,34 @@ layout(std430, binding = 0) readonly buffer Weights4 { uvec4 w4[]; };
 layout(std430, binding = 1) readonly buffer XQ { uvec4 x_int8[]; };
 layout(std430, binding = 1) readonly buffer XQF { float x_int8_f[]; };
 
+const uint LANES = 32u;
+// Rows of a fragment, and of a workgroup.
+const uint TM = 16u;
+const uint THREADS = WARPS * LANES;
+
+// Each subgroup's sums of one pass, sh_sum[(subgroup * TM + row) * TN +
+// token], for the reduction.
+shared float sh_sum[WARPS * TM * TN];
+
+// Adds the subgroups' sums of the pass at token t0 in subgroup order and
+// stores them for the workgroup's rows from row0. Every invocation calls it
+// after writing its sums (barriers).
+void store_pass_sums(uint row0, uint t0) {
+    barrier();
+    for (uint i = gl_LocalInvocationIndex; i < TM * TN; i += THREADS) {
+        uint r = i / TN;
+        uint t = i % TN;
+        if (row0 + r < p.n_rows && t0 + t < p.n_tok) {
+            float s = 0.0;
+            for (uint w = 0u; w < WARPS; w++) {
+                s += sh_sum[(w * TM + r) * TN + t];
+            }
+            store_y((t0 + t) * p.y_stride + p.y_offset + row0 + r, s);
+        }
+    }
+    barrier();
+}
+
 #if defined(TYPE_Q4_K) || defined(TYPE_Q6_K)
 #include "matvec_i8mm_direct.glsl"
 #else

@@ -38,9 +38,8 @@
 // token's sums run in the same order whatever the batch. The subgroups'
 // sums meet in shared memory in subgroup order.
 
-const uint LANES = 32u;
-const uint TM = 16u;
-const uint THREADS = WARPS * LANES;
+// TN (tokens per pass) is 8 here, the N of the layout above: int8_matrix.rs
+// gives these types no other width.
 const uint SB_VALUES = 256u;
 // Elements of a C fragment per invocation.
 const uint ELEMS = 4u;
@@ -54,9 +53,6 @@ layout(std430, binding = 0) readonly buffer Weights2 { uvec2 w2[]; };
 layout(std430, binding = 1) readonly buffer XQ2 { uvec2 x_int8_2[]; };
 layout(std430, binding = 1) readonly buffer XQF2 { vec2 x_int8_f2[]; };
 layout(std430, binding = 1) readonly buffer XQF4 { vec4 x_int8_f4[]; };
-
-// The subgroups' sums of one pass, for the reduction.
-shared float sh_sum[WARPS * TM * 8u];
 
 #if defined(EMULATE_COOPMAT)
 // Per subgroup the fragments as quads: A [frag][row][column quad], B
@@ -251,7 +247,7 @@ void main() {
     row_byte[1] = min(row0 + g + 8u, p.n_rows - 1u) * p.row_stride;
     uint n_x2 = 2u * int8_token_vec4s(p.n_in);
 
-    for (uint t0 = 0u; t0 < p.n_tok; t0 += 8u) {
+    for (uint t0 = 0u; t0 < p.n_tok; t0 += TN) {
         // B's token (column g) and C's two tokens, clamped to the batch.
         uint tok_b = min(t0 + g, p.n_tok - 1u);
         uint tok_c[2];
@@ -381,20 +377,8 @@ void main() {
                 acc[e] = uintBitsToFloat(0x7FC00000u);
             }
 #endif
-            sh_sum[(warp * TM + g + 8u * (e / 2u)) * 8u + 2u * t + e % 2u] = acc[e];
+            sh_sum[(warp * TM + g + 8u * (e / 2u)) * TN + 2u * t + e % 2u] = acc[e];
         }
-        barrier();
-        for (uint i = tid; i < TM * 8u; i += THREADS) {
-            uint r = i / 8u;
-            uint tk = i % 8u;
-            if (row0 + r < p.n_rows && t0 + tk < p.n_tok) {
-                float s = 0.0;
-                for (uint w = 0u; w < WARPS; w++) {
-                    s += sh_sum[(w * TM + r) * 8u + tk];
-                }
-                store_y((t0 + tk) * p.y_stride + p.y_offset + row0 + r, s);
-            }
-        }
-        barrier();
+        store_pass_sums(row0, t0);
     }
 }

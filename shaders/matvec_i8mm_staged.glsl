@@ -46,9 +46,6 @@
 // at row (lane + 32 e) / TN): the staging, the scaling and the reduction
 // run, and are tested, on any device.
 
-const uint LANES = 32u;
-const uint TM = 16u;
-const uint THREADS = WARPS * LANES;
 // Values of a step per row, and per invocation (half a row's step).
 const uint STEP = 256u;
 const uint LANE_VALUES = 128u;
@@ -88,8 +85,6 @@ shared uvec4 sh_a[WARPS * FRAGS * A_FRAG_WORDS];
 shared uvec4 sh_b[WARPS * 2u * B_BLOCK_WORDS];
 shared vec2 sh_wscale[WARPS * FRAGS * TM];
 shared vec2 sh_xscale[WARPS * FRAGS * TN];
-// The subgroups' sums of one pass, for the reduction.
-shared float sh_sum[WARPS * TM * TN];
 #if !defined(EMULATE_COOPMAT)
 shared int sh_index[TM * TN];
 #endif
@@ -344,18 +339,6 @@ void main() {
 #endif
             sh_sum[(warp * TM + elem_row[e]) * TN + elem_tok[e]] = acc[e];
         }
-        barrier();
-        for (uint i = tid; i < TM * TN; i += THREADS) {
-            uint r = i / TN;
-            uint t = i % TN;
-            if (row0 + r < p.n_rows && t0 + t < p.n_tok) {
-                float s = 0.0;
-                for (uint w = 0u; w < WARPS; w++) {
-                    s += sh_sum[(w * TM + r) * TN + t];
-                }
-                store_y((t0 + t) * p.y_stride + p.y_offset + row0 + r, s);
-            }
-        }
-        barrier();
+        store_pass_sums(row0, t0);
     }
 }
