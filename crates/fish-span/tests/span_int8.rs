@@ -12,10 +12,10 @@
 //! one matvec pass must give one-token decode's logits bit for bit, and a
 //! batched decode step (rows in slots of their own) the sequences' own (bit
 //! for bit, or within the int8 bound where steps of 8 rows run on the matrix
-//! units). The
-//! activation in the int8 gate/up matvec's epilogue (the default) must give
-//! the bits of the act*mul dispatch (FISH_GPU_INT8_ACT_FUSED=0): one test in
-//! this binary, since the variable is process-wide.
+//! units). The activation in the int8 gate/up matvec's epilogue (the
+//! default) must give the bits of the act*mul dispatch
+//! (FISH_GPU_INT8_ACT_FUSED=0): one test in this binary, since the variable
+//! is process-wide.
 
 mod common;
 
