@@ -22,6 +22,9 @@ layout(constant_id = 0) const uint WARPS = 8u;
 layout(constant_id = 1) const uint TN = 8u;
 // WARPS * 32.
 layout(local_size_x_id = 2) in;
+// Row fragments per subgroup: each x fragment is multiplied by RF fragments
+// of 16 rows (the unstaged form only; the staged form takes 1).
+layout(constant_id = 3) const uint RF = 1u;
 #include "common.glsl"
 layout(std430, binding = 0) readonly buffer Weights4 { uvec4 w4[]; };
 #include "dequant.glsl"
@@ -33,24 +36,25 @@ layout(std430, binding = 1) readonly buffer XQF { float x_int8_f[]; };
 const uint LANES = 32u;
 // Rows of a fragment, and of a workgroup.
 const uint TM = 16u;
+const uint WG_ROWS = TM * RF;
 const uint THREADS = WARPS * LANES;
 
-// Each subgroup's sums of one pass, sh_sum[(subgroup * TM + row) * TN +
-// token], for the reduction.
-shared float sh_sum[WARPS * TM * TN];
+// Each subgroup's sums of one pass, sh_sum[(subgroup * WG_ROWS + row) * TN
+// + token], for the reduction.
+shared float sh_sum[WARPS * WG_ROWS * TN];
 
 // Adds the subgroups' sums of the pass at token t0 in subgroup order and
 // stores them for the workgroup's rows from row0. Every invocation calls it
 // after writing its sums (barriers).
 void store_pass_sums(uint row0, uint t0) {
     barrier();
-    for (uint i = gl_LocalInvocationIndex; i < TM * TN; i += THREADS) {
+    for (uint i = gl_LocalInvocationIndex; i < WG_ROWS * TN; i += THREADS) {
         uint r = i / TN;
         uint t = i % TN;
         if (row0 + r < p.n_rows && t0 + t < p.n_tok) {
             float s = 0.0;
             for (uint w = 0u; w < WARPS; w++) {
-                s += sh_sum[(w * TM + r) * TN + t];
+                s += sh_sum[(w * WG_ROWS + r) * TN + t];
             }
             store_y((t0 + t) * p.y_stride + p.y_offset + row0 + r, s);
         }

@@ -231,7 +231,7 @@ void main() {
     uint lane = tid % LANES;
     uint g = lane / 4u;
     uint t = lane % 4u;
-    uint row0 = workgroup_index() * TM;
+    uint row0 = workgroup_index() * WG_ROWS;
     uint n_sb = p.n_in / SB_VALUES;
     // Every subgroup runs the same number of turns (the emulation's
     // barriers are the workgroup's); a turn past the last super-block
@@ -240,11 +240,12 @@ void main() {
 #if !defined(EMULATE_COOPMAT)
     bool layout_ok = layout_matches();
 #endif
-    // Rows g and g + 8 of the fragment (past the end: the last row; their
-    // sums are never written).
-    uint row_byte[2];
-    row_byte[0] = min(row0 + g, p.n_rows - 1u) * p.row_stride;
-    row_byte[1] = min(row0 + g + 8u, p.n_rows - 1u) * p.row_stride;
+    // Per row fragment f, rows g and g + 8 of it: row_byte[2 f + h] (past
+    // the end: the last row; their sums are never written).
+    uint row_byte[2u * RF];
+    [[unroll]] for (uint i = 0u; i < 2u * RF; i++) {
+        row_byte[i] = min(row0 + TM * (i / 2u) + g + 8u * (i % 2u), p.n_rows - 1u) * p.row_stride;
+    }
     uint n_x2 = 2u * int8_token_vec4s(p.n_in);
 
     for (uint t0 = 0u; t0 < p.n_tok; t0 += TN) {
@@ -253,8 +254,9 @@ void main() {
         uint tok_c[2];
         tok_c[0] = min(t0 + 2u * t, p.n_tok - 1u);
         tok_c[1] = min(t0 + 2u * t + 1u, p.n_tok - 1u);
-        float acc[ELEMS];
-        [[unroll]] for (uint e = 0u; e < ELEMS; e++) {
+        // acc[ELEMS * f + e]: element e of row fragment f.
+        float acc[ELEMS * RF];
+        [[unroll]] for (uint e = 0u; e < ELEMS * RF; e++) {
             acc[e] = 0.0;
         }
         for (uint turn = 0u; turn < turns; turn++) {
@@ -262,27 +264,30 @@ void main() {
             bool live = turn * WARPS + warp < n_sb;
             // x per block: this invocation's 8 bytes for B (xq), the scales
             // and sums of C's two tokens (loaded where the blocks are
-            // multiplied, which keeps the registers per invocation low).
+            // multiplied, which keeps the registers per invocation low),
+            // shared by the RF row fragments.
 #if defined(TYPE_Q4_K)
             // Per row: the block head and, per 64-value chunk c, the eight
             // code bytes 8t.. of qs[32c ..] (low nibbles: block 2c, high:
             // block 2c + 1).
-            uvec4 head[2];
-            uvec2 qs[2][4];
-            [[unroll]] for (uint h = 0u; h < 2u; h++) {
+            uvec4 head[2u * RF];
+            uvec2 qs[2u * RF][4];
+            [[unroll]] for (uint h = 0u; h < 2u * RF; h++) {
                 uint base = row_byte[h] + sb * BLOCK_BYTES;
                 head[h] = w4[base / 16u];
                 [[unroll]] for (uint c = 0u; c < 4u; c++) {
                     qs[h][c] = w2[(base + QS_OFFSET + 32u * c) / 8u + t];
                 }
             }
-            vec2 dd[2];
-            dd[0] = unpackHalf2x16(head[0].x);
-            dd[1] = unpackHalf2x16(head[1].x);
+            vec2 dd[2u * RF];
+            [[unroll]] for (uint h = 0u; h < 2u * RF; h++) {
+                dd[h] = unpackHalf2x16(head[h].x);
+            }
             [[unroll]] for (uint c = 0u; c < 4u; c++) {
-                vec4 sm[2];
-                sm[0] = q4k_scales_mins(head[0], c);
-                sm[1] = q4k_scales_mins(head[1], c);
+                vec4 sm[2u * RF];
+                [[unroll]] for (uint h = 0u; h < 2u * RF; h++) {
+                    sm[h] = q4k_scales_mins(head[h], c);
+                }
                 // Blocks 2c and 2c + 1: x's quants, and per C token the two
                 // scales and four sums.
                 uint blk = 8u * sb + 2u * c;
@@ -296,17 +301,21 @@ void main() {
                     xs[k] = x_int8_f4[x_sums_at(tok_c[k], blk) / 4u];
                 }
                 [[unroll]] for (uint hn = 0u; hn < 2u; hn++) {
-                    uvec2 lo = (qs[0][c] >> (4u * hn)) & 0x0f0f0f0fu;
-                    uvec2 hi = (qs[1][c] >> (4u * hn)) & 0x0f0f0f0fu;
-                    C_TYPE prod = PRODUCT(MAKE_A(lo, hi, 2u * c + hn), make_b(xq[hn]), 0u);
-                    [[unroll]] for (uint e = 0u; e < ELEMS; e++) {
-                        uint h = e / 2u;
-                        float scale = dd[h].x * (hn == 0u ? sm[h].x : sm[h].y);
-                        float minv = -dd[h].y * (hn == 0u ? sm[h].z : sm[h].w);
-                        float xdj = xd[e % 2u][hn];
-                        float xsj = xs[e % 2u][2u * hn] + xs[e % 2u][2u * hn + 1u];
-                        if (live) {
-                            acc[e] = fma(minv, xsj, fma(scale * xdj, int_float(C_AT(prod, e)), acc[e]));
+                    B_FRAG b = make_b(xq[hn]);
+                    [[unroll]] for (uint f = 0u; f < RF; f++) {
+                        uvec2 lo = (qs[2u * f][c] >> (4u * hn)) & 0x0f0f0f0fu;
+                        uvec2 hi = (qs[2u * f + 1u][c] >> (4u * hn)) & 0x0f0f0f0fu;
+                        C_TYPE prod = PRODUCT(MAKE_A(lo, hi, (2u * c + hn) * RF + f), b, 0u);
+                        [[unroll]] for (uint e = 0u; e < ELEMS; e++) {
+                            uint h = 2u * f + e / 2u;
+                            float scale = dd[h].x * (hn == 0u ? sm[h].x : sm[h].y);
+                            float minv = -dd[h].y * (hn == 0u ? sm[h].z : sm[h].w);
+                            float xdj = xd[e % 2u][hn];
+                            float xsj = xs[e % 2u][2u * hn] + xs[e % 2u][2u * hn + 1u];
+                            if (live) {
+                                uint ai = ELEMS * f + e;
+                                acc[ai] = fma(minv, xsj, fma(scale * xdj, int_float(C_AT(prod, e)), acc[ai]));
+                            }
                         }
                     }
                 }
@@ -316,11 +325,11 @@ void main() {
             // ql[64n + 32 ..] (low nibbles: quarters 0 and 1, high: 2 and
             // 3), of qh[32n ..] (two bits per quarter), the 16 int8 scales
             // and d.
-            uvec2 ql[2][2][2];
-            uvec2 qh[2][2];
-            uvec4 scales[2];
-            float d[2];
-            [[unroll]] for (uint h = 0u; h < 2u; h++) {
+            uvec2 ql[2u * RF][2][2];
+            uvec2 qh[2u * RF][2];
+            uvec4 scales[2u * RF];
+            float d[2u * RF];
+            [[unroll]] for (uint h = 0u; h < 2u * RF; h++) {
                 uint base = row_byte[h] + sb * Q6_BODY_BYTES;
                 [[unroll]] for (uint n = 0u; n < 2u; n++) {
                     ql[h][n][0] = w2[(base + 64u * n) / 8u + t];
@@ -336,13 +345,6 @@ void main() {
             [[unroll]] for (uint n = 0u; n < 2u; n++) {
                 [[unroll]] for (uint qq = 0u; qq < 4u; qq++) {
                     uint j = 4u * n + qq;
-                    uvec2 code[2];
-                    [[unroll]] for (uint h = 0u; h < 2u; h++) {
-                        uvec2 l4 = ql[h][n][qq & 1u];
-                        code[h] = ((l4 >> (4u * (qq >> 1u))) & 0x0f0f0f0fu)
-                            | (((qh[h][n] >> (2u * qq)) & 0x03030303u) << 4);
-                    }
-                    uvec2 zero = uvec2(0u);
                     uint blk = 8u * sb + j;
                     B_FRAG b = make_b(x_int8_2[tok_b * n_x2 + 4u * blk + t]);
                     float xd[2];
@@ -351,19 +353,31 @@ void main() {
                         xd[k] = x_int8_f[x_scale_at(tok_c[k], blk)];
                         xs[k] = x_int8_f2[x_sums_at(tok_c[k], blk) / 2u];
                     }
-                    C_TYPE p0 = PRODUCT(MAKE_A(first_half ? code[0] : zero, first_half ? code[1] : zero, 2u * j), b, 0u);
-                    C_TYPE p1 = PRODUCT(MAKE_A(first_half ? zero : code[0], first_half ? zero : code[1], 2u * j + 1u), b, 1u);
-                    [[unroll]] for (uint e = 0u; e < ELEMS; e++) {
-                        uint h = e / 2u;
-                        uint s0 = 8u * n + 2u * qq;
-                        float sc0 = d[h] * sbyte_float((scales[h][s0 / 4u] >> (8u * (s0 % 4u))) & 0xFFu);
-                        float sc1 = d[h] * sbyte_float((scales[h][s0 / 4u] >> (8u * (s0 % 4u) + 8u)) & 0xFFu);
-                        float xdj = xd[e % 2u];
-                        if (live) {
-                            float a = fma(sc0 * xdj, int_float(C_AT(p0, e)), acc[e]);
-                            a = fma(-32.0 * sc0, xs[e % 2u].x, a);
-                            a = fma(sc1 * xdj, int_float(C_AT(p1, e)), a);
-                            acc[e] = fma(-32.0 * sc1, xs[e % 2u].y, a);
+                    [[unroll]] for (uint f = 0u; f < RF; f++) {
+                        uvec2 code[2];
+                        [[unroll]] for (uint hh = 0u; hh < 2u; hh++) {
+                            uint h = 2u * f + hh;
+                            uvec2 l4 = ql[h][n][qq & 1u];
+                            code[hh] = ((l4 >> (4u * (qq >> 1u))) & 0x0f0f0f0fu)
+                                | (((qh[h][n] >> (2u * qq)) & 0x03030303u) << 4);
+                        }
+                        uvec2 zero = uvec2(0u);
+                        uint slot = 2u * (j * RF + f);
+                        C_TYPE p0 = PRODUCT(MAKE_A(first_half ? code[0] : zero, first_half ? code[1] : zero, slot), b, 0u);
+                        C_TYPE p1 = PRODUCT(MAKE_A(first_half ? zero : code[0], first_half ? zero : code[1], slot + 1u), b, 1u);
+                        [[unroll]] for (uint e = 0u; e < ELEMS; e++) {
+                            uint h = 2u * f + e / 2u;
+                            uint s0 = 8u * n + 2u * qq;
+                            float sc0 = d[h] * sbyte_float((scales[h][s0 / 4u] >> (8u * (s0 % 4u))) & 0xFFu);
+                            float sc1 = d[h] * sbyte_float((scales[h][s0 / 4u] >> (8u * (s0 % 4u) + 8u)) & 0xFFu);
+                            float xdj = xd[e % 2u];
+                            if (live) {
+                                uint ai = ELEMS * f + e;
+                                float a = fma(sc0 * xdj, int_float(C_AT(p0, e)), acc[ai]);
+                                a = fma(-32.0 * sc0, xs[e % 2u].x, a);
+                                a = fma(sc1 * xdj, int_float(C_AT(p1, e)), a);
+                                acc[ai] = fma(-32.0 * sc1, xs[e % 2u].y, a);
+                            }
                         }
                     }
                 }
@@ -371,13 +385,16 @@ void main() {
 #endif
         }
         // The subgroups' sums, added in subgroup order.
-        [[unroll]] for (uint e = 0u; e < ELEMS; e++) {
+        [[unroll]] for (uint f = 0u; f < RF; f++) {
+            [[unroll]] for (uint e = 0u; e < ELEMS; e++) {
+                float v = acc[ELEMS * f + e];
 #if !defined(EMULATE_COOPMAT)
-            if (!layout_ok) {
-                acc[e] = uintBitsToFloat(0x7FC00000u);
-            }
+                if (!layout_ok) {
+                    v = uintBitsToFloat(0x7FC00000u);
+                }
 #endif
-            sh_sum[(warp * TM + g + 8u * (e / 2u)) * TN + 2u * t + e % 2u] = acc[e];
+                sh_sum[(warp * WG_ROWS + TM * f + g + 8u * (e / 2u)) * TN + 2u * t + e % 2u] = v;
+            }
         }
         store_pass_sums(row0, t0);
     }

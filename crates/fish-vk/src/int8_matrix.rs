@@ -21,7 +21,7 @@ use ash::vk;
 use fish_gguf::GgmlType;
 
 /// Rows of a fragment (and of a workgroup): the shader's TM.
-pub(crate) const FRAGMENT_ROWS: u32 = 16;
+const FRAGMENT_ROWS: u32 = 16;
 /// Values of a fragment's depth: one block of int8 activations.
 const FRAGMENT_DEPTH: u32 = 32;
 /// Invocations per subgroup the shader assumes (its lanes take 16 rows x
@@ -162,28 +162,71 @@ fn round_fragments(ty: WeightFormat) -> Option<u64> {
 pub(crate) struct Int8MatrixShape {
     pub(crate) warps: u32,
     pub(crate) tokens: u32,
+    /// Fragments of 16 rows each subgroup multiplies by one x fragment
+    /// (the unstaged form; 1 for the staged one).
+    pub(crate) row_frags: u32,
+}
+
+/// A tuning knob: the power of two up to `most` in the variable `name`,
+/// read once into `cell`.
+fn power_of_two_knob(
+    cell: &'static std::sync::OnceLock<Option<u32>>,
+    name: &str,
+    most: u32,
+) -> Option<u32> {
+    *cell.get_or_init(|| {
+        std::env::var(name)
+            .ok()
+            .and_then(|v| v.parse::<u32>().ok())
+            .filter(|&w| w.is_power_of_two() && w <= most)
+    })
 }
 
 /// FISH_VK_I8MM_WARPS: the most subgroups per workgroup (1, 2, 4, 8 or
-/// 16; tuning), read once.
+/// 16; tuning).
 fn warps_override() -> Option<u32> {
     static READ: std::sync::OnceLock<Option<u32>> = std::sync::OnceLock::new();
-    *READ.get_or_init(|| {
-        std::env::var("FISH_VK_I8MM_WARPS")
-            .ok()
-            .and_then(|v| v.parse::<u32>().ok())
-            .filter(|&w| w.is_power_of_two() && w <= 16)
-    })
+    power_of_two_knob(&READ, "FISH_VK_I8MM_WARPS", 16)
+}
+
+/// FISH_VK_I8MM_ROWFRAGS: row fragments per subgroup of the unstaged form
+/// (1, 2 or 4; tuning).
+fn row_frags_override() -> Option<u32> {
+    static READ: std::sync::OnceLock<Option<u32>> = std::sync::OnceLock::new();
+    power_of_two_knob(&READ, "FISH_VK_I8MM_ROWFRAGS", 4)
+}
+
+/// Subgroups a dispatch must keep with two row fragments each: below it
+/// one fragment per subgroup (more of them in flight) measured faster.
+const TWO_FRAGMENT_MIN_SUBGROUPS: usize = 1024;
+
+/// Row fragments per subgroup of the unstaged form for `n_rows` rows and
+/// `warps` subgroups per workgroup: two where the dispatch still has
+/// `TWO_FRAGMENT_MIN_SUBGROUPS` subgroups with them. Two fragments share
+/// each x fragment and its scales (half the activation loads per weight)
+/// and keep two products per block in flight; on the H200 at 8 tokens the
+/// llama-8b gate/up matvec (2 x 14336 rows of 4096, 1792 subgroups) went
+/// from 70.5 to 57.4 us and down (4096 rows of 14336, 1024) from 43.6 to
+/// 37.2, while wo (4096 rows of 4096, 512) lost (15.6 -> 16.9) and every
+/// llama-1b projection (512 subgroups or fewer) too (B = 8 2343 -> 2124
+/// tok/s with two everywhere). docs/BENCHMARKS.md.
+fn default_row_frags(n_rows: usize, warps: u32) -> u32 {
+    let subgroups = n_rows.div_ceil(2 * FRAGMENT_ROWS as usize) * warps as usize;
+    match subgroups >= TWO_FRAGMENT_MIN_SUBGROUPS {
+        true => 2,
+        false => 1,
+    }
 }
 
 impl Int8MatrixShape {
     /// The most subgroups (up to MAX_WARPS) whose tiles fit `max_shared`
-    /// bytes, for rows of `n_in` values of `ty` and passes of `tokens`;
-    /// None where the type has no such kernel or n_in is not a whole number
-    /// of steps.
+    /// bytes, for `n_rows` rows of `n_in` values of `ty` and passes of
+    /// `tokens`; None where the type has no such kernel or n_in is not a
+    /// whole number of steps.
     pub(crate) fn new(
         ty: WeightFormat,
         n_in: usize,
+        n_rows: usize,
         tokens: u32,
         max_shared: u32,
     ) -> Option<Int8MatrixShape> {
@@ -205,7 +248,15 @@ impl Int8MatrixShape {
         };
         let mut warps = warps_override().unwrap_or(most);
         while warps > 0 {
-            let shape = Int8MatrixShape { warps, tokens };
+            let row_frags = match direct {
+                true => row_frags_override().unwrap_or_else(|| default_row_frags(n_rows, warps)),
+                false => 1,
+            };
+            let shape = Int8MatrixShape {
+                warps,
+                tokens,
+                row_frags,
+            };
             if shape.shared_bytes(ty)? <= u64::from(max_shared) {
                 return Some(shape);
             }
@@ -224,7 +275,7 @@ impl Int8MatrixShape {
         let (warps, tokens) = (u64::from(self.warps), u64::from(self.tokens));
         let rows = u64::from(FRAGMENT_ROWS);
         if let Some(frags) = unstaged_fragments(ty) {
-            let sums = warps * rows * tokens * 4;
+            let sums = warps * rows * u64::from(self.row_frags) * tokens * 4;
             // On a real device each subgroup's four A tiles (16 rows of 48
             // bytes) and the layout check's index matrices (B's rows and
             // columns, C's element numbers); emulated, the fragment tiles.
@@ -242,9 +293,15 @@ impl Int8MatrixShape {
         Some(warps * per_warp + rows * tokens * 4)
     }
 
-    /// Specialisation constants 0..2: subgroups, tokens, threads.
-    pub(crate) fn spec(&self) -> [u32; 3] {
-        [self.warps, self.tokens, self.threads()]
+    /// Rows of a workgroup.
+    pub(crate) fn rows(&self) -> u32 {
+        FRAGMENT_ROWS * self.row_frags
+    }
+
+    /// Specialisation constants 0..3: subgroups, tokens, threads, row
+    /// fragments.
+    pub(crate) fn spec(&self) -> [u32; 4] {
+        [self.warps, self.tokens, self.threads(), self.row_frags]
     }
 }
 
@@ -291,7 +348,7 @@ mod tests {
         use GgmlType::*;
         let q4k = WeightFormat::Ggml(Q4_K);
         let q6k = WeightFormat::Ggml(Q6_K);
-        let s = Int8MatrixShape::new(q4k, 4096, 8, 48 * 1024).expect("Q4_K");
+        let s = Int8MatrixShape::new(q4k, 4096, 4096, 8, 48 * 1024).expect("Q4_K");
         assert_eq!((s.warps, s.threads()), (4, 128));
         // Q4_K without staging rounds: the sums (4 x 512), and the larger of
         // the real kernel's A tiles (4 x 3072) with the layout check's
@@ -299,41 +356,60 @@ mod tests {
         assert_eq!(s.shared_bytes(q4k), Some(2048 + 13312));
         // Q6_K emulates two fragments per block; the real kernel's tiles are
         // the same.
-        let s = Int8MatrixShape::new(q6k, 4096, 8, 48 * 1024).expect("Q6_K");
+        let s = Int8MatrixShape::new(q6k, 4096, 4096, 8, 48 * 1024).expect("Q6_K");
         assert_eq!((s.warps, s.shared_bytes(q6k)), (4, Some(2048 + 13312)));
-        let small = Int8MatrixShape::new(q6k, 4096, 8, 6 * 1024).expect("Q6_K, 6 KiB");
+        let small = Int8MatrixShape::new(q6k, 4096, 4096, 8, 6 * 1024).expect("Q6_K, 6 KiB");
         assert_eq!(small.warps, 1);
         // Subgroups grow with the row (4096 values: 4 of 4 super-blocks):
         // 14336 values (56 super-blocks) take 8 (7 each), 2048 two, and
         // never more than 8.
-        let s = Int8MatrixShape::new(q4k, 14336, 8, 48 * 1024).expect("Q4_K down");
+        let s = Int8MatrixShape::new(q4k, 14336, 4096, 8, 48 * 1024).expect("Q4_K down");
         assert_eq!(s.warps, 8);
-        let s = Int8MatrixShape::new(q4k, 2048, 8, 48 * 1024).expect("Q4_K 2048");
+        let s = Int8MatrixShape::new(q4k, 2048, 4096, 8, 48 * 1024).expect("Q4_K 2048");
         assert_eq!(s.warps, 2);
-        let s = Int8MatrixShape::new(q4k, 65536, 8, 48 * 1024).expect("Q4_K long");
+        let s = Int8MatrixShape::new(q4k, 65536, 4096, 8, 48 * 1024).expect("Q4_K long");
         assert_eq!(s.warps, 8);
         // The unstaged kernel is written for passes of 8 tokens.
-        assert_eq!(Int8MatrixShape::new(q6k, 4096, 16, 48 * 1024), None);
+        assert_eq!(Int8MatrixShape::new(q6k, 4096, 4096, 16, 48 * 1024), None);
         // The staged types: per subgroup 2 fragments (1536 B), two x blocks
         // (768), their scales (256 + 128) and the sums (512); the index
         // matrix (512).
         let q4_0 = WeightFormat::Ggml(Q4_0);
-        let s = Int8MatrixShape::new(q4_0, 4096, 8, 48 * 1024).expect("Q4_0");
+        let s = Int8MatrixShape::new(q4_0, 4096, 4096, 8, 48 * 1024).expect("Q4_0");
         assert_eq!(s.shared_bytes(q4_0), Some(4 * 3200 + 512));
-        let small = Int8MatrixShape::new(q4_0, 4096, 8, 12 * 1024).expect("Q4_0, 12 KiB");
+        let small = Int8MatrixShape::new(q4_0, 4096, 4096, 8, 12 * 1024).expect("Q4_0, 12 KiB");
         assert_eq!(small.warps, 2);
         // Steps are 256 values.
-        assert_eq!(Int8MatrixShape::new(q6k, 4096 + 128, 8, 48 * 1024), None);
         assert_eq!(
-            Int8MatrixShape::new(WeightFormat::Fq3, 896, 8, 48 * 1024),
+            Int8MatrixShape::new(q6k, 4096 + 128, 4096, 8, 48 * 1024),
             None
         );
-        assert!(Int8MatrixShape::new(WeightFormat::Fq3, 4096, 16, 48 * 1024).is_some());
         assert_eq!(
-            Int8MatrixShape::new(WeightFormat::Ggml(F16), 4096, 8, 48 * 1024),
+            Int8MatrixShape::new(WeightFormat::Fq3, 896, 4096, 8, 48 * 1024),
             None
         );
+        assert!(Int8MatrixShape::new(WeightFormat::Fq3, 4096, 4096, 16, 48 * 1024).is_some());
+        assert_eq!(
+            Int8MatrixShape::new(WeightFormat::Ggml(F16), 4096, 4096, 8, 48 * 1024),
+            None
+        );
+        // Two row fragments per subgroup where the dispatch keeps 1024
+        // subgroups with them: llama-8b's gate/up (14336 rows of 4096, 4
+        // subgroups) and down (4096 rows of 14336, 8), not wo (4096 rows of
+        // 4096) nor the staged types; the sums grow with the rows.
+        let s = Int8MatrixShape::new(q4k, 4096, 14336, 8, 48 * 1024).expect("gate");
+        assert_eq!((s.warps, s.row_frags, s.rows()), (4, 2, 32));
+        assert_eq!(s.shared_bytes(q4k), Some(2 * 2048 + 13312));
+        assert_eq!(s.spec(), [4, 8, 128, 2]);
+        let s = Int8MatrixShape::new(q6k, 14336, 4096, 8, 48 * 1024).expect("down");
+        assert_eq!((s.warps, s.row_frags), (8, 2));
+        let s = Int8MatrixShape::new(q4k, 4096, 4096, 8, 48 * 1024).expect("wo");
+        assert_eq!((s.row_frags, s.rows()), (1, 16));
+        let s = Int8MatrixShape::new(q4k, 256, 32 * 1024 + 17, 8, 48 * 1024).expect("tail");
+        assert_eq!((s.warps, s.row_frags), (1, 2));
+        let s = Int8MatrixShape::new(q4_0, 4096, 1 << 20, 8, 48 * 1024).expect("Q4_0 tall");
+        assert_eq!(s.row_frags, 1);
         // A device too small for one subgroup's tiles has none.
-        assert_eq!(Int8MatrixShape::new(q4k, 4096, 8, 1024), None);
+        assert_eq!(Int8MatrixShape::new(q4k, 4096, 4096, 8, 1024), None);
     }
 }

@@ -867,7 +867,7 @@ impl Gpu {
             let h = t.handle;
             let (kernel, matvec) = self.matvec_choice(kernel, h.ty(), h.n_in(), n_tok)?;
             let int8_matrix = match kernel.is_int8_matrix() {
-                true => Some(self.int8_matrix_shape(kernel, h.ty(), h.n_in())?),
+                true => Some(self.int8_matrix_shape(kernel, h.ty(), h.n_in(), h.n_out())?),
                 false => None,
             };
             let spec: Vec<u32> = match (kernel, coop_tile) {
@@ -937,7 +937,7 @@ impl Gpu {
                     }
                     _ => {
                         let rows = match (int8_matrix, kernel) {
-                            (Some(_), _) => crate::int8_matrix::FRAGMENT_ROWS,
+                            (Some(shape), _) => shape.rows(),
                             (None, Kernel::MatvecInt8GateUp(_)) => INT8_GATE_UP_ROWS,
                             (None, _) => matvec.rows,
                         };
@@ -1034,6 +1034,7 @@ impl Gpu {
         kernel: Kernel,
         ty: WeightFormat,
         n_in: usize,
+        n_rows: usize,
     ) -> Result<crate::int8_matrix::Int8MatrixShape> {
         let tokens = match kernel {
             Kernel::MatvecInt8MatrixEmulated => Some(8),
@@ -1042,12 +1043,18 @@ impl Gpu {
         let tokens = tokens.ok_or_else(|| {
             VkError::Input("no int8 fragments on the matrix units of this device".into())
         })?;
-        crate::int8_matrix::Int8MatrixShape::new(ty, n_in, tokens, self.info.max_shared_memory)
-            .ok_or_else(|| {
-                VkError::Input(format!(
-                    "no int8 matvec on the matrix units for {ty:?} rows of {n_in}"
-                ))
-            })
+        crate::int8_matrix::Int8MatrixShape::new(
+            ty,
+            n_in,
+            n_rows,
+            tokens,
+            self.info.max_shared_memory,
+        )
+        .ok_or_else(|| {
+            VkError::Input(format!(
+                "no int8 matvec on the matrix units for {ty:?} rows of {n_in}"
+            ))
+        })
     }
 
     /// The int8 matvec a span runs on pre-quantised x for `handles`, in a
@@ -1071,7 +1078,7 @@ impl Gpu {
             _ => step_rows >= INT8_MATRIX_MIN_STEP_ROWS,
         };
         let fits = |h: &TensorHandle| {
-            self.int8_matrix_shape(Kernel::MatvecInt8Matrix, h.ty(), h.n_in())
+            self.int8_matrix_shape(Kernel::MatvecInt8Matrix, h.ty(), h.n_in(), h.n_out())
                 .is_ok()
         };
         if wanted && !handles.is_empty() && handles.iter().all(fits) {

@@ -271,6 +271,42 @@ fn int8_matvec_matches_the_product_with_int8_activations() {
     assert_no_validation_messages(gpu);
 }
 
+/// The unstaged int8 matrix kernel with two row fragments per subgroup
+/// (int8_matrix.rs `default_row_frags`: dispatches of 1024 subgroups or
+/// more): 32785 rows of one super-block give 1025 subgroups, the last
+/// workgroup holding one live row. Against the product with int8
+/// activations, and each token the bits of its one-token call.
+#[test]
+fn int8_matrix_matvec_with_two_row_fragments_matches() {
+    let Some(gpu) = gpu_or_skip() else { return };
+    let mut kernels = vec![Kernel::MatvecInt8MatrixEmulated];
+    if gpu.info().int8_matrix.is_some() {
+        kernels.push(Kernel::MatvecInt8Matrix);
+    }
+    let shape = (256, 32 * 1024 + 17);
+    for (i, ty) in [GgmlType::Q4_K, GgmlType::Q6_K].into_iter().enumerate() {
+        with_uploaded(gpu, ty, shape, 900 + i as u64, |weights, h| {
+            let n_tok = 3;
+            let x = random_values(shape.0 * n_tok, 77);
+            for &kernel in &kernels {
+                let y = matmul_one(gpu, h, &x, n_tok, kernel);
+                let what = format!("{ty:?} {kernel:?} two row fragments");
+                check_int8_product(weights, &x, n_tok, &y, &what);
+                let t = n_tok - 1;
+                let single = matmul_one(gpu, h, &x[t * shape.0..], 1, kernel);
+                let row = &y[t * shape.1..];
+                assert!(
+                    row.iter()
+                        .zip(&single)
+                        .all(|(a, b)| a.to_bits() == b.to_bits()),
+                    "{what}: batched and single-token sums differ"
+                );
+            }
+        });
+    }
+    assert_no_validation_messages(gpu);
+}
+
 /// The int8 matvec on the matrix units (shaders/matvec_i8mm.comp) against
 /// the product with int8 activations, for every quantised type, with
 /// batches over one and two passes, and each token of a batch the bits of
