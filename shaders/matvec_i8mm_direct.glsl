@@ -28,10 +28,11 @@
 // 4t.. and 4t + 16..) are the block's values 8t .. 8t + 7, one 8-byte load
 // of codes, and its B quads the same eight bytes of x.
 //
-// A subgroup owns 16 rows x TN tokens and every WARPS-th super-block of
-// them (256 values: eight blocks of 32, each one product; Q6_K, whose
-// scales cover 16 values, multiplies each block twice, each fragment
-// holding one half and zeros in the other). Each invocation scales the
+// A subgroup owns RF fragments of 16 rows (the workgroup's 16 RF rows) x TN
+// tokens and every WARPS-th super-block of them (256 values: eight blocks
+// of 32, each one product per row fragment against the same x fragment;
+// Q6_K, whose scales cover 16 values, multiplies each block twice, each
+// fragment holding one half and zeros in the other). Each invocation scales the
 // elements it holds per block:
 //     acc(r, t) = fma(minv'(r), s(t), fma(scale(r) * d(t), dot(r, t), acc(r, t)))
 // (the staged kernel's terms: d x's block scale, s its d * sum), so a

@@ -20,7 +20,8 @@ use crate::weight_format::WeightFormat;
 use ash::vk;
 use fish_gguf::GgmlType;
 
-/// Rows of a fragment (and of a workgroup): the shader's TM.
+/// Rows of a fragment: the shader's TM (a workgroup has `row_frags` of
+/// them, `Int8MatrixShape::rows`).
 const FRAGMENT_ROWS: u32 = 16;
 /// Values of a fragment's depth: one block of int8 activations.
 const FRAGMENT_DEPTH: u32 = 32;

@@ -271,51 +271,10 @@ fn int8_matvec_matches_the_product_with_int8_activations() {
     assert_no_validation_messages(gpu);
 }
 
-/// The unstaged int8 matrix kernel with two row fragments per subgroup
-/// (int8_matrix.rs `default_row_frags`: dispatches of 1024 subgroups or
-/// more): 32785 rows of one super-block give 1025 subgroups, the last
-/// workgroup holding one live row. Against the product with int8
-/// activations, and each token the bits of its one-token call.
-#[test]
-fn int8_matrix_matvec_with_two_row_fragments_matches() {
-    let Some(gpu) = gpu_or_skip() else { return };
-    let mut kernels = vec![Kernel::MatvecInt8MatrixEmulated];
-    if gpu.info().int8_matrix.is_some() {
-        kernels.push(Kernel::MatvecInt8Matrix);
-    }
-    let shape = (256, 32 * 1024 + 17);
-    for (i, ty) in [GgmlType::Q4_K, GgmlType::Q6_K].into_iter().enumerate() {
-        with_uploaded(gpu, ty, shape, 900 + i as u64, |weights, h| {
-            let n_tok = 3;
-            let x = random_values(shape.0 * n_tok, 77);
-            for &kernel in &kernels {
-                let y = matmul_one(gpu, h, &x, n_tok, kernel);
-                let what = format!("{ty:?} {kernel:?} two row fragments");
-                check_int8_product(weights, &x, n_tok, &y, &what);
-                let t = n_tok - 1;
-                let single = matmul_one(gpu, h, &x[t * shape.0..], 1, kernel);
-                let row = &y[t * shape.1..];
-                assert!(
-                    row.iter()
-                        .zip(&single)
-                        .all(|(a, b)| a.to_bits() == b.to_bits()),
-                    "{what}: batched and single-token sums differ"
-                );
-            }
-        });
-    }
-    assert_no_validation_messages(gpu);
-}
-
-/// The int8 matvec on the matrix units (shaders/matvec_i8mm.comp) against
-/// the product with int8 activations, for every quantised type, with
-/// batches over one and two passes, and each token of a batch the bits of
-/// its one-token call. The emulated kernel runs on any device; the real one
-/// where the device has int8 fragments (FISH_REQUIRE_INT8_MATRIX=1 makes
-/// their absence a failure).
-#[test]
-fn int8_matrix_matvec_matches_the_product_with_int8_activations() {
-    let Some(gpu) = gpu_or_skip() else { return };
+/// The int8 matvecs on the matrix units a test runs: the emulated kernel
+/// on any device, the real one where the device has int8 fragments
+/// (FISH_REQUIRE_INT8_MATRIX=1 makes their absence a failure).
+fn int8_matrix_kernels(gpu: &fish_vk::Gpu) -> Vec<Kernel> {
     let mut kernels = vec![Kernel::MatvecInt8MatrixEmulated];
     match gpu.info().int8_matrix {
         Some(_) => kernels.push(Kernel::MatvecInt8Matrix),
@@ -327,6 +286,70 @@ fn int8_matrix_matvec_matches_the_product_with_int8_activations() {
             eprintln!("real kernel skipped: no int8 fragments on the matrix units");
         }
     }
+    kernels
+}
+
+/// `kernel`'s product of `h` (`weights`, n_in x n_out) with `n_tok` tokens
+/// of x against the product with int8 activations, and each token of a
+/// batch the bits of its one-token call.
+fn check_int8_matrix_matvec(
+    gpu: &fish_vk::Gpu,
+    (weights, h): (&Weights<'_>, fish_vk::TensorHandle),
+    x: &[f32],
+    n_tok: usize,
+    kernel: Kernel,
+    what: &str,
+) {
+    let (n_in, n_out) = (weights.n_in, weights.n_out);
+    let y = matmul_one(gpu, h, x, n_tok, kernel);
+    check_int8_product(weights, x, n_tok, &y, what);
+    if n_tok == 1 {
+        return;
+    }
+    for t in 0..n_tok {
+        let xt = &x[t * n_in..(t + 1) * n_in];
+        let single = matmul_one(gpu, h, xt, 1, kernel);
+        let row = &y[t * n_out..(t + 1) * n_out];
+        assert!(
+            row.iter()
+                .zip(&single)
+                .all(|(a, b)| a.to_bits() == b.to_bits()),
+            "{what} token {t}: batched and single-token sums differ"
+        );
+    }
+}
+
+/// The unstaged int8 matrix kernel with two row fragments per subgroup
+/// (int8_matrix.rs `default_row_frags`: dispatches of 1024 subgroups or
+/// more): 32785 rows of one super-block give 1025 subgroups, the last
+/// workgroup holding one live row. Checked as every int8 matrix matvec
+/// (`check_int8_matrix_matvec`).
+#[test]
+fn int8_matrix_matvec_with_two_row_fragments_matches() {
+    let Some(gpu) = gpu_or_skip() else { return };
+    let kernels = int8_matrix_kernels(gpu);
+    let shape = (256, 32 * 1024 + 17);
+    for (i, ty) in [GgmlType::Q4_K, GgmlType::Q6_K].into_iter().enumerate() {
+        with_uploaded(gpu, ty, shape, 900 + i as u64, |weights, h| {
+            let n_tok = 3;
+            let x = random_values(shape.0 * n_tok, 77);
+            for &kernel in &kernels {
+                let what = format!("{ty:?} {kernel:?} two row fragments");
+                check_int8_matrix_matvec(gpu, (weights, h), &x, n_tok, kernel, &what);
+            }
+        });
+    }
+    assert_no_validation_messages(gpu);
+}
+
+/// The int8 matvec on the matrix units (shaders/matvec_i8mm.comp) against
+/// the product with int8 activations, for every quantised type, with
+/// batches over one and two passes, and each token of a batch the bits of
+/// its one-token call (`int8_matrix_kernels`, `check_int8_matrix_matvec`).
+#[test]
+fn int8_matrix_matvec_matches_the_product_with_int8_activations() {
+    let Some(gpu) = gpu_or_skip() else { return };
+    let kernels = int8_matrix_kernels(gpu);
     let quantised = KERNEL_TYPES
         .into_iter()
         .filter(|t| !matches!(t, GgmlType::F32 | GgmlType::F16));
@@ -336,23 +359,8 @@ fn int8_matrix_matvec_matches_the_product_with_int8_activations() {
                 for &n_tok in batches {
                     let x = random_values(n_in * n_tok, 31 + n_tok as u64);
                     for &kernel in &kernels {
-                        let y = matmul_one(gpu, h, &x, n_tok, kernel);
                         let what = format!("{ty:?} {kernel:?} {n_in} n_tok={n_tok}");
-                        check_int8_product(weights, &x, n_tok, &y, &what);
-                        if n_tok == 1 {
-                            continue;
-                        }
-                        for t in 0..n_tok {
-                            let xt = &x[t * n_in..(t + 1) * n_in];
-                            let single = matmul_one(gpu, h, xt, 1, kernel);
-                            let row = &y[t * n_out..(t + 1) * n_out];
-                            assert!(
-                                row.iter()
-                                    .zip(&single)
-                                    .all(|(a, b)| a.to_bits() == b.to_bits()),
-                                "{what} token {t}: batched and single-token sums differ"
-                            );
-                        }
+                        check_int8_matrix_matvec(gpu, (weights, h), &x, n_tok, kernel, &what);
                     }
                 }
             });
