@@ -52,9 +52,21 @@ pub(crate) struct Profiler {
     last: Option<Vec<(SpanStage, f64)>>,
     /// The middle layer's stages of the last forward, in order (level 3).
     middle_layer: Vec<(SpanStage, f64)>,
+    /// The stages after the last layer (output norm and projection), in
+    /// order (level 3).
+    output_stages: Vec<(SpanStage, f64)>,
     /// Host nanoseconds of the last forward: preparing (plans, bindings, x
     /// upload), recording + submit + fence wait, and reading x back.
     pub host_ns: [u64; 3],
+}
+
+/// `stages` as `label us, ...`, in order.
+fn stage_list(stages: &[(SpanStage, f64)]) -> String {
+    let parts: Vec<String> = stages
+        .iter()
+        .map(|(s, ns)| format!("{} {:.1}", s.label(), ns / 1e3))
+        .collect();
+    parts.join(", ")
 }
 
 /// FISH_GPU_PROFILE=3 or more.
@@ -75,6 +87,7 @@ impl Profiler {
             layer_starts: Vec::new(),
             last: None,
             middle_layer: Vec::new(),
+            output_stages: Vec::new(),
             host_ns: [0; 3],
         }
     }
@@ -136,6 +149,8 @@ impl Profiler {
             let (start, end) = (self.layer_starts[middle], self.layer_starts[middle + 1]);
             self.middle_layer = per_mark[start..end].to_vec();
         }
+        let after_layers = self.layer_starts.last().copied().unwrap_or(per_mark.len());
+        self.output_stages = per_mark[after_layers.min(per_mark.len())..].to_vec();
         Ok(())
     }
 
@@ -156,13 +171,15 @@ impl Profiler {
             total / 1e6,
             parts.join(", ")
         );
-        if level_three() && !self.middle_layer.is_empty() {
-            let stages: Vec<String> = self
-                .middle_layer
-                .iter()
-                .map(|(s, ns)| format!("{} {:.1}", s.label(), ns / 1e3))
-                .collect();
-            line.push_str(&format!("; middle layer, us: {}", stages.join(", ")));
+        if level_three() {
+            for (name, stages) in [
+                ("middle layer", &self.middle_layer),
+                ("output", &self.output_stages),
+            ] {
+                if !stages.is_empty() {
+                    line.push_str(&format!("; {name}, us: {}", stage_list(stages)));
+                }
+            }
         }
         Some(line)
     }
