@@ -52,6 +52,43 @@ struct Sequence {
 }
 
 /// Several sequences over one model, and the thread pool that runs them.
+/// The logits of one batched step: one row of `n_vocab` values per listed
+/// sequence, in order, in one buffer (the rows as the forward returned
+/// them: a step of 8 llama-sized rows is 4 MB, and copying it into a vector
+/// per row cost as much as reading it from the device).
+#[derive(Clone, Debug, PartialEq)]
+pub struct BatchLogits {
+    values: Vec<f32>,
+    n_rows: usize,
+}
+
+impl BatchLogits {
+    /// Rows of the step (one per listed sequence).
+    pub fn len(&self) -> usize {
+        self.n_rows
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.n_rows == 0
+    }
+
+    /// Row `i` (the i-th listed sequence's logits).
+    pub fn row(&self, i: usize) -> &[f32] {
+        let n_vocab = self.values.len() / self.n_rows.max(1);
+        &self.values[i * n_vocab..(i + 1) * n_vocab]
+    }
+
+    /// The rows in order.
+    pub fn rows(&self) -> impl ExactSizeIterator<Item = &[f32]> + '_ {
+        (0..self.n_rows).map(|i| self.row(i))
+    }
+
+    /// Each row as a vector of its own.
+    pub fn into_rows(self) -> Vec<Vec<f32>> {
+        self.rows().map(<[f32]>::to_vec).collect()
+    }
+}
+
 pub struct BatchSession<'m> {
     model: &'m Model,
     seqs: Vec<Sequence>,
@@ -201,7 +238,7 @@ impl<'m> BatchSession<'m> {
 
     /// Appends `tokens[i]` to sequence `seqs[i]` for every i in one forward
     /// and returns one row of logits per listed sequence, in order.
-    pub fn step(&mut self, seqs: &[usize], tokens: &[u32]) -> Result<Vec<Vec<f32>>> {
+    pub fn step(&mut self, seqs: &[usize], tokens: &[u32]) -> Result<BatchLogits> {
         if seqs.len() != tokens.len() {
             return Err(BatchError::TokenCount {
                 n_tokens: tokens.len(),
@@ -224,12 +261,14 @@ impl<'m> BatchSession<'m> {
         for (&s, &t) in seqs.iter().zip(tokens) {
             self.seqs[s].tokens.push(t);
         }
-        let n_vocab = logits.len() / tokens.len().max(1);
-        Ok(logits.chunks_exact(n_vocab).map(<[f32]>::to_vec).collect())
+        Ok(BatchLogits {
+            values: logits,
+            n_rows: tokens.len(),
+        })
     }
 
     /// Advances every sequence by one token (`tokens[s]` for sequence `s`).
-    pub fn step_all(&mut self, tokens: &[u32]) -> Result<Vec<Vec<f32>>> {
+    pub fn step_all(&mut self, tokens: &[u32]) -> Result<BatchLogits> {
         let seqs: Vec<usize> = (0..self.n_seq()).collect();
         self.step(&seqs, tokens)
     }
@@ -323,4 +362,31 @@ impl Drop for BatchSession<'_> {
 /// FISH_GPU_VERBOSE=1: the session says why it left the GPU span.
 fn verbose() -> bool {
     std::env::var("FISH_GPU_VERBOSE").is_ok_and(|v| v == "1")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::BatchLogits;
+
+    #[test]
+    fn batch_logits_are_rows_of_one_buffer_in_order() {
+        let logits = BatchLogits {
+            values: (0..12).map(|v| v as f32).collect(),
+            n_rows: 3,
+        };
+        assert_eq!(logits.len(), 3);
+        assert!(!logits.is_empty());
+        assert_eq!(logits.row(1), &[4.0, 5.0, 6.0, 7.0]);
+        let rows: Vec<&[f32]> = logits.rows().collect();
+        assert_eq!(rows.len(), 3);
+        assert_eq!(rows[2], &[8.0, 9.0, 10.0, 11.0]);
+        assert_eq!(
+            logits.into_rows(),
+            vec![
+                vec![0.0, 1.0, 2.0, 3.0],
+                vec![4.0, 5.0, 6.0, 7.0],
+                vec![8.0, 9.0, 10.0, 11.0]
+            ]
+        );
+    }
 }

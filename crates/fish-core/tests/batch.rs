@@ -57,7 +57,7 @@ fn batched_sequences_equal_single_runs() {
         for (s, &t) in next.iter().enumerate() {
             toks[s].push(t);
         }
-        logits = batch.step_all(&next).expect("step");
+        logits = batch.step_all(&next).expect("step").into_rows();
         for (s, l) in logits.iter().enumerate() {
             step_logits[s].push(l.clone());
         }

@@ -102,7 +102,7 @@ fn batched_run(
         for (t, &n) in tokens.iter_mut().zip(&next) {
             t.push(n);
         }
-        let rows = batch.step_all(&next).expect("batched step");
+        let rows = batch.step_all(&next).expect("batched step").into_rows();
         for (l, r) in logits.iter_mut().zip(rows) {
             l.push(r);
         }
@@ -311,7 +311,10 @@ fn span_batched_decode_equals_single_runs_and_the_cpu_batch() {
     assert_eq!(changed.len(), 1, "slots before {held:?}, after {after:?}");
     assert_eq!(after[changed[0]], n1 - 1);
     let next = [single[0].0[STEPS], tokens[1][STEPS - 1], single[2].0[STEPS]];
-    let rows = batch.step_all(&next).expect("step after truncation");
+    let rows = batch
+        .step_all(&next)
+        .expect("step after truncation")
+        .into_rows();
     assert_close("sequence 1 re-run", &rows[1..2], &logits[1][STEPS..]);
     assert_close("sequence 0 after", &rows[..1], &single[0].1[STEPS + 1..]);
     assert_close("sequence 2 after", &rows[2..], &single[2].1[STEPS + 1..]);

@@ -161,7 +161,10 @@ fn assert_batched_equals_single_runs(
         .collect();
     for _ in 0..STEPS {
         let next: Vec<u32> = batched.iter().map(|l| argmax(&l[l.len() - 1])).collect();
-        for (l, row) in batched.iter_mut().zip(batch.step_all(&next).expect("step")) {
+        for (l, row) in batched
+            .iter_mut()
+            .zip(batch.step_all(&next).expect("step").into_rows())
+        {
             l.push(row);
         }
     }

@@ -372,7 +372,7 @@ fn batched_decode_on_a_gpu_placement_equals_single_runs() {
             break;
         }
         let rows = batch.step_all(&next).expect("batched step");
-        next = rows.iter().map(|r| argmax(r)).collect();
+        next = rows.rows().map(argmax).collect();
     }
     for (i, (b, s)) in batched.iter().zip(&single).enumerate() {
         assert_eq!(b, s, "sequence {i}: batched vs single");

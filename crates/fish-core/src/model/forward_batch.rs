@@ -321,6 +321,11 @@ fn span_rows_logits(
 ) -> std::result::Result<Vec<f32>, SpanBatchError> {
     let n_embd = model.cfg.n_embd;
     let max_rows = span.span_max_batch_rows();
+    // One forward (every step of up to max_rows sequences): its logits as
+    // the backend returned them, not copied.
+    if rows.len() <= max_rows.min(span.span_max_logit_rows()) {
+        return Ok(span.span_forward_batch_logits(x, rows, rows.len())?);
+    }
     let mut logits = Vec::new();
     for (xc, rc) in x.chunks_mut(max_rows * n_embd).zip(rows.chunks(max_rows)) {
         if rc.len() <= span.span_max_logit_rows() {

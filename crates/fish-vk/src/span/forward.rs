@@ -226,14 +226,14 @@ impl Gpu {
             }
             return Err(e);
         }
-        let mut result = vec![0f32; result_bytes as usize / 4];
-        match (logit_rows, span.output.as_ref()) {
-            (Some(_), Some(o)) => o.readback.read_f32(&self.allocator, 0, &mut result)?,
+        let n_result = result_bytes as usize / 4;
+        let result = match (logit_rows, span.output.as_ref()) {
+            (Some(_), Some(o)) => o.readback.read_f32_vec(&self.allocator, 0, n_result)?,
             _ => span
                 .arena
                 .readback
-                .read_f32(&self.allocator, 0, &mut result)?,
-        }
+                .read_f32_vec(&self.allocator, 0, n_result)?,
+        };
         for r in &runs {
             span.kv.set_len(r.slot, r.end);
         }
