@@ -171,12 +171,14 @@ pub fn compare(a: &[Vec<f32>], b: &[Vec<f32>]) -> (usize, f32) {
     (same, worst)
 }
 
-/// The stage names of the middle layer in a FISH_GPU_PROFILE=3 profile, in order.
+/// The stage names of the middle layer in a FISH_GPU_PROFILE=3 profile, in
+/// order (its list ends at the next `;`, where the output's begins).
 pub fn middle_layer_stages(profile: &str) -> Vec<String> {
     let at = profile
         .find("middle layer, us: ")
         .expect("level 3 lists a layer");
-    profile[at + "middle layer, us: ".len()..]
+    let list = &profile[at + "middle layer, us: ".len()..];
+    list[..list.find(';').unwrap_or(list.len())]
         .split(", ")
         .map(|stage| stage.rsplit_once(' ').expect("name and time").0.to_string())
         .collect()

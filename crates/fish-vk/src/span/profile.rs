@@ -1,6 +1,10 @@
 //! FISH_GPU_PROFILE=2: a timestamp after every stage of a span forward, and
 //! the share of GPU time each kind of stage took; FISH_GPU_PROFILE=3 also
-//! lists the stages of the middle layer with their times, in order.
+//! lists the stages of the middle layer and those after the last layer
+//! with their times, in order; FISH_GPU_PROFILE=4 lists every layer's
+//! (every layer and chunk's, in prefill): layers of one shape can differ in
+//! their weight types (a Q4_K_M file's down projections are Q6_K in some
+//! layers only).
 
 use crate::error::{Result, VkCall};
 use ash::vk;
@@ -52,6 +56,8 @@ pub(crate) struct Profiler {
     last: Option<Vec<(SpanStage, f64)>>,
     /// The middle layer's stages of the last forward, in order (level 3).
     middle_layer: Vec<(SpanStage, f64)>,
+    /// Every layer's stages of the last forward, in order (level 4).
+    layer_stages: Vec<Vec<(SpanStage, f64)>>,
     /// The stages after the last layer (output norm and projection), in
     /// order (level 3).
     output_stages: Vec<(SpanStage, f64)>,
@@ -69,12 +75,12 @@ fn stage_list(stages: &[(SpanStage, f64)]) -> String {
     parts.join(", ")
 }
 
-/// FISH_GPU_PROFILE=3 or more.
-fn level_three() -> bool {
+/// The level FISH_GPU_PROFILE asks for (0 when unset or not a number).
+fn level() -> u32 {
     std::env::var("FISH_GPU_PROFILE")
         .ok()
         .and_then(|v| v.trim().parse::<u32>().ok())
-        .is_some_and(|level| level >= 3)
+        .unwrap_or(0)
 }
 
 impl Profiler {
@@ -87,6 +93,7 @@ impl Profiler {
             layer_starts: Vec::new(),
             last: None,
             middle_layer: Vec::new(),
+            layer_stages: Vec::new(),
             output_stages: Vec::new(),
             host_ns: [0; 3],
         }
@@ -149,6 +156,14 @@ impl Profiler {
             let (start, end) = (self.layer_starts[middle], self.layer_starts[middle + 1]);
             self.middle_layer = per_mark[start..end].to_vec();
         }
+        self.layer_stages = match level() >= 4 {
+            true => self
+                .layer_starts
+                .windows(2)
+                .map(|w| per_mark[w[0].min(w[1])..w[1]].to_vec())
+                .collect(),
+            false => Vec::new(),
+        };
         let after_layers = self.layer_starts.last().copied().unwrap_or(per_mark.len());
         self.output_stages = per_mark[after_layers.min(per_mark.len())..].to_vec();
         Ok(())
@@ -171,7 +186,7 @@ impl Profiler {
             total / 1e6,
             parts.join(", ")
         );
-        if level_three() {
+        if level() >= 3 {
             for (name, stages) in [
                 ("middle layer", &self.middle_layer),
                 ("output", &self.output_stages),
@@ -180,6 +195,9 @@ impl Profiler {
                     line.push_str(&format!("; {name}, us: {}", stage_list(stages)));
                 }
             }
+        }
+        for (i, stages) in self.layer_stages.iter().enumerate() {
+            line.push_str(&format!("; layer {i}, us: {}", stage_list(stages)));
         }
         Some(line)
     }
