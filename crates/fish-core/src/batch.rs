@@ -51,7 +51,6 @@ struct Sequence {
     host_len: usize,
 }
 
-/// Several sequences over one model, and the thread pool that runs them.
 /// The logits of one batched step: one row of `n_vocab` values per listed
 /// sequence, in order, in one buffer (the rows as the forward returned
 /// them: a step of 8 llama-sized rows is 4 MB, and copying it into a vector
@@ -89,6 +88,7 @@ impl BatchLogits {
     }
 }
 
+/// Several sequences over one model, and the thread pool that runs them.
 pub struct BatchSession<'m> {
     model: &'m Model,
     seqs: Vec<Sequence>,
