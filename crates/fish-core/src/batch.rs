@@ -71,7 +71,8 @@ impl BatchLogits {
         self.n_rows == 0
     }
 
-    /// Row `i` (the i-th listed sequence's logits).
+    /// Row `i` (the i-th listed sequence's logits); panics past the last
+    /// row, as indexing does.
     pub fn row(&self, i: usize) -> &[f32] {
         let n_vocab = self.values.len() / self.n_rows.max(1);
         &self.values[i * n_vocab..(i + 1) * n_vocab]
