@@ -113,19 +113,9 @@ impl Buffer {
             .call("vmaFlushAllocation")
     }
 
-    /// Copies `out.len()` bytes from a host-visible buffer at `offset`;
-    /// large reads on the pool.
-    pub fn read(&self, allocator: &Allocator, offset: u64, out: &mut [u8]) -> Result<()> {
-        // SAFETY: a &mut [u8] is valid for writes of its length, and every
-        // byte of it may be overwritten.
-        let uninit = unsafe {
-            std::slice::from_raw_parts_mut(out.as_mut_ptr().cast::<MaybeUninit<u8>>(), out.len())
-        };
-        self.read_uninit(allocator, offset, uninit)
-    }
-
-    /// `read` into memory that need not be initialised: every byte of `out`
-    /// is written.
+    /// Copies `out.len()` bytes from a host-visible buffer at `offset` into
+    /// memory that need not be initialised (every byte of `out` is
+    /// written); large reads on the pool.
     fn read_uninit(
         &self,
         allocator: &Allocator,
@@ -188,10 +178,5 @@ impl Buffer {
     /// host lays them out: little-endian on every host Vulkan runs on).
     pub fn write_f32(&mut self, allocator: &Allocator, offset: u64, values: &[f32]) -> Result<()> {
         self.write(allocator, offset, bytemuck::cast_slice(values))
-    }
-
-    /// Reads `out.len()` f32 values from byte `offset`, straight into `out`.
-    pub fn read_f32(&self, allocator: &Allocator, offset: u64, out: &mut [f32]) -> Result<()> {
-        self.read(allocator, offset, bytemuck::cast_slice_mut(out))
     }
 }

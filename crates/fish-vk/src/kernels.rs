@@ -615,11 +615,11 @@ impl Gpu {
         // SAFETY: the submission finished (or never started); the pool is unused.
         unsafe { self.device.destroy_descriptor_pool(pool, None) };
         result?;
-        let mut all = vec![0f32; y_len];
-        exec.readback
-            .as_ref()
-            .expect("prepared")
-            .read_f32(&self.allocator, 0, &mut all)?;
+        let all =
+            exec.readback
+                .as_ref()
+                .expect("prepared")
+                .read_f32_vec(&self.allocator, 0, y_len)?;
         let mut out = Vec::with_capacity(handles.len());
         let mut at = 0;
         for h in handles {

@@ -321,18 +321,21 @@ fn span_rows_logits(
 ) -> std::result::Result<Vec<f32>, SpanBatchError> {
     let n_embd = model.cfg.n_embd;
     let max_rows = span.span_max_batch_rows();
-    // One forward (every step of up to max_rows sequences): its logits as
-    // the backend returned them, not copied.
-    if rows.len() <= max_rows.min(span.span_max_logit_rows()) {
-        return Ok(span.span_forward_batch_logits(x, rows, rows.len())?);
-    }
-    let mut logits = Vec::new();
+    let mut logits: Vec<f32> = Vec::new();
     for (xc, rc) in x.chunks_mut(max_rows * n_embd).zip(rows.chunks(max_rows)) {
-        if rc.len() <= span.span_max_logit_rows() {
-            logits.extend(span.span_forward_batch_logits(xc, rc, rc.len())?);
+        let chunk = if rc.len() <= span.span_max_logit_rows() {
+            span.span_forward_batch_logits(xc, rc, rc.len())?
         } else {
             span.span_forward_batch(xc, rc)?;
-            logits.extend(output_logits(model, xc)?);
+            output_logits(model, xc)?
+        };
+        // The first forward's vector is kept as it came (a step of up to
+        // max_rows sequences is one forward: 4 MB for 8 llama-sized rows,
+        // not copied); later ones are appended.
+        if logits.is_empty() {
+            logits = chunk;
+        } else {
+            logits.extend(chunk);
         }
     }
     Ok(logits)

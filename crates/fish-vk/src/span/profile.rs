@@ -160,7 +160,7 @@ impl Profiler {
             true => self
                 .layer_starts
                 .windows(2)
-                .map(|w| per_mark[w[0].min(w[1])..w[1]].to_vec())
+                .map(|w| per_mark[w[0]..w[1]].to_vec())
                 .collect(),
             false => Vec::new(),
         };
