@@ -794,6 +794,26 @@ pub(crate) fn log_choice(choice: &std::result::Result<CoopMatTile, String>) {
     }
 }
 
+/// Lists the fragment shapes the device reports (FISH_GPU_VERBOSE=1), as
+/// M x N x K A-type B-type C-type, so that a kernel's choice can be read
+/// against them.
+pub(crate) fn log_shapes(
+    props: std::result::Result<Vec<vk::CooperativeMatrixPropertiesKHR<'static>>, String>,
+) {
+    let Ok(props) = props else { return };
+    let shapes: Vec<String> = props
+        .iter()
+        .filter(|p| p.scope == vk::ScopeKHR::SUBGROUP)
+        .map(|p| {
+            format!(
+                "{}x{}x{} {:?}*{:?}+{:?}",
+                p.m_size, p.n_size, p.k_size, p.a_type, p.b_type, p.c_type
+            )
+        })
+        .collect();
+    eprintln!("fish-vk: subgroup fragment shapes: {}", shapes.join(", "));
+}
+
 /// The batched-decode tile (BATCH_WARPS, or what FISH_VK_BATCH_TILE /
 /// _BK / _PIPELINE ask for) with the prefill tile's fragment shape and
 /// subgroup width, where the device holds it.

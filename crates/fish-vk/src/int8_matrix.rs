@@ -37,9 +37,13 @@ const MAX_WARPS: u32 = 4;
 /// As a dependent stage (a barrier after each call, as spans run them) the
 /// H200 measured, Q4_K us for 1 / 2 / 4 / 8 subgroups: 4096 x 4096 25.8 /
 /// 15.0 / 11.7 / 10.7, 4096 x 14336 31.8 / 27.4 / 25.7 / 30.1, 14336-value
-/// rows x 4096 79.9 / 42.5 / 28.1 / 24.8 (docs/BENCHMARKS.md).
-const MAX_WARPS_DIRECT: u32 = 8;
-const DIRECT_SUPER_BLOCKS_PER_WARP: usize = 4;
+/// rows x 4096 79.9 / 42.5 / 28.1 / 24.8; end to end at B = 8 four
+/// subgroups for every row length beat the earlier rule (up to 8, 4
+/// super-blocks each: 2 for the 2048-value rows of llama-1b, 8 for the
+/// down rows): llama-8b 1311-1336 against 1264-1283 tok/s, llama-1b
+/// 4005-4029 against 3661-3826 (docs/BENCHMARKS.md).
+const MAX_WARPS_DIRECT: u32 = 4;
+const DIRECT_SUPER_BLOCKS_PER_WARP: usize = 2;
 /// Values of a step of one row (two invocations, 128 values each).
 const STEP_VALUES: usize = 256;
 /// Bytes of one staged row of a fragment: 32 values padded to 48 (the
@@ -361,15 +365,16 @@ mod tests {
         assert_eq!((s.warps, s.shared_bytes(q6k)), (4, Some(2048 + 13312)));
         let small = Int8MatrixShape::new(q6k, 4096, 4096, 8, 6 * 1024).expect("Q6_K, 6 KiB");
         assert_eq!(small.warps, 1);
-        // Subgroups grow with the row (4096 values: 4 of 4 super-blocks):
-        // 14336 values (56 super-blocks) take 8 (7 each), 2048 two, and
-        // never more than 8.
+        // Subgroups grow with the row up to 4 (two super-blocks each at
+        // least): 2048 values (8 super-blocks) and 14336 take 4, 512 one.
         let s = Int8MatrixShape::new(q4k, 14336, 4096, 8, 48 * 1024).expect("Q4_K down");
-        assert_eq!(s.warps, 8);
+        assert_eq!(s.warps, 4);
         let s = Int8MatrixShape::new(q4k, 2048, 4096, 8, 48 * 1024).expect("Q4_K 2048");
-        assert_eq!(s.warps, 2);
+        assert_eq!(s.warps, 4);
+        let s = Int8MatrixShape::new(q4k, 512, 4096, 8, 48 * 1024).expect("Q4_K 512");
+        assert_eq!(s.warps, 1);
         let s = Int8MatrixShape::new(q4k, 65536, 4096, 8, 48 * 1024).expect("Q4_K long");
-        assert_eq!(s.warps, 8);
+        assert_eq!(s.warps, 4);
         // The unstaged kernel is written for passes of 8 tokens.
         assert_eq!(Int8MatrixShape::new(q6k, 4096, 4096, 16, 48 * 1024), None);
         // The staged types: per subgroup 2 fragments (1536 B), two x blocks
@@ -396,14 +401,14 @@ mod tests {
         );
         // Two row fragments per subgroup where the dispatch keeps 1024
         // subgroups with them: llama-8b's gate/up (14336 rows of 4096, 4
-        // subgroups) and down (4096 rows of 14336, 8), not wo (4096 rows of
+        // subgroups), not down (4096 rows of 14336, 4) nor wo (4096 rows of
         // 4096) nor the staged types; the sums grow with the rows.
         let s = Int8MatrixShape::new(q4k, 4096, 14336, 8, 48 * 1024).expect("gate");
         assert_eq!((s.warps, s.row_frags, s.rows()), (4, 2, 32));
         assert_eq!(s.shared_bytes(q4k), Some(2 * 2048 + 13312));
         assert_eq!(s.spec(), [4, 8, 128, 2]);
         let s = Int8MatrixShape::new(q6k, 14336, 4096, 8, 48 * 1024).expect("down");
-        assert_eq!((s.warps, s.row_frags), (8, 2));
+        assert_eq!((s.warps, s.row_frags), (4, 1));
         let s = Int8MatrixShape::new(q4k, 4096, 4096, 8, 48 * 1024).expect("wo");
         assert_eq!((s.row_frags, s.rows()), (1, 16));
         let s = Int8MatrixShape::new(q4k, 256, 32 * 1024 + 17, 8, 48 * 1024).expect("tail");
