@@ -78,10 +78,13 @@ impl Gpu {
         let prefill = unsafe { coopmat::probe(&instance.entry, &instance.raw, physical, &info) };
         if config.verbose {
             coopmat::log_choice(&prefill);
-            // SAFETY: as above.
-            coopmat::log_shapes(unsafe {
-                coopmat::matrix_properties(&instance.entry, &instance.raw, physical)
-            });
+            if prefill.is_ok() {
+                // SAFETY: as above; the probe found the extension, without
+                // which the query's function is not loaded.
+                coopmat::log_shapes(unsafe {
+                    coopmat::matrix_properties(&instance.entry, &instance.raw, physical)
+                });
+            }
         }
         info.cooperative_matrix = prefill.ok();
         info.cooperative_batch = info
