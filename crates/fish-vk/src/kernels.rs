@@ -273,6 +273,9 @@ impl MatvecOverrides {
     }
 }
 
+/// Threads per float-matvec workgroup on a CPU device (MatvecShape::on_cpu_device).
+const CPU_DEVICE_MATVEC_THREADS: u32 = 32;
+
 /// Tokens per pass of the float matvec for the types with fifth bits or
 /// K-quant scales: 4. Their kernel is bound by the per-token products and
 /// the registers that hold one sum per row and token, not by weight bytes,
@@ -387,6 +390,25 @@ impl MatvecShape {
             rows,
             tokens: n_tok.clamp(1, pass_tokens(ty, kernel, o.tokens)) as u32,
             unroll: o.unroll.unwrap_or(1),
+        }
+    }
+
+    /// The shape on a CPU device (lavapipe): one subgroup-sized workgroup
+    /// of CPU_DEVICE_MATVEC_THREADS for the float matvecs, unless
+    /// FISH_VK_MATVEC_THREADS says otherwise. A CPU device runs a
+    /// workgroup's invocations as loops over its SIMD width, so each
+    /// workgroup's setup and cross-subgroup reduction cost more than the
+    /// loads they spread: SmolLM2-135M Q4_1 decode on lavapipe (2 cores)
+    /// ran 1.55 tok/s at 32 threads against 0.46 at the GPU shapes' 128
+    /// and 0.38 at 256. The int8 kernels keep their shapes, which the
+    /// span's fusion checks (int8_gate_up_fusable, int8_group) compute.
+    fn on_cpu_device(self, kernel: Kernel) -> MatvecShape {
+        if kernel.is_int8() || MatvecOverrides::get().threads.is_some() {
+            return self;
+        }
+        MatvecShape {
+            threads: CPU_DEVICE_MATVEC_THREADS,
+            ..self
         }
     }
 
@@ -989,6 +1011,11 @@ impl Gpu {
         n_tok: usize,
     ) -> Result<(Kernel, MatvecShape)> {
         let shape = MatvecShape::new(ty, kernel, n_tok, n_in);
+        let shape = if self.info.kind == vk::PhysicalDeviceType::CPU {
+            shape.on_cpu_device(kernel)
+        } else {
+            shape
+        };
         let int8 = || {
             if self.info.int8_dot == Int8Dot::Absent
                 || !self.info.subgroup_arithmetic

@@ -2,7 +2,8 @@
 //! (shaders/matmul_coopmat.comp WARPS_K) and across workgroups (split_k.rs,
 //! where a dispatch has few tiles), emulated so that it runs on any
 //! device (lavapipe in CI), for every weight type against the CPU and bit
-//! for bit between the stagings.
+//! for bit between the stagings (emulated: on
+//! coopmat_checks::STAGED_EMULATED_TYPES).
 //!
 //! This binary sets FISH_VK_BATCH_TILE / FISH_VK_BATCH_BK before the device
 //! opens (every test here asks for the same values), so that the split runs
@@ -46,14 +47,16 @@ fn split_steps_match_the_cpu_for_every_type() {
     for kernel in kernels {
         for_each_kernel_type(gpu, 768, 70, 700, |w, h| {
             let what = format!("{:?} split", w.ty);
-            multiply_and_check(gpu, kernel, h, w, 19, 71, &what, &STAGINGS);
+            let stagings = stagings_for(kernel, w.ty, &STAGINGS);
+            multiply_and_check(gpu, kernel, h, w, 19, 71, &what, &stagings);
         });
         // 2048 values are 16 steps: with 10 output tiles (70 rows x 19
         // tokens) each tile's steps are also split across 4 workgroups
         // (split_k.rs), whose partials the last one sums.
         for_each_kernel_type(gpu, 2048, 70, 710, |w, h| {
             let what = format!("{:?} split across workgroups", w.ty);
-            multiply_and_check(gpu, kernel, h, w, 19, 72, &what, &STAGINGS);
+            let stagings = stagings_for(kernel, w.ty, &STAGINGS);
+            multiply_and_check(gpu, kernel, h, w, 19, 72, &what, &stagings);
         });
     }
     assert_no_validation_messages(gpu);

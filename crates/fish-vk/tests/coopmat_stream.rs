@@ -1,7 +1,8 @@
 //! The batch tile staged per subgroup (shaders/matmul_coopmat_stream.comp,
 //! `Staging::PerSubgroup`), emulated so that it runs on any device
 //! (lavapipe in CI): every weight type against the CPU, and bit for bit
-//! against the workgroup-staged kernel of the same tile shape, with x staged
+//! against the workgroup-staged kernel of the same tile shape (emulated:
+//! on coopmat_checks::STAGED_EMULATED_TYPES), with x staged
 //! in several chunks, partial steps, partial row and token tiles, and steps
 //! split across workgroups.
 //!
@@ -55,9 +56,9 @@ fn check(gpu: &fish_vk::Gpu, n_in: usize, n_out: usize, n_tok: usize, seed: u64,
     for kernel in kernels {
         for_each_kernel_type(gpu, n_in, n_out, seed, |w, h| {
             let what = format!("{:?} {what}", w.ty);
-            let ran =
-                multiply_and_check(gpu, kernel, h, w, n_tok, seed + 1, &what, &STREAM_STAGINGS);
-            assert_eq!(ran, STREAM_STAGINGS.len(), "{what}: every staging runs");
+            let stagings = stagings_for(kernel, w.ty, &STREAM_STAGINGS);
+            let ran = multiply_and_check(gpu, kernel, h, w, n_tok, seed + 1, &what, &stagings);
+            assert_eq!(ran, stagings.len(), "{what}: every staging runs");
         });
     }
 }

@@ -5,6 +5,7 @@
 #![allow(dead_code)]
 
 use crate::common::*;
+use fish_gguf::GgmlType;
 use fish_vk::{CoopMatTile, Gpu, Kernel, MatmulInput, Staging, TensorHandle, VkError};
 
 pub fn require_coopmat() -> bool {
@@ -41,6 +42,30 @@ pub fn with_input<R>(input: MatmulInput, f: impl FnOnce() -> R) -> R {
 
 /// The three workgroup stagings, synchronous (the reference) first.
 pub const STAGINGS: [Staging; 3] = CoopMatTile::STAGINGS;
+
+/// The types whose emulated products run under every staging: a 32-value
+/// type of odd block size (22 bytes, so staged loads are unaligned), a
+/// K-quant and a float type. The stagings only reorder the loads of the
+/// decode every type shares, while each (type, staging) pair is a pipeline
+/// of its own that lavapipe compiles with LLVM at its first dispatch
+/// (10-45 s on two cores, the larger part of a CI run from a cold shader
+/// cache). The real kernels, where the device has them, run every pair.
+pub const STAGED_EMULATED_TYPES: [GgmlType; 3] = [GgmlType::Q5_0, GgmlType::Q4_K, GgmlType::F16];
+
+/// The stagings of `stagings` that `kernel` runs on `ty`: all of them,
+/// except that the emulated kernels take only the first (the reference)
+/// for types outside STAGED_EMULATED_TYPES.
+pub fn stagings_for(kernel: Kernel, ty: GgmlType, stagings: &[Staging]) -> Vec<Staging> {
+    let emulated = matches!(
+        kernel,
+        Kernel::CoopMatEmulated | Kernel::CoopMatBatchEmulated
+    );
+    if emulated && !STAGED_EMULATED_TYPES.contains(&ty) {
+        stagings[..1].to_vec()
+    } else {
+        stagings.to_vec()
+    }
+}
 
 /// Multiplies `n_tok` random inputs (seeded by `x_seed`) by the resident
 /// copy `h` of `weights` with `kernel` under each of `stagings`
