@@ -2,9 +2,10 @@
 // Matrix-vector products of decode-sized batches on the matrix units: int8
 // weight codes times int8 activations with int32 sums (VK_KHR_cooperative_
 // matrix, 16 x TN x 32 s8 fragments), for x pre-quantised in the layout of
-// int8_acts.glsl. Q4_K and Q6_K build their fragments in registers
-// (matvec_i8mm_direct.glsl); the other types stage them through shared
-// memory (matvec_i8mm_staged.glsl). With EMULATE_COOPMAT the products are
+// int8_acts.glsl. Q4_K and Q6_K instead multiply dequantised f16 weights by
+// x in f16 (16 x 8 x 16 fragments) built in registers (matvec_i8mm_h16.glsl);
+// the other types stage int8 fragments through shared memory
+// (matvec_i8mm_staged.glsl). With EMULATE_COOPMAT the products are
 // plain code, so that everything else runs, and is tested, on any device.
 #extension GL_GOOGLE_include_directive : require
 #extension GL_EXT_control_flow_attributes : enable
@@ -14,6 +15,7 @@
 #extension GL_KHR_memory_scope_semantics : require
 #extension GL_EXT_shader_explicit_arithmetic_types_int8 : require
 #extension GL_EXT_shader_explicit_arithmetic_types_int32 : require
+#extension GL_EXT_shader_explicit_arithmetic_types_float16 : require
 #endif
 
 // Subgroups per workgroup (each takes every WARPS-th step of the rows).
@@ -63,7 +65,7 @@ void store_pass_sums(uint row0, uint t0) {
 }
 
 #if defined(TYPE_Q4_K) || defined(TYPE_Q6_K)
-#include "matvec_i8mm_direct.glsl"
+#include "matvec_i8mm_h16.glsl"
 #else
 #include "matvec_i8mm_staged.glsl"
 #endif

@@ -5,7 +5,9 @@
 //! The packed-dot-product matvec spends its instructions per token; this
 //! kernel per block of 16 rows x N tokens, so that a batch would cost about
 //! what one token does. Q4_K and Q6_K take a form without staging rounds
-//! (matvec_i8mm_direct.glsl), the other types the staged one. Its time does
+//! that multiplies their dequantised weights by x in f16 instead, 16 x 8 x
+//! 16 fragments with f32 sums (matvec_i8mm_h16.glsl), the other types the
+//! staged int8 one. Its time does
 //! hardly grow with the tokens, but on the H200 it starts far above the
 //! packed products' one-token time (Q4_K 4096 x 14336: 18.1 us against 7.8;
 //! at 8 tokens 26.1 against 33.1), so spans take it by default only for
@@ -97,14 +99,32 @@ pub(crate) unsafe fn probe(
     }
     // SAFETY: the device advertises the extension (the caller's contract).
     let props = unsafe { crate::coopmat::matrix_properties(entry, instance, physical) }?;
-    pick_tokens(&props).ok_or_else(|| "no 16xNx32 s8 x s8 -> s32 subgroup shape".into())
+    let tokens = pick_tokens(&props).ok_or("no 16xNx32 s8 x s8 -> s32 subgroup shape")?;
+    if tokens == DIRECT_TOKENS && !has_f16_fragments(&props) {
+        return Err("no 16x8x16 f16 x f16 -> f32 subgroup shape".into());
+    }
+    Ok(tokens)
+}
+
+/// Whether the device offers the f16 fragments of the form without staging
+/// rounds (Q4_K and Q6_K at 8 tokens): 16 x 8 x 16, f32 accumulators.
+fn has_f16_fragments(props: &[vk::CooperativeMatrixPropertiesKHR<'_>]) -> bool {
+    use vk::ComponentTypeKHR as C;
+    props.iter().any(|p| {
+        p.a_type == C::FLOAT16
+            && p.b_type == C::FLOAT16
+            && p.c_type == C::FLOAT32
+            && p.result_type == C::FLOAT32
+            && p.scope == vk::ScopeKHR::SUBGROUP
+            && (p.m_size, p.n_size, p.k_size) == (FRAGMENT_ROWS, DIRECT_TOKENS, 16)
+    })
 }
 
 /// Whether the kernel without staging rounds runs on this device: one
 /// tiny Q4_K product (16 rows of 256 zero weights, 8 tokens) must come back
-/// finite. That form assumes the element layout of NVIDIA's 16 x 8 x 32
-/// products and writes NaN where a workgroup finds another one
-/// (matvec_i8mm_direct.glsl), so a device whose fragments are laid out
+/// finite. That form assumes the element layout the H200 gives 16 x 8 x 16
+/// f16 products and writes NaN where a workgroup finds another one
+/// (matvec_i8mm_h16.glsl), so a device whose fragments are laid out
 /// differently loses the matrix kernel here, at open, instead of giving
 /// NaN logits later. A device whose fragments are 16 tokens wide runs only
 /// the staged form, which assumes no layout: nothing to check there.
@@ -135,10 +155,10 @@ pub(crate) fn layout_holds(
     }
 }
 
-/// Fragments per block of the types without staging rounds
-/// (matvec_i8mm_direct.glsl): one, two for Q6_K (one per 16-value scale);
-/// None for the staged types. The shader is written for one element layout
-/// of 16 x 8 x 32 fragments, so these types take passes of 8 tokens only.
+/// Int8 fragments per block the types without staging rounds would take
+/// (one, two for Q6_K: one per 16-value scale); None for the staged types.
+/// Their shader (matvec_i8mm_h16.glsl) is written for one element layout of
+/// 16 x 8 x 16 f16 fragments, so these types take passes of 8 tokens only.
 fn unstaged_fragments(ty: WeightFormat) -> Option<u64> {
     match ty {
         WeightFormat::Ggml(GgmlType::Q4_K) => Some(1),
@@ -279,13 +299,13 @@ impl Int8MatrixShape {
         let frags = round_fragments(ty)?;
         let (warps, tokens) = (u64::from(self.warps), u64::from(self.tokens));
         let rows = u64::from(FRAGMENT_ROWS);
-        if let Some(frags) = unstaged_fragments(ty) {
+        if unstaged_fragments(ty).is_some() {
             let sums = warps * rows * u64::from(self.row_frags) * tokens * 4;
-            // On a real device each subgroup's four A tiles (16 rows of 48
-            // bytes) and the layout check's index matrices (B's rows and
-            // columns, C's element numbers); emulated, the fragment tiles.
-            let real = warps * 4 * rows * 48 + 2 * 32 * tokens + rows * tokens * 4;
-            let emulated = warps * (frags * rows * 32 + tokens * 32);
+            // On a real device the layout check's index matrices (A and B
+            // in f16, C's element numbers in f32); emulated, each
+            // subgroup's A and B fragments in f32 (16 deep).
+            let real = rows * 16 * 2 + 16 * tokens * 2 + rows * tokens * 4;
+            let emulated = warps * (rows * 16 * 4 + tokens * 16 * 4);
             return Some(sums + real.max(emulated));
         }
         let row_bytes = u64::from(ROW_BYTES);
@@ -328,6 +348,22 @@ mod tests {
         assert_eq!(pick_tokens(&[prop(16, 8, 16, C::SINT8)]), None);
     }
 
+    #[test]
+    fn the_unstaged_form_needs_16_by_8_by_16_f16_fragments() {
+        use vk::ComponentTypeKHR as C;
+        assert!(has_f16_fragments(&[
+            prop(16, 8, 32, C::SINT8),
+            prop(16, 8, 16, C::FLOAT16)
+        ]));
+        assert!(!has_f16_fragments(&[prop(16, 16, 16, C::FLOAT16)]));
+        assert!(!has_f16_fragments(&[prop(16, 8, 32, C::SINT8)]));
+        // f16 accumulators do not count: the sums run over whole rows.
+        let f16_sums = prop(16, 8, 16, C::FLOAT16)
+            .c_type(C::FLOAT16)
+            .result_type(C::FLOAT16);
+        assert!(!has_f16_fragments(&[f16_sums]));
+    }
+
     /// The open-time check's upload, product and free run on any device
     /// through the emulated kernel (same layout, no products on the matrix
     /// units); the real kernel's check runs at every open of a device with
@@ -356,14 +392,13 @@ mod tests {
         let s = Int8MatrixShape::new(q4k, 4096, 4096, 8, 48 * 1024).expect("Q4_K");
         assert_eq!((s.warps, s.threads()), (4, 128));
         // Q4_K without staging rounds: the sums (4 x 512), and the larger of
-        // the real kernel's A tiles (4 x 3072) with the layout check's
-        // matrices (1024) and the emulation's tiles (4 x (512 + 256)).
-        assert_eq!(s.shared_bytes(q4k), Some(2048 + 13312));
-        // Q6_K emulates two fragments per block; the real kernel's tiles are
-        // the same.
+        // the layout check's matrices (512 + 256 + 512) and the emulation's
+        // f32 fragments (4 x (1024 + 512)).
+        assert_eq!(s.shared_bytes(q4k), Some(2048 + 6144));
+        // Q6_K's fragments are the same.
         let s = Int8MatrixShape::new(q6k, 4096, 4096, 8, 48 * 1024).expect("Q6_K");
-        assert_eq!((s.warps, s.shared_bytes(q6k)), (4, Some(2048 + 13312)));
-        let small = Int8MatrixShape::new(q6k, 4096, 4096, 8, 6 * 1024).expect("Q6_K, 6 KiB");
+        assert_eq!((s.warps, s.shared_bytes(q6k)), (4, Some(2048 + 6144)));
+        let small = Int8MatrixShape::new(q6k, 4096, 4096, 8, 3 * 1024).expect("Q6_K, 3 KiB");
         assert_eq!(small.warps, 1);
         // Subgroups grow with the row up to 4 (two super-blocks each at
         // least): 2048 values (8 super-blocks) and 14336 take 4, 512 one.
@@ -405,7 +440,7 @@ mod tests {
         // 4096) nor the staged types; the sums grow with the rows.
         let s = Int8MatrixShape::new(q4k, 4096, 14336, 8, 48 * 1024).expect("gate");
         assert_eq!((s.warps, s.row_frags, s.rows()), (4, 2, 32));
-        assert_eq!(s.shared_bytes(q4k), Some(2 * 2048 + 13312));
+        assert_eq!(s.shared_bytes(q4k), Some(2 * 2048 + 6144));
         assert_eq!(s.spec(), [4, 8, 128, 2]);
         let s = Int8MatrixShape::new(q6k, 14336, 4096, 8, 48 * 1024).expect("down");
         assert_eq!((s.warps, s.row_frags), (4, 1));

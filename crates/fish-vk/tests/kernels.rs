@@ -290,8 +290,9 @@ fn int8_matrix_kernels(gpu: &fish_vk::Gpu) -> Vec<Kernel> {
 }
 
 /// `kernel`'s product of `h` (`weights`, n_in x n_out) with `n_tok` tokens
-/// of x against the product with int8 activations, and each token of a
-/// batch the bits of its one-token call.
+/// of x against the product with int8 activations (with the f16 form's
+/// roundings for Q4_K and Q6_K), and each token of a batch the bits of its
+/// one-token call.
 fn check_int8_matrix_matvec(
     gpu: &fish_vk::Gpu,
     (weights, h): (&Weights<'_>, fish_vk::TensorHandle),
@@ -302,7 +303,10 @@ fn check_int8_matrix_matvec(
 ) {
     let (n_in, n_out) = (weights.n_in, weights.n_out);
     let y = matmul_one(gpu, h, x, n_tok, kernel);
-    check_int8_product(weights, x, n_tok, &y, what);
+    match weights.ty {
+        GgmlType::Q4_K | GgmlType::Q6_K => check_int8_f16_product(weights, x, n_tok, &y, what),
+        _ => check_int8_product(weights, x, n_tok, &y, what),
+    }
     if n_tok == 1 {
         return;
     }

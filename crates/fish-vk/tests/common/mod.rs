@@ -149,6 +149,31 @@ pub fn check_int8_decoded(w: &[f32], n_in: usize, x: &[f32], n_tok: usize, y: &[
     check_decoded(w, n_in, &xq, n_tok, y, what, quant_step);
 }
 
+/// `check_int8_product` for the matrix kernel's f16 form (Q4_K and Q6_K,
+/// shaders/matvec_i8mm_h16.glsl): weights and scaled int8 activations are
+/// rounded to f16 before each product, which adds up to 2^-10 of
+/// sum |w x| (two roundings of 2^-11 per term) to the int8 bound.
+pub fn check_int8_f16_product(w: &Weights<'_>, x: &[f32], n_tok: usize, y: &[f32], what: &str) {
+    let w = decode(w);
+    let n_in = w.len() / (y.len() / n_tok);
+    let (xq, scales) = fish_vk::int8_activations(x);
+    let per_token = n_in / fish_vk::INT8_BLOCK;
+    let extra = |row: &[f32], t: usize| {
+        let xt = &xq[t * n_in..(t + 1) * n_in];
+        let w_max = row.iter().fold(0f64, |m, v| m.max(f64::from(v.abs())));
+        let d_max = scales[t * per_token..(t + 1) * per_token]
+            .iter()
+            .fold(0f64, |m, d| m.max(f64::from(*d)));
+        let mag: f64 = row
+            .iter()
+            .zip(xt)
+            .map(|(a, b)| (f64::from(*a) * f64::from(*b)).abs())
+            .sum();
+        w_max * d_max + mag / 1024.0
+    };
+    check_decoded(&w, n_in, &xq, n_tok, y, what, extra);
+}
+
 /// The rows of `w` decoded to f32.
 fn decode(w: &Weights<'_>) -> Vec<f32> {
     let row = fish_quant::row_bytes(w.ty, w.n_in).expect("row bytes");

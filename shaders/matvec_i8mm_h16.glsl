@@ -1,0 +1,386 @@
+// The int8-activation matvec of decode batches for Q4_K and Q6_K on f16
+// matrix fragments: 16 x 8 x 16 products of the dequantised weights (A,
+// f16) and x (B, f16) with f32 accumulators that run over the whole row.
+// matvec_i8mm.comp includes it for those two types; the others stage int8
+// fragments (matvec_i8mm_staged.glsl).
+
+// An int8 form of these products multiplies codes by int8 x and must read
+// every product back to scale it per 32-value block, passing A through
+// shared memory (on the H200 123-184 registers, B = 8 llama-8b 1293 tok/s
+// against 1431-1476 with this form's 50; docs/BENCHMARKS.md). Here the
+// weights' scales and mins and x's block scales are applied to the
+// elements before the product, so the fragments' sums need no per-block work and A is built in registers from
+// the invocation's own code words: no shared memory and no barrier until
+// the subgroups' sums meet.
+//
+// The layout is the one the H200's driver gives 16 x 8 x 16 f16 products
+// (read back from coopMatLoad of index matrices; g = lane / 4, t = lane %
+// 4):
+//   A (16 x 16): element e is row g + 8 (e / 4), column 2t + e % 2
+//                + 8 ((e / 2) % 2);
+//   B (16 x 8):  element e is row 2t + e % 2 + 8 (e / 2), column (token) g;
+//   C (16 x 8):  element e is row g + 8 (e / 2), token 2t + e % 2.
+// Each workgroup checks it once against matrices of element indices it
+// loads (a mismatch turns its outputs into NaN, which the open-time check,
+// int8_matrix.rs `layout_holds`, catches); EMULATE_COOPMAT keeps the same
+// layout with the products in plain code and f16 rounding emulated in f32.
+
+// A 32-value block is two products (halves hf = 0, 1). An invocation holds
+// the block's values 8t .. 8t + 7 of its rows (one 8-byte load of codes,
+// and of x), half hf the four values 8t + 4hf ..: its column pairs (2t,
+// 2t + 1) and (2t + 8, 2t + 9) hold values (0, 2) and (1, 3) of them, the
+// pairs that two masks of one code word give as f16 bit patterns. B's rows
+// follow the same permutation.
+//
+// A subgroup owns RF fragments of 16 rows x TN tokens and every WARPS-th
+// super-block of them; per row fragment and half it keeps one accumulator,
+// added at the end, and the subgroups' sums meet in shared memory in
+// subgroup order, so a token's sums do not depend on the batch.
+
+const uint SB_VALUES = 256u;
+// Elements of a C fragment per invocation.
+const uint ELEMS = 4u;
+
+layout(std430, binding = 0) readonly buffer Weights2 { uvec2 w2[]; };
+layout(std430, binding = 1) readonly buffer XQ2 { uvec2 x_int8_2[]; };
+
+// f16 pairs: the element type of the fragments, two at a time. Emulated,
+// f32 pairs rounded to f16 where the real kernel's arithmetic rounds.
+#if defined(EMULATE_COOPMAT)
+#define H2 vec2
+#define H1 float
+H2 h2_bits(uint u) { return unpackHalf2x16(u); }
+H2 h2_round(vec2 v) { return unpackHalf2x16(packHalf2x16(v)); }
+H1 h1(float v) { return h2_round(vec2(v)).x; }
+#else
+#define H2 f16vec2
+#define H1 float16_t
+H2 h2_bits(uint u) { return unpackFloat2x16(u); }
+H2 h2_round(H2 v) { return v; }
+H1 h1(float v) { return float16_t(v); }
+#endif
+
+// Bit pattern of the f16 pair (1024 + a, 1024 + b) for fields a, b < 1024
+// in bits 0.. and 16.. (the exponent of 1024 has unit steps).
+const uint F16_1024 = 0x64006400u;
+
+// Values (0, 2) and (1, 3) of four signed int8 x in a word, times d: the
+// bytes biased to unsigned fields (xor 0x80), read as 1152 + q, the bias
+// removed exactly, then scaled (one rounding).
+void x_pairs(uint word, H1 d, out H2 p02, out H2 p13) {
+    const uint BIASED = 0x64806480u;
+    H2 lo = h2_bits((word & 0x00FF00FFu) ^ BIASED) - H2(1152.0);
+    H2 hi = h2_bits(((word >> 8) & 0x00FF00FFu) ^ BIASED) - H2(1152.0);
+    p02 = h2_round(lo * d);
+    p13 = h2_round(hi * d);
+}
+
+#if defined(EMULATE_COOPMAT)
+// Per subgroup the fragments of one product: A [row][column], B [token]
+// [row] (floats).
+shared float sh_ea[WARPS * TM * 16u];
+shared float sh_eb[WARPS * 8u * 16u];
+#define A_FRAG vec2[4]
+#define B_FRAG vec2[2]
+#define C_FRAG float[ELEMS]
+
+A_FRAG make_a(H2 g02, H2 g13, H2 h02, H2 h13) {
+    return A_FRAG(g02, g13, h02, h13);
+}
+B_FRAG make_b(H2 p02, H2 p13) {
+    return B_FRAG(p02, p13);
+}
+C_FRAG c_zero() { return C_FRAG(0.0, 0.0, 0.0, 0.0); }
+
+// acc + a b in plain code: each invocation stores its elements into the
+// subgroup's tiles (barriers of the whole workgroup: every subgroup calls
+// it equally often), then sums its four elements from them.
+C_FRAG emulated_product(A_FRAG a, B_FRAG b, C_FRAG acc) {
+    uint lane = gl_LocalInvocationIndex % LANES;
+    uint warp = gl_LocalInvocationIndex / LANES;
+    uint g = lane / 4u;
+    uint t = lane % 4u;
+    uint ab = warp * TM * 16u;
+    uint bb = warp * 8u * 16u;
+    [[unroll]] for (uint e = 0u; e < 8u; e++) {
+        uint r = g + 8u * (e / 4u);
+        uint col = 2u * t + e % 2u + 8u * ((e / 2u) % 2u);
+        sh_ea[ab + r * 16u + col] = a[e / 2u][e % 2u];
+    }
+    [[unroll]] for (uint e = 0u; e < 4u; e++) {
+        uint k = 2u * t + e % 2u + 8u * (e / 2u);
+        sh_eb[bb + g * 16u + k] = b[e / 2u][e % 2u];
+    }
+    barrier();
+    C_FRAG c = acc;
+    [[unroll]] for (uint e = 0u; e < ELEMS; e++) {
+        uint r = g + 8u * (e / 2u);
+        uint tok = 2u * t + e % 2u;
+        float s = 0.0;
+        for (uint k = 0u; k < 16u; k++) {
+            s = fma(sh_ea[ab + r * 16u + k], sh_eb[bb + tok * 16u + k], s);
+        }
+        c[e] += s;
+    }
+    barrier();
+    return c;
+}
+#define PRODUCT(a, b, acc) emulated_product(a, b, acc)
+#else
+#define A_FRAG coopmat<float16_t, gl_ScopeSubgroup, TM, 16, gl_MatrixUseA>
+#define B_FRAG coopmat<float16_t, gl_ScopeSubgroup, 16, 8, gl_MatrixUseB>
+#define C_FRAG coopmat<float, gl_ScopeSubgroup, TM, 8, gl_MatrixUseAccumulator>
+#define PRODUCT(a, b, acc) coopMatMulAdd(a, b, acc)
+
+// A from rows g (pairs g02, g13: columns (2t, 2t + 1), (2t + 8, 2t + 9))
+// and g + 8 (h02, h13).
+A_FRAG make_a(H2 g02, H2 g13, H2 h02, H2 h13) {
+    A_FRAG a;
+    a[0] = g02.x;
+    a[1] = g02.y;
+    a[2] = g13.x;
+    a[3] = g13.y;
+    a[4] = h02.x;
+    a[5] = h02.y;
+    a[6] = h13.x;
+    a[7] = h13.y;
+    return a;
+}
+// B from the pairs of rows (2t, 2t + 1) and (2t + 8, 2t + 9).
+B_FRAG make_b(H2 p02, H2 p13) {
+    B_FRAG b;
+    b[0] = p02.x;
+    b[1] = p02.y;
+    b[2] = p13.x;
+    b[3] = p13.y;
+    return b;
+}
+C_FRAG c_zero() { return C_FRAG(0.0); }
+
+// The element-index matrices of the layout check, as f16 pairs: A (16 x 16
+// row-major), B (16 x 8 row-major: row k, column n), and C's element
+// numbers (row-major floats).
+shared uint sh_probe_a[TM * 16u / 2u];
+shared uint sh_probe_b[16u * 8u / 2u];
+shared float sh_probe_c[TM * 8u];
+
+// Whether the implementation's layout is the one this kernel is written
+// for (see the top of this file). Every invocation must call it (barrier).
+bool layout_matches() {
+    uint tid = gl_LocalInvocationIndex;
+    for (uint i = tid; i < TM * 16u / 2u; i += THREADS) {
+        sh_probe_a[i] = packHalf2x16(vec2(2u * i, 2u * i + 1u));
+    }
+    for (uint i = tid; i < 16u * 8u / 2u; i += THREADS) {
+        sh_probe_b[i] = packHalf2x16(vec2(2u * i, 2u * i + 1u));
+    }
+    for (uint i = tid; i < TM * 8u; i += THREADS) {
+        sh_probe_c[i] = float(i);
+    }
+    barrier();
+    A_FRAG a;
+    B_FRAG b;
+    C_FRAG c;
+    coopMatLoad(a, sh_probe_a, 0, 8, gl_CooperativeMatrixLayoutRowMajor);
+    coopMatLoad(b, sh_probe_b, 0, 4, gl_CooperativeMatrixLayoutRowMajor);
+    coopMatLoad(c, sh_probe_c, 0, 8, gl_CooperativeMatrixLayoutRowMajor);
+    uint lane = tid % LANES;
+    uint g = lane / 4u;
+    uint t = lane % 4u;
+    bool ok = a.length() == 8 && b.length() == 4 && c.length() == int(ELEMS);
+    for (uint e = 0u; e < 8u && ok; e++) {
+        uint r = g + 8u * (e / 4u);
+        uint col = 2u * t + e % 2u + 8u * ((e / 2u) % 2u);
+        ok = ok && uint(a[e]) == r * 16u + col;
+    }
+    for (uint e = 0u; e < 4u && ok; e++) {
+        uint k = 2u * t + e % 2u + 8u * (e / 2u);
+        ok = ok && uint(b[e]) == k * 8u + g;
+    }
+    for (uint e = 0u; e < ELEMS && ok; e++) {
+        ok = ok && uint(c[e]) == (g + 8u * (e / 2u)) * 8u + 2u * t + e % 2u;
+    }
+    return ok;
+}
+#endif
+
+// Where token `tok`'s scale d of block `blk` is, in floats.
+uint x_scale_at(uint tok, uint blk) { return 4u * int8_scales_vec4(tok, p.n_in) + blk; }
+
+#if defined(TYPE_Q4_K)
+// Weight pairs of one word of codes (nibbles at bit `shift` of each byte):
+// values (0, 2) and (1, 3) as q * scale - minv, q read exactly from the
+// f16 pattern 1024 + q.
+void q4_pairs(uint word, uint shift, H2 scale, H2 minv, out H2 p02, out H2 p13) {
+    uint ws = word >> shift;
+    H2 lo = h2_bits((ws & 0x000F000Fu) | F16_1024) - H2(1024.0);
+    H2 hi = h2_bits(((ws >> 8) & 0x000F000Fu) | F16_1024) - H2(1024.0);
+    p02 = h2_round(fma(lo, scale, -minv));
+    p13 = h2_round(fma(hi, scale, -minv));
+}
+#elif defined(TYPE_Q6_K)
+// Weight pairs of one word of six-bit codes (code bytes 0..63): values
+// (0, 2) and (1, 3) as (code - 32) * scale.
+void q6_pairs(uint code, H2 scale, out H2 p02, out H2 p13) {
+    H2 lo = h2_bits((code & 0x00FF00FFu) | F16_1024) - H2(1056.0);
+    H2 hi = h2_bits(((code >> 8) & 0x00FF00FFu) | F16_1024) - H2(1056.0);
+    p02 = h2_round(lo * scale);
+    p13 = h2_round(hi * scale);
+}
+#endif
+
+
+void main() {
+    uint tid = gl_LocalInvocationIndex;
+    uint warp = tid / LANES;
+    uint lane = tid % LANES;
+    uint g = lane / 4u;
+    uint t = lane % 4u;
+    uint row0 = workgroup_index() * WG_ROWS;
+    uint n_sb = p.n_in / SB_VALUES;
+    // Every subgroup runs the same number of turns (the emulation's
+    // barriers are the workgroup's); a turn past the last super-block
+    // repeats that one with x's scales zero.
+    uint turns = (n_sb + WARPS - 1u) / WARPS;
+#if !defined(EMULATE_COOPMAT)
+    bool layout_ok = layout_matches();
+#endif
+    // Per row fragment f, rows g and g + 8 of it: row_byte[2 f + h] (past
+    // the end: the last row; their sums are never written).
+    uint row_byte[2u * RF];
+    [[unroll]] for (uint i = 0u; i < 2u * RF; i++) {
+        row_byte[i] = min(row0 + TM * (i / 2u) + g + 8u * (i % 2u), p.n_rows - 1u) * p.row_stride;
+    }
+    uint n_x2 = 2u * int8_token_vec4s(p.n_in);
+
+    for (uint t0 = 0u; t0 < p.n_tok; t0 += TN) {
+        // B's token (column g), clamped to the batch.
+        uint tok_b = min(t0 + g, p.n_tok - 1u);
+        // acc[2 f + hf]: row fragment f, half hf of each block.
+        C_FRAG acc[2u * RF];
+        [[unroll]] for (uint i = 0u; i < 2u * RF; i++) {
+            acc[i] = c_zero();
+        }
+        for (uint turn = 0u; turn < turns; turn++) {
+            uint sb = min(turn * WARPS + warp, n_sb - 1u);
+            bool live = turn * WARPS + warp < n_sb;
+#if defined(TYPE_Q4_K)
+            // Per row: the block head and, per 64-value chunk c, the eight
+            // code bytes 8t.. of qs[32c ..] (low nibbles: block 2c, high:
+            // block 2c + 1).
+            uvec4 head[2u * RF];
+            uvec2 qs[2u * RF][4];
+            [[unroll]] for (uint h = 0u; h < 2u * RF; h++) {
+                uint base = row_byte[h] + sb * BLOCK_BYTES;
+                head[h] = w4[base / 16u];
+                [[unroll]] for (uint c = 0u; c < 4u; c++) {
+                    qs[h][c] = w2[(base + QS_OFFSET + 32u * c) / 8u + t];
+                }
+            }
+            [[unroll]] for (uint c = 0u; c < 4u; c++) {
+                // Per row the scales and mins of blocks 2c and 2c + 1.
+                H2 scale[2u * RF][2];
+                H2 minv[2u * RF][2];
+                [[unroll]] for (uint h = 0u; h < 2u * RF; h++) {
+                    vec2 dd = unpackHalf2x16(head[h].x);
+                    vec4 sm = q4k_scales_mins(head[h], c);
+                    scale[h][0] = H2(h1(dd.x * sm.x));
+                    scale[h][1] = H2(h1(dd.x * sm.y));
+                    minv[h][0] = H2(h1(dd.y * sm.z));
+                    minv[h][1] = H2(h1(dd.y * sm.w));
+                }
+                [[unroll]] for (uint hn = 0u; hn < 2u; hn++) {
+                    uint blk = 8u * sb + 2u * c + hn;
+                    uvec2 xq = x_int8_2[tok_b * n_x2 + 4u * blk + t];
+                    H1 xd = h1(live ? x_int8_f[x_scale_at(tok_b, blk)] : 0.0);
+                    [[unroll]] for (uint hf = 0u; hf < 2u; hf++) {
+                        H2 x02;
+                        H2 x13;
+                        x_pairs(xq[hf], xd, x02, x13);
+                        B_FRAG b = make_b(x02, x13);
+                        [[unroll]] for (uint f = 0u; f < RF; f++) {
+                            H2 g02;
+                            H2 g13;
+                            H2 h02;
+                            H2 h13;
+                            uint lo = 2u * f;
+                            uint hi = 2u * f + 1u;
+                            q4_pairs(qs[lo][c][hf], 4u * hn, scale[lo][hn], minv[lo][hn], g02, g13);
+                            q4_pairs(qs[hi][c][hf], 4u * hn, scale[hi][hn], minv[hi][hn], h02, h13);
+                            acc[2u * f + hf] = PRODUCT(make_a(g02, g13, h02, h13), b, acc[2u * f + hf]);
+                        }
+                    }
+                }
+            }
+#elif defined(TYPE_Q6_K)
+            // Per row and half n: the code bytes 8t.. of ql[64n ..] and
+            // ql[64n + 32 ..] (low nibbles: quarters 0 and 1, high: 2 and
+            // 3), of qh[32n ..] (two bits per quarter), the 16 int8 scales
+            // and d.
+            uvec2 ql[2u * RF][2][2];
+            uvec2 qh[2u * RF][2];
+            uvec4 scales[2u * RF];
+            float d[2u * RF];
+            [[unroll]] for (uint h = 0u; h < 2u * RF; h++) {
+                uint base = row_byte[h] + sb * Q6_BODY_BYTES;
+                [[unroll]] for (uint n = 0u; n < 2u; n++) {
+                    ql[h][n][0] = w2[(base + 64u * n) / 8u + t];
+                    ql[h][n][1] = w2[(base + 64u * n + 32u) / 8u + t];
+                    qh[h][n] = w2[(base + 128u + 32u * n) / 8u + t];
+                }
+                scales[h] = w4[(base + 192u) / 16u];
+                d[h] = load_f16(row_byte[h] + Q6_BODY_BYTES * blocks_per_row() + 2u * sb);
+            }
+            // This invocation's values 8t .. 8t + 7 of a 32-value block lie
+            // in its second 16-value scale when t >= 2.
+            uint second_half = t / 2u;
+            [[unroll]] for (uint n = 0u; n < 2u; n++) {
+                [[unroll]] for (uint qq = 0u; qq < 4u; qq++) {
+                    uint blk = 8u * sb + 4u * n + qq;
+                    uvec2 xq = x_int8_2[tok_b * n_x2 + 4u * blk + t];
+                    H1 xd = h1(live ? x_int8_f[x_scale_at(tok_b, blk)] : 0.0);
+                    // Per row its scale of these eight values.
+                    H2 scale[2u * RF];
+                    [[unroll]] for (uint h = 0u; h < 2u * RF; h++) {
+                        uint s = 8u * n + 2u * qq + second_half;
+                        float sc = sbyte_float((scales[h][s / 4u] >> (8u * (s % 4u))) & 0xFFu);
+                        scale[h] = H2(h1(d[h] * sc));
+                    }
+                    [[unroll]] for (uint hf = 0u; hf < 2u; hf++) {
+                        H2 x02;
+                        H2 x13;
+                        x_pairs(xq[hf], xd, x02, x13);
+                        B_FRAG b = make_b(x02, x13);
+                        [[unroll]] for (uint f = 0u; f < RF; f++) {
+                            H2 pairs[2][2];
+                            [[unroll]] for (uint r = 0u; r < 2u; r++) {
+                                uint h = 2u * f + r;
+                                uint l4 = ql[h][n][qq & 1u][hf];
+                                uint code = ((l4 >> (4u * (qq >> 1u))) & 0x0F0F0F0Fu)
+                                    | (((qh[h][n][hf] >> (2u * qq)) & 0x03030303u) << 4);
+                                q6_pairs(code, scale[h], pairs[r][0], pairs[r][1]);
+                            }
+                            acc[2u * f + hf] = PRODUCT(
+                                make_a(pairs[0][0], pairs[0][1], pairs[1][0], pairs[1][1]), b,
+                                acc[2u * f + hf]);
+                        }
+                    }
+                }
+            }
+#endif
+        }
+        // The subgroups' sums, added in subgroup order.
+        [[unroll]] for (uint f = 0u; f < RF; f++) {
+            [[unroll]] for (uint e = 0u; e < ELEMS; e++) {
+                float v = acc[2u * f][e] + acc[2u * f + 1u][e];
+#if !defined(EMULATE_COOPMAT)
+                if (!layout_ok) {
+                    v = uintBitsToFloat(0x7FC00000u);
+                }
+#endif
+                sh_sum[(warp * WG_ROWS + TM * f + g + 8u * (e / 2u)) * TN + 2u * t + e % 2u] = v;
+            }
+        }
+        store_pass_sums(row0, t0);
+    }
+}
