@@ -53,7 +53,19 @@ fn check_every_type(gpu: &Gpu, kernel: Kernel) {
 }
 
 fn check_every_type_staged(gpu: &Gpu, kernel: Kernel, stagings: &[fish_vk::Staging]) {
+    check_types_staged(gpu, kernel, stagings, &KERNEL_TYPES);
+}
+
+fn check_types_staged(
+    gpu: &Gpu,
+    kernel: Kernel,
+    stagings: &[fish_vk::Staging],
+    types: &[GgmlType],
+) {
     for_each_kernel_type(gpu, N_IN, N_OUT, 500, |w, h| {
+        if !types.contains(&w.ty) {
+            return;
+        }
         let stagings = stagings_for(kernel, w.ty, stagings);
         for n_tok in TOKENS {
             let what = format!("{:?} n_tok={n_tok}", w.ty);
@@ -87,8 +99,12 @@ fn fitting_stagings(gpu: &Gpu, tile: &fish_vk::CoopMatTile) -> Vec<fish_vk::Stag
         .collect()
 }
 
+/// The emulated wide tile on STAGED_EMULATED_TYPES: it decodes through the
+/// same code as the default tile, which every type runs, and each type is a
+/// pipeline lavapipe compiles at its first dispatch (the real wide tile
+/// runs every type in `coopmat_kernel_matches_the_cpu_for_every_type`).
 #[test]
-fn emulated_wide_tile_matches_the_cpu_for_every_type() {
+fn emulated_wide_tile_matches_the_cpu() {
     let Some(gpu) = gpu_or_skip() else { return };
     gpu.with_wide_tiles(true, || {
         let tile = gpu
@@ -103,7 +119,12 @@ fn emulated_wide_tile_matches_the_cpu_for_every_type() {
         );
         let stagings = fitting_stagings(gpu, &tile);
         eprintln!("wide tile {}: {stagings:?}", tile.describe());
-        check_every_type_staged(gpu, Kernel::CoopMatEmulated, &stagings);
+        check_types_staged(
+            gpu,
+            Kernel::CoopMatEmulated,
+            &stagings,
+            &STAGED_EMULATED_TYPES,
+        );
     });
 }
 
