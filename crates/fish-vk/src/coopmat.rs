@@ -535,6 +535,20 @@ impl CoopMatFeatures {
     }
 }
 
+/// Whether `p` is a subgroup-scope product of `ab` A and B elements with
+/// `c` accumulators and results.
+pub(crate) fn is_subgroup_product(
+    p: &vk::CooperativeMatrixPropertiesKHR<'_>,
+    ab: vk::ComponentTypeKHR,
+    c: vk::ComponentTypeKHR,
+) -> bool {
+    p.a_type == ab
+        && p.b_type == ab
+        && p.c_type == c
+        && p.result_type == c
+        && p.scope == vk::ScopeKHR::SUBGROUP
+}
+
 /// The fragment shape to use among those the device reports: f16 A and B,
 /// f32 accumulator and result, subgroup scope, depth dividing a staging
 /// step; 16x16x16 when offered, else the largest.
@@ -543,11 +557,7 @@ pub fn pick_shape(props: &[vk::CooperativeMatrixPropertiesKHR<'_>]) -> Option<(u
     props
         .iter()
         .filter(|p| {
-            p.a_type == C::FLOAT16
-                && p.b_type == C::FLOAT16
-                && p.c_type == C::FLOAT32
-                && p.result_type == C::FLOAT32
-                && p.scope == vk::ScopeKHR::SUBGROUP
+            is_subgroup_product(p, C::FLOAT16, C::FLOAT32)
                 && p.k_size > 0
                 && STEP_VALUES.is_multiple_of(p.k_size)
                 && p.m_size > 0

@@ -18,6 +18,7 @@
 //! Here: whether the device has the fragments (`probe`), the workgroup
 //! shape a type takes (`Int8MatrixShape`) and the shared memory it needs.
 
+use crate::coopmat::is_subgroup_product;
 use crate::weight_format::WeightFormat;
 use ash::vk;
 use fish_gguf::GgmlType;
@@ -60,11 +61,7 @@ pub fn pick_tokens(props: &[vk::CooperativeMatrixPropertiesKHR<'_>]) -> Option<u
     use vk::ComponentTypeKHR as C;
     let offered = |n: u32| {
         props.iter().any(|p| {
-            p.a_type == C::SINT8
-                && p.b_type == C::SINT8
-                && p.c_type == C::SINT32
-                && p.result_type == C::SINT32
-                && p.scope == vk::ScopeKHR::SUBGROUP
+            is_subgroup_product(p, C::SINT8, C::SINT32)
                 && (p.m_size, p.n_size, p.k_size) == (FRAGMENT_ROWS, n, FRAGMENT_DEPTH)
         })
     };
@@ -111,11 +108,7 @@ pub(crate) unsafe fn probe(
 fn has_f16_fragments(props: &[vk::CooperativeMatrixPropertiesKHR<'_>]) -> bool {
     use vk::ComponentTypeKHR as C;
     props.iter().any(|p| {
-        p.a_type == C::FLOAT16
-            && p.b_type == C::FLOAT16
-            && p.c_type == C::FLOAT32
-            && p.result_type == C::FLOAT32
-            && p.scope == vk::ScopeKHR::SUBGROUP
+        is_subgroup_product(p, C::FLOAT16, C::FLOAT32)
             && (p.m_size, p.n_size, p.k_size) == (FRAGMENT_ROWS, DIRECT_TOKENS, 16)
     })
 }

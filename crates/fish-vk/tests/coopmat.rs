@@ -62,25 +62,29 @@ fn check_types_staged(
     stagings: &[fish_vk::Staging],
     types: &[GgmlType],
 ) {
-    for_each_kernel_type(gpu, N_IN, N_OUT, 500, |w, h| {
-        if !types.contains(&w.ty) {
-            return;
-        }
-        let stagings = stagings_for(kernel, w.ty, stagings);
-        for n_tok in TOKENS {
-            let what = format!("{:?} n_tok={n_tok}", w.ty);
-            multiply_and_check(
-                gpu,
-                kernel,
-                h,
-                w,
-                n_tok,
-                40 + n_tok as u64,
-                &what,
-                &stagings,
-            );
-        }
-    });
+    // Seeds by the type's index in KERNEL_TYPES, as for_each_kernel_type gives them.
+    let chosen = KERNEL_TYPES
+        .into_iter()
+        .enumerate()
+        .filter(|(_, ty)| types.contains(ty));
+    for (i, ty) in chosen {
+        with_uploaded(gpu, ty, (N_IN, N_OUT), 500 + i as u64, |w, h| {
+            let stagings = stagings_for(kernel, w.ty, stagings);
+            for n_tok in TOKENS {
+                let what = format!("{:?} n_tok={n_tok}", w.ty);
+                multiply_and_check(
+                    gpu,
+                    kernel,
+                    h,
+                    w,
+                    n_tok,
+                    40 + n_tok as u64,
+                    &what,
+                    &stagings,
+                );
+            }
+        });
+    }
     assert_no_validation_messages(gpu);
 }
 

@@ -137,16 +137,7 @@ pub fn check_int8_product(w: &Weights<'_>, x: &[f32], n_tok: usize, y: &[f32], w
 
 /// `check_int8_product` on weights already decoded to f32 (rows of n_in).
 pub fn check_int8_decoded(w: &[f32], n_in: usize, x: &[f32], n_tok: usize, y: &[f32], what: &str) {
-    let (xq, scales) = fish_vk::int8_activations(x);
-    let per_token = n_in / fish_vk::INT8_BLOCK;
-    let quant_step = |row: &[f32], t: usize| {
-        let w_max = row.iter().fold(0f64, |m, v| m.max(f64::from(v.abs())));
-        let d_max = scales[t * per_token..(t + 1) * per_token]
-            .iter()
-            .fold(0f64, |m, d| m.max(f64::from(*d)));
-        w_max * d_max
-    };
-    check_decoded(w, n_in, &xq, n_tok, y, what, quant_step);
+    check_int8_decoded_plus(w, n_in, x, n_tok, y, what, 0.0);
 }
 
 /// `check_int8_product` for the matrix kernel's f16 form (Q4_K and Q6_K,
@@ -154,24 +145,38 @@ pub fn check_int8_decoded(w: &[f32], n_in: usize, x: &[f32], n_tok: usize, y: &[
 /// rounded to f16 before each product, which adds up to 2^-10 of
 /// sum |w x| (two roundings of 2^-11 per term) to the int8 bound.
 pub fn check_int8_f16_product(w: &Weights<'_>, x: &[f32], n_tok: usize, y: &[f32], what: &str) {
-    let w = decode(w);
-    let n_in = w.len() / (y.len() / n_tok);
+    check_int8_decoded_plus(&decode(w), w.n_in, x, n_tok, y, what, 1.0 / 1024.0);
+}
+
+/// The int8 bound of `check_int8_decoded` plus `per_magnitude` times
+/// sum |w x| (w times the int8 activations) per row and token.
+fn check_int8_decoded_plus(
+    w: &[f32],
+    n_in: usize,
+    x: &[f32],
+    n_tok: usize,
+    y: &[f32],
+    what: &str,
+    per_magnitude: f64,
+) {
     let (xq, scales) = fish_vk::int8_activations(x);
     let per_token = n_in / fish_vk::INT8_BLOCK;
     let extra = |row: &[f32], t: usize| {
-        let xt = &xq[t * n_in..(t + 1) * n_in];
         let w_max = row.iter().fold(0f64, |m, v| m.max(f64::from(v.abs())));
         let d_max = scales[t * per_token..(t + 1) * per_token]
             .iter()
             .fold(0f64, |m, d| m.max(f64::from(*d)));
-        let mag: f64 = row
+        if per_magnitude == 0.0 {
+            return w_max * d_max;
+        }
+        let magnitude: f64 = row
             .iter()
-            .zip(xt)
+            .zip(&xq[t * n_in..(t + 1) * n_in])
             .map(|(a, b)| (f64::from(*a) * f64::from(*b)).abs())
             .sum();
-        w_max * d_max + mag / 1024.0
+        w_max * d_max + per_magnitude * magnitude
     };
-    check_decoded(&w, n_in, &xq, n_tok, y, what, extra);
+    check_decoded(w, n_in, &xq, n_tok, y, what, extra);
 }
 
 /// The rows of `w` decoded to f32.
