@@ -35,18 +35,22 @@ pub(crate) const LANES: u32 = 32;
 /// fourth step of the same 16 rows (on the H200 4 measured 30.8 us for
 /// Q4_K 4096 x 14336 against 34.3 with 8; docs/BENCHMARKS.md).
 const MAX_WARPS: u32 = 4;
-/// Without staging rounds: the most subgroups per workgroup, and the
-/// super-blocks (256 values) each takes at most where that limit allows.
-/// As a dependent stage (a barrier after each call, as spans run them) the
-/// H200 measured, Q4_K us for 1 / 2 / 4 / 8 subgroups: 4096 x 4096 25.8 /
-/// 15.0 / 11.7 / 10.7, 4096 x 14336 31.8 / 27.4 / 25.7 / 30.1, 14336-value
-/// rows x 4096 79.9 / 42.5 / 28.1 / 24.8; end to end at B = 8 four
-/// subgroups for every row length beat the earlier rule (up to 8, 4
-/// super-blocks each: 2 for the 2048-value rows of llama-1b, 8 for the
-/// down rows): llama-8b 1311-1336 against 1264-1283 tok/s, llama-1b
-/// 4005-4029 against 3661-3826 (docs/BENCHMARKS.md).
-const MAX_WARPS_DIRECT: u32 = 4;
-const DIRECT_SUPER_BLOCKS_PER_WARP: usize = 2;
+/// Without staging rounds: subgroups per workgroup. Each takes every
+/// WARPS-th super-block (256 values) of the workgroup's rows, so more of
+/// them put more of a dispatch's loads in flight where its rows alone do
+/// not fill the GPU, at the price of a longer reduction at the end. Four,
+/// and eight where a dispatch would have fewer than `FEW_SUBGROUPS` with
+/// four (one row fragment each), never more than a row has super-blocks.
+/// H200, llama-8b at B = 8 (`FISH_GPU_PROFILE=4`, us per stage, 4 / 8
+/// subgroups everywhere): q/k/v (6144 rows of 4096) 17.7 / 16.0, wo (4096
+/// of 4096) 16.3 / 13.8, down (4096 of 14336) 44 / 32 (Q4_K layers) and 44
+/// / 34 (Q6_K, with two row fragments), but gate/up (28672 of 4096) 44.4 /
+/// 47.9 and the output projection (128256 of 4096) 184 / 199; llama-1b
+/// q/k/v 11.8 / 10.3, wo 11.1 / 9.0, down (2048 of 8192) 25.6 / 17.9,
+/// gate/up 17.6 / 20.1, output 109 / 140 (docs/BENCHMARKS.md).
+const WARPS_DIRECT: u32 = 4;
+const MAX_WARPS_DIRECT: u32 = 8;
+const FEW_SUBGROUPS: usize = 2048;
 /// Values of a step of one row (two invocations, 128 values each).
 const STEP_VALUES: usize = 256;
 /// Bytes of one staged row of a fragment: 32 values padded to 48 (the
@@ -236,6 +240,23 @@ fn default_row_frags(n_rows: usize, warps: u32) -> u32 {
     }
 }
 
+/// Subgroups per workgroup of the unstaged form for `n_rows` rows of
+/// `n_in` values (a whole number of super-blocks), before the shared-memory
+/// fit: `WARPS_DIRECT`, `MAX_WARPS_DIRECT` where the dispatch would have
+/// fewer than `FEW_SUBGROUPS` subgroups, at most the largest power of two
+/// not above the row's super-blocks (no subgroup without work).
+fn direct_warps(n_in: usize, n_rows: usize) -> u32 {
+    let fragments = n_rows.div_ceil(FRAGMENT_ROWS as usize);
+    let warps = match fragments * (WARPS_DIRECT as usize) < FEW_SUBGROUPS {
+        true => MAX_WARPS_DIRECT,
+        false => WARPS_DIRECT,
+    };
+    let super_blocks = (n_in / STEP_VALUES).max(1);
+    // The largest power of two <= super_blocks, capped at the most warps.
+    let cap = 1usize << super_blocks.ilog2();
+    warps.min(u32::try_from(cap).unwrap_or(MAX_WARPS_DIRECT))
+}
+
 impl Int8MatrixShape {
     /// The most subgroups (up to MAX_WARPS) whose tiles fit `max_shared`
     /// bytes, for `n_rows` rows of `n_in` values of `ty` and passes of
@@ -256,13 +277,9 @@ impl Int8MatrixShape {
         if direct && tokens != DIRECT_TOKENS {
             return None;
         }
-        let most = if direct {
-            let warps = (n_in / STEP_VALUES).div_ceil(DIRECT_SUPER_BLOCKS_PER_WARP);
-            u32::try_from(warps.next_power_of_two())
-                .unwrap_or(MAX_WARPS_DIRECT)
-                .min(MAX_WARPS_DIRECT)
-        } else {
-            MAX_WARPS
+        let most = match direct {
+            true => direct_warps(n_in, n_rows),
+            false => MAX_WARPS,
         };
         let mut warps = warps_override().unwrap_or(most);
         while warps > 0 {
@@ -382,27 +399,41 @@ mod tests {
         use GgmlType::*;
         let q4k = WeightFormat::Ggml(Q4_K);
         let q6k = WeightFormat::Ggml(Q6_K);
+        // 4096 rows (256 fragments): fewer than 2048 subgroups with four per
+        // workgroup, so eight.
         let s = Int8MatrixShape::new(q4k, 4096, 4096, 8, 48 * 1024).expect("Q4_K");
-        assert_eq!((s.warps, s.threads()), (4, 128));
-        // Q4_K without staging rounds: the sums (4 x 512), and the larger of
-        // the layout check's matrices (512 + 256 + 512) and the emulation's
-        // f32 fragments (4 x (1024 + 512)).
-        assert_eq!(s.shared_bytes(q4k), Some(2048 + 6144));
+        assert_eq!((s.warps, s.threads()), (8, 256));
+        // Q4_K without staging rounds: the sums (8 x 16 rows x 2 fragments
+        // x 8 tokens x 4 bytes), and the larger of the layout check's
+        // matrices (512 + 256 + 512) and the emulation's f32 fragments (8 x
+        // (1024 + 512)).
+        assert_eq!(s.row_frags, 2);
+        assert_eq!(s.shared_bytes(q4k), Some(8192 + 12288));
         // Q6_K's fragments are the same.
         let s = Int8MatrixShape::new(q6k, 4096, 4096, 8, 48 * 1024).expect("Q6_K");
-        assert_eq!((s.warps, s.shared_bytes(q6k)), (4, Some(2048 + 6144)));
+        assert_eq!((s.warps, s.shared_bytes(q6k)), (8, Some(8192 + 12288)));
+        // Where shared memory is short the subgroups halve.
         let small = Int8MatrixShape::new(q6k, 4096, 4096, 8, 3 * 1024).expect("Q6_K, 3 KiB");
         assert_eq!(small.warps, 1);
-        // Subgroups grow with the row up to 4 (two super-blocks each at
-        // least): 2048 values (8 super-blocks) and 14336 take 4, 512 one.
-        let s = Int8MatrixShape::new(q4k, 14336, 4096, 8, 48 * 1024).expect("Q4_K down");
-        assert_eq!(s.warps, 4);
-        let s = Int8MatrixShape::new(q4k, 2048, 4096, 8, 48 * 1024).expect("Q4_K 2048");
-        assert_eq!(s.warps, 4);
-        let s = Int8MatrixShape::new(q4k, 512, 4096, 8, 48 * 1024).expect("Q4_K 512");
-        assert_eq!(s.warps, 1);
-        let s = Int8MatrixShape::new(q4k, 65536, 4096, 8, 48 * 1024).expect("Q4_K long");
-        assert_eq!(s.warps, 4);
+        // Subgroups per workgroup: four where the rows alone give 2048
+        // subgroups or more (llama-8b's gate/up, 28672 rows, and output
+        // projection; llama-1b's gate/up, 16384 rows), eight below (down
+        // rows, 4096 or 2048 of them), never more than the row's super-
+        // blocks (512 values: two; 256: one).
+        for (n_in, n_rows, warps) in [
+            (4096, 28672, 4),
+            (4096, 128256, 4),
+            (2048, 16384, 4),
+            (14336, 4096, 8),
+            (8192, 2048, 8),
+            (2048, 3072, 8),
+            (65536, 4096, 8),
+            (512, 4096, 2),
+            (256, 4096, 1),
+        ] {
+            let s = Int8MatrixShape::new(q4k, n_in, n_rows, 8, 48 * 1024).expect("Q4_K");
+            assert_eq!(s.warps, warps, "{n_in} x {n_rows}");
+        }
         // The unstaged kernel is written for passes of 8 tokens.
         assert_eq!(Int8MatrixShape::new(q6k, 4096, 4096, 16, 48 * 1024), None);
         // The staged types: per subgroup 2 fragments (1536 B), two x blocks
@@ -428,17 +459,18 @@ mod tests {
             None
         );
         // Two row fragments per subgroup where the dispatch keeps 1024
-        // subgroups with them: llama-8b's gate/up (14336 rows of 4096, 4
-        // subgroups), not down (4096 rows of 14336, 4) nor wo (4096 rows of
-        // 4096) nor the staged types; the sums grow with the rows.
+        // subgroups with them: llama-8b's gate/up (14336 rows of 4096 here,
+        // 4 subgroups) and down (4096 rows of 14336, 8), not llama-1b's
+        // down (2048 rows of 8192, 8) nor the staged types; the sums grow
+        // with the rows.
         let s = Int8MatrixShape::new(q4k, 4096, 14336, 8, 48 * 1024).expect("gate");
         assert_eq!((s.warps, s.row_frags, s.rows()), (4, 2, 32));
         assert_eq!(s.shared_bytes(q4k), Some(2 * 2048 + 6144));
         assert_eq!(s.spec(), [4, 8, 128, 2]);
         let s = Int8MatrixShape::new(q6k, 14336, 4096, 8, 48 * 1024).expect("down");
-        assert_eq!((s.warps, s.row_frags), (4, 1));
-        let s = Int8MatrixShape::new(q4k, 4096, 4096, 8, 48 * 1024).expect("wo");
-        assert_eq!((s.row_frags, s.rows()), (1, 16));
+        assert_eq!((s.warps, s.row_frags), (8, 2));
+        let s = Int8MatrixShape::new(q4k, 8192, 2048, 8, 48 * 1024).expect("llama-1b down");
+        assert_eq!((s.warps, s.row_frags, s.rows()), (8, 1, 16));
         let s = Int8MatrixShape::new(q4k, 256, 32 * 1024 + 17, 8, 48 * 1024).expect("tail");
         assert_eq!((s.warps, s.row_frags), (1, 2));
         let s = Int8MatrixShape::new(q4_0, 4096, 1 << 20, 8, 48 * 1024).expect("Q4_0 tall");
