@@ -233,8 +233,7 @@ const TWO_FRAGMENT_MIN_SUBGROUPS: usize = 1024;
 /// llama-1b projection (512 subgroups or fewer) too (B = 8 2343 -> 2124
 /// tok/s with two everywhere). docs/BENCHMARKS.md.
 fn default_row_frags(n_rows: usize, warps: u32) -> u32 {
-    let subgroups = n_rows.div_ceil(2 * FRAGMENT_ROWS as usize) * warps as usize;
-    match subgroups >= TWO_FRAGMENT_MIN_SUBGROUPS {
+    match dispatch_subgroups(n_rows, warps, 2) >= TWO_FRAGMENT_MIN_SUBGROUPS {
         true => 2,
         false => 1,
     }
@@ -246,19 +245,26 @@ fn default_row_frags(n_rows: usize, warps: u32) -> u32 {
 /// fewer than `FEW_SUBGROUPS` subgroups, at most the largest power of two
 /// not above the row's super-blocks (no subgroup without work).
 fn direct_warps(n_in: usize, n_rows: usize) -> u32 {
-    let fragments = n_rows.div_ceil(FRAGMENT_ROWS as usize);
-    let warps = match fragments * (WARPS_DIRECT as usize) < FEW_SUBGROUPS {
+    let warps = match dispatch_subgroups(n_rows, WARPS_DIRECT, 1) < FEW_SUBGROUPS {
         true => MAX_WARPS_DIRECT,
         false => WARPS_DIRECT,
     };
     let super_blocks = (n_in / STEP_VALUES).max(1);
-    // The largest power of two <= super_blocks, capped at the most warps.
-    let cap = 1usize << super_blocks.ilog2();
-    warps.min(u32::try_from(cap).unwrap_or(MAX_WARPS_DIRECT))
+    // The largest power of two <= super_blocks (no more than the most
+    // warps, so the cast is exact).
+    let cap = (1usize << super_blocks.ilog2()).min(MAX_WARPS_DIRECT as usize) as u32;
+    warps.min(cap)
+}
+
+/// Subgroups of an unstaged-form dispatch over `n_rows` rows with `warps`
+/// subgroups per workgroup of `row_frags` fragments of 16 rows each.
+fn dispatch_subgroups(n_rows: usize, warps: u32, row_frags: u32) -> usize {
+    n_rows.div_ceil((row_frags * FRAGMENT_ROWS) as usize) * warps as usize
 }
 
 impl Int8MatrixShape {
-    /// The most subgroups (up to MAX_WARPS) whose tiles fit `max_shared`
+    /// The most subgroups (up to MAX_WARPS, or `direct_warps` for the
+    /// unstaged form) whose tiles fit `max_shared`
     /// bytes, for `n_rows` rows of `n_in` values of `ty` and passes of
     /// `tokens`; None where the type has no such kernel or n_in is not a
     /// whole number of steps.
