@@ -202,6 +202,10 @@ impl Gpu {
                 }
                 gpu.info.int8_matrix = None;
             }
+            // The check's matmul left its scratch (staging, x/y, readback)
+            // for reuse; a device just opened holds nothing of ours, so
+            // unloading a model returns it to exactly this state.
+            gpu.release_scratch();
         }
         Ok(gpu)
     }

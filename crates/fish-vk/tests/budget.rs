@@ -14,6 +14,9 @@ fn a_tiny_budget_refuses_uploads_without_leaking() {
     };
     assert_eq!(gpu.ceiling(), 1 << 20);
     let allocations = gpu.allocation_count();
+    // What opening ran (the int8 fragment-layout check on devices with
+    // matrix units) keeps no scratch: a device just opened holds nothing.
+    assert_eq!(allocations, 0, "a device just opened holds allocations");
 
     // 2048 rows x 512 Q8_0 values = 1.06 MB of weights: over the ceiling.
     let big = common::synthetic_weights(GgmlType::Q8_0, 512, 2048, 1);
