@@ -5,7 +5,8 @@
 // int8_acts.glsl. Q4_K and Q6_K instead multiply dequantised f16 weights by
 // x in f16 (16 x 8 x 16 fragments) built in registers (matvec_i8mm_h16.glsl);
 // the other types stage int8 fragments through shared memory
-// (matvec_i8mm_staged.glsl). With EMULATE_COOPMAT the products are
+// (matvec_i8mm_staged.glsl); with X_F16 those two read x in f16 instead
+// (batched decode steps whose stages before write f16). With EMULATE_COOPMAT the products are
 // plain code, so that everything else runs, and is tested, on any device.
 #extension GL_GOOGLE_include_directive : require
 #extension GL_EXT_control_flow_attributes : enable

@@ -43,6 +43,9 @@ const uint ELEMS = 4u;
 
 layout(std430, binding = 0) readonly buffer Weights2 { uvec2 w2[]; };
 layout(std430, binding = 1) readonly buffer XQ2 { uvec2 x_int8_2[]; };
+#if defined(X_F16)
+layout(std430, binding = 1) readonly buffer XH { uvec4 x_h[]; };
+#endif
 
 // f16 pairs: the element type of the fragments, two at a time. Emulated,
 // f32 pairs rounded to f16 where the real kernel's arithmetic rounds.
@@ -207,6 +210,33 @@ bool layout_matches() {
 // Where token `tok`'s scale d of block `blk` is, in floats.
 uint x_scale_at(uint tok, uint blk) { return 4u * int8_scales_vec4(tok, p.n_in) + blk; }
 
+// Values 8t .. 8t + 7 of block blk of token tok as B's pairs of each half
+// hf (x02[hf], x13[hf]); zero where the turn is not live. With X_F16, x
+// arrives in f16 (token tok from half tok * n_in, as the cooperative
+// prefill kernel reads it): one 16-byte load and two byte permutations
+// per half instead of the int8 quants' conversion and scaling (on the H200
+// the batched llama-8b step -6%, docs/BENCHMARKS.md).
+void x_block(uint tok, uint blk, bool live, uint n_x2, uint t, out H2 x02[2], out H2 x13[2]) {
+#if defined(X_F16)
+    uvec4 w = x_h[tok * (p.n_in / 8u) + 4u * blk + t];
+    if (!live) {
+        w = uvec4(0u);
+    }
+    [[unroll]] for (uint hf = 0u; hf < 2u; hf++) {
+        uint lo = w[2u * hf];
+        uint hi = w[2u * hf + 1u];
+        x02[hf] = h2_bits((lo & 0xFFFFu) | (hi << 16));
+        x13[hf] = h2_bits((lo >> 16) | (hi & 0xFFFF0000u));
+    }
+#else
+    uvec2 xq = x_int8_2[tok * n_x2 + 4u * blk + t];
+    H1 xd = h1(live ? x_int8_f[x_scale_at(tok, blk)] : 0.0);
+    [[unroll]] for (uint hf = 0u; hf < 2u; hf++) {
+        x_pairs(xq[hf], xd, x02[hf], x13[hf]);
+    }
+#endif
+}
+
 #if defined(TYPE_Q4_K)
 // Weight pairs of one word of codes (nibbles at bit `shift` of each byte):
 // values (0, 2) and (1, 3) as q * scale - minv, q read exactly from the
@@ -291,13 +321,11 @@ void main() {
                 }
                 [[unroll]] for (uint hn = 0u; hn < 2u; hn++) {
                     uint blk = 8u * sb + 2u * c + hn;
-                    uvec2 xq = x_int8_2[tok_b * n_x2 + 4u * blk + t];
-                    H1 xd = h1(live ? x_int8_f[x_scale_at(tok_b, blk)] : 0.0);
+                    H2 x02[2];
+                    H2 x13[2];
+                    x_block(tok_b, blk, live, n_x2, t, x02, x13);
                     [[unroll]] for (uint hf = 0u; hf < 2u; hf++) {
-                        H2 x02;
-                        H2 x13;
-                        x_pairs(xq[hf], xd, x02, x13);
-                        B_FRAG b = make_b(x02, x13);
+                        B_FRAG b = make_b(x02[hf], x13[hf]);
                         [[unroll]] for (uint f = 0u; f < RF; f++) {
                             H2 g02;
                             H2 g13;
@@ -337,8 +365,9 @@ void main() {
             [[unroll]] for (uint n = 0u; n < 2u; n++) {
                 [[unroll]] for (uint qq = 0u; qq < 4u; qq++) {
                     uint blk = 8u * sb + 4u * n + qq;
-                    uvec2 xq = x_int8_2[tok_b * n_x2 + 4u * blk + t];
-                    H1 xd = h1(live ? x_int8_f[x_scale_at(tok_b, blk)] : 0.0);
+                    H2 x02[2];
+                    H2 x13[2];
+                    x_block(tok_b, blk, live, n_x2, t, x02, x13);
                     // Per row its scale of these eight values.
                     H2 scale[2u * RF];
                     [[unroll]] for (uint h = 0u; h < 2u * RF; h++) {
@@ -347,10 +376,7 @@ void main() {
                         scale[h] = H2(h1(d[h] * sc));
                     }
                     [[unroll]] for (uint hf = 0u; hf < 2u; hf++) {
-                        H2 x02;
-                        H2 x13;
-                        x_pairs(xq[hf], xd, x02, x13);
-                        B_FRAG b = make_b(x02, x13);
+                        B_FRAG b = make_b(x02[hf], x13[hf]);
                         [[unroll]] for (uint f = 0u; f < RF; f++) {
                             H2 pairs[2][2];
                             [[unroll]] for (uint r = 0u; r < 2u; r++) {

@@ -57,6 +57,10 @@ layout(std430, binding = 2) KV_ACCESS buffer VCache { uint vc[]; };
 // multiples of 8).
 layout(std430, binding = 2) KV_READ buffer VCache4 { uvec4 vc4[]; };
 layout(std430, binding = 3) writeonly buffer Out { float attn[]; };
+// The output in f16 instead (`quantise` 2): token t's row from half t *
+// n_head * head_dim_v, as the int8 matrix kernel's X_F16 form reads it.
+layout(std430, binding = 3) writeonly buffer OutH { uint attn_h[]; };
+layout(std430, binding = 3) writeonly buffer OutH4 { uvec4 attn_h4[]; };
 // The output quantised for the int8 matvec (int8_acts.glsl; rows of
 // n_head * head_dim_v values), written as well when `quantise` is set.
 layout(std430, binding = 6) writeonly buffer Int8Acts { uint q8[]; };
@@ -88,7 +92,8 @@ layout(push_constant) uniform Push {
     // (The plain kernel is given the same five words and ignores them.)
     // 1: also write the output quantised (decode steps whose wo takes int8
     // activations; the host sets it only where head_dim_v % 32 == 0, which
-    // also puts the output on the wide path).
+    // also puts the output on the wide path); 2: write it in f16 instead of
+    // f32 (batched steps whose wo takes f16, under the same condition).
     uint quantise;
 } p;
 
@@ -356,15 +361,22 @@ void main() {
                 hi += partial4[1][k * lanes + tid];
             }
             uint o0 = (t * p.n_head + h) * p.head_dim_v + 8u * tid;
-            for (uint c = 0u; c < 4u; c++) {
-                attn[o0 + c] = lo[c] / l;
-                attn[o0 + 4u + c] = hi[c] / l;
+            if (p.quantise == 2u) {
+                vec4 a = lo / l;
+                vec4 b = hi / l;
+                attn_h4[o0 / 8u] = uvec4(packHalf2x16(a.xy), packHalf2x16(a.zw),
+                                         packHalf2x16(b.xy), packHalf2x16(b.zw));
+            } else {
+                for (uint c = 0u; c < 4u; c++) {
+                    attn[o0 + c] = lo[c] / l;
+                    attn[o0 + 4u + c] = hi[c] / l;
+                }
             }
             // The same values for the quantisation below.
             partial4[0][tid] = vec4(lo.x / l, lo.y / l, lo.z / l, lo.w / l);
             partial4[1][tid] = vec4(hi.x / l, hi.y / l, hi.z / l, hi.w / l);
         }
-        if (p.quantise != 0u) {
+        if (p.quantise == 1u) {
             // Uniform: every thread reaches the barrier. Block j of the
             // head is lanes 4j .. 4j + 3 (eight values each).
             barrier();
@@ -388,7 +400,11 @@ void main() {
             sum += partial[k * words + tid];
         }
         uint o0 = (t * p.n_head + h) * p.head_dim_v + 2u * tid;
-        attn[o0] = sum.x / l;
-        attn[o0 + 1u] = sum.y / l;
+        if (p.quantise == 2u) {
+            attn_h[o0 / 2u] = packHalf2x16(sum / l);
+        } else {
+            attn[o0] = sum.x / l;
+            attn[o0 + 1u] = sum.y / l;
+        }
     }
 }

@@ -260,6 +260,29 @@ pub const COOPMAT2_MODULES: &[(&str, &str, &[&str])] = &[
     ("coopmat2_q6_k", "matmul_coopmat2.comp", &["TYPE_Q6_K"]),
 ];
 
+/// The int8 matrix kernel's f16-fragment form (matvec_i8mm_h16.glsl) on x
+/// in f16 (X_F16), for the two types that form serves: batched decode
+/// steps whose stages before write f16 (int8_matrix.rs `reads_f16_x`).
+/// glslangValidator, as the other int8 matrix modules.
+pub const INT8_MATRIX_X16_MODULES: &[(&str, &str, &[&str])] = &[
+    ("matvec_i8mm_x16_q4_k", "matvec_i8mm.comp", &["TYPE_Q4_K", "X_F16"]),
+    ("matvec_i8mm_x16_q6_k", "matvec_i8mm.comp", &["TYPE_Q6_K", "X_F16"]),
+];
+
+/// Their emulation on plain code (glslc), for tests on any device.
+pub const INT8_MATRIX_X16_EMULATED_MODULES: &[(&str, &str, &[&str])] = &[
+    (
+        "matvec_i8mm_emu_x16_q4_k",
+        "matvec_i8mm.comp",
+        &["TYPE_Q4_K", "X_F16", "EMULATE_COOPMAT"],
+    ),
+    (
+        "matvec_i8mm_emu_x16_q6_k",
+        "matvec_i8mm.comp",
+        &["TYPE_Q6_K", "X_F16", "EMULATE_COOPMAT"],
+    ),
+];
+
 /// Measurement-only cooperative-matrix modules (glslangValidator) as
 /// (module name, source file in shaders/, defines).
 pub const COOPMAT_PROBE_MODULES: &[(&str, &str, &[&str])] = &[
@@ -289,6 +312,8 @@ pub fn shader_specs() -> Vec<ShaderSpec> {
     let lists = [
         (SPAN_MODULES, ShaderCompiler::Glslc),
         (PROBE_MODULES, ShaderCompiler::Glslc),
+        (INT8_MATRIX_X16_EMULATED_MODULES, ShaderCompiler::Glslc),
+        (INT8_MATRIX_X16_MODULES, ShaderCompiler::GlslangCoopMat),
         (COOPMAT_SPAN_MODULES, ShaderCompiler::GlslangCoopMat),
         (COOPMAT_PROBE_MODULES, ShaderCompiler::GlslangCoopMat),
         (COOPMAT2_MODULES, ShaderCompiler::GlslangCoopMat2),

@@ -163,6 +163,13 @@ fn unstaged_fragments(ty: WeightFormat) -> Option<u64> {
         _ => None,
     }
 }
+/// Whether the kernel for `ty` can read x in f16 (modules
+/// `matvec_i8mm[_emu]_x16_*`): the form without staging rounds, whose B
+/// fragments are f16 (Q4_K, Q6_K; matvec_i8mm_h16.glsl X_F16).
+pub(crate) fn reads_f16_x(ty: WeightFormat) -> bool {
+    unstaged_fragments(ty).is_some()
+}
+
 /// Tokens per pass of the kernel without staging rounds.
 const DIRECT_TOKENS: u32 = 8;
 

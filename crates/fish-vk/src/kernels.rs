@@ -475,8 +475,8 @@ impl Gpu {
             Kernel::MatvecInt8 => format!("matvec_i8_{suffix}"),
             Kernel::MatvecInt8Prequantised => format!("matvec_i8x_{suffix}"),
             Kernel::MatvecInt8GateUp(_) => format!("matvec_i8x_gateup_{suffix}"),
-            Kernel::MatvecInt8Matrix => format!("matvec_i8mm_{suffix}"),
-            Kernel::MatvecInt8MatrixEmulated => format!("matvec_i8mm_emu_{suffix}"),
+            Kernel::MatvecInt8Matrix => format!("matvec_i8mm{x16}_{suffix}"),
+            Kernel::MatvecInt8MatrixEmulated => format!("matvec_i8mm_emu{x16}_{suffix}"),
             Kernel::MatvecNorm => format!("matvec_norm_{suffix}"),
             Kernel::MatvecResNorm => format!("matvec_resnorm_{suffix}"),
             Kernel::MatvecPrenormed => format!("matvec_prenormed_{suffix}"),
@@ -561,7 +561,9 @@ impl Gpu {
         let y_len: usize = handles.iter().map(|h| h.n_out() * n_tok).sum();
         // The pre-quantised int8 matvecs read x in the int8 layout.
         let x_packed = match input {
-            _ if kernel.reads_int8_acts() => Some(crate::int8_dot::quantise_activations(x, n_in)),
+            MatmulInput::F32 if kernel.reads_int8_acts() => {
+                Some(crate::int8_dot::quantise_activations(x, n_in))
+            }
             MatmulInput::F16 => Some(
                 x.iter()
                     .flat_map(|&v| half::f16::from_f32(v).to_le_bytes())
@@ -874,10 +876,15 @@ impl Gpu {
         if input == MatmulInput::F16 {
             let staged = coop_tile.is_some_and(|t| t.module_family() == "coopmat");
             let eight = tensors.iter().all(|t| t.handle.n_in().is_multiple_of(8));
-            if !(matches!(kernel, Kernel::CoopMat | Kernel::CoopMatEmulated) && staged && eight) {
+            let prefill = matches!(kernel, Kernel::CoopMat | Kernel::CoopMatEmulated) && staged;
+            let matrix = kernel.is_int8_matrix()
+                && tensors
+                    .iter()
+                    .all(|t| crate::int8_matrix::reads_f16_x(t.handle.ty()));
+            if !((prefill || matrix) && eight) {
                 return Err(VkError::Input(format!(
-                    "f16 input only for the cooperative prefill kernel on rows of 8k values, \
-                     not {kernel:?}"
+                    "f16 input only for the cooperative prefill kernel and the int8 matrix \
+                     kernel's Q4_K / Q6_K form on rows of 8k values, not {kernel:?}"
                 )));
             }
         }
@@ -1113,6 +1120,21 @@ impl Gpu {
         } else {
             Kernel::MatvecInt8Prequantised
         }
+    }
+
+    /// Whether a span's int8 group `handles` in a forward of `step_rows`
+    /// sequences' rows reads x in f16 instead of the int8 copy: where
+    /// `int8_span_kernel` takes the matrix units and every tensor has the
+    /// form on f16 fragments (Q4_K, Q6_K), which then needs no conversion
+    /// of int8 quants (on the H200 the batched llama-8b step -6%,
+    /// docs/BENCHMARKS.md); the stage before writes f16. Off with
+    /// FISH_VK_I8MM_X16=0.
+    pub(crate) fn int8_matrix_reads_f16(&self, handles: &[TensorHandle], step_rows: usize) -> bool {
+        !crate::config::env_switched_off("FISH_VK_I8MM_X16")
+            && self.int8_span_kernel(handles, step_rows) == Kernel::MatvecInt8Matrix
+            && handles
+                .iter()
+                .all(|h| crate::int8_matrix::reads_f16_x(h.ty()) && h.n_in().is_multiple_of(8))
     }
 
     /// Whether the gate/up group `handles` (gate, up) can take

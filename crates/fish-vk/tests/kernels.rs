@@ -5,7 +5,7 @@ mod common;
 
 use common::*;
 use fish_gguf::GgmlType;
-use fish_vk::{supports, GatedActivation, Kernel};
+use fish_vk::{supports, GatedActivation, Kernel, MatmulInput};
 
 /// 512 values: two K-quant super-blocks; 131 rows: odd (a partial matvec
 /// workgroup) and not a multiple of the 128-row tile.
@@ -301,10 +301,30 @@ fn check_int8_matrix_matvec(
     kernel: Kernel,
     what: &str,
 ) {
+    check_int8_matrix_matvec_on(gpu, (weights, h), x, n_tok, kernel, MatmulInput::F32, what);
+}
+
+/// `check_int8_matrix_matvec` on x uploaded as `input` (f16: the Q4_K /
+/// Q6_K form's X_F16 modules, checked with `check_f16_x_matrix_product`).
+fn check_int8_matrix_matvec_on(
+    gpu: &fish_vk::Gpu,
+    (weights, h): (&Weights<'_>, fish_vk::TensorHandle),
+    x: &[f32],
+    n_tok: usize,
+    kernel: Kernel,
+    input: MatmulInput,
+    what: &str,
+) {
     let (n_in, n_out) = (weights.n_in, weights.n_out);
-    let y = matmul_one(gpu, h, x, n_tok, kernel);
-    match weights.ty {
-        GgmlType::Q4_K | GgmlType::Q6_K => check_int8_f16_product(weights, x, n_tok, &y, what),
+    let run = |x: &[f32], n_tok: usize| {
+        gpu.matmul_group_on(&[h], x, n_tok, kernel, input)
+            .unwrap_or_else(|e| panic!("{what}: {e}"))
+            .remove(0)
+    };
+    let y = run(x, n_tok);
+    match (input, weights.ty) {
+        (MatmulInput::F16, _) => check_f16_x_matrix_product(weights, x, n_tok, &y, what),
+        (_, GgmlType::Q4_K | GgmlType::Q6_K) => check_int8_f16_product(weights, x, n_tok, &y, what),
         _ => check_int8_product(weights, x, n_tok, &y, what),
     }
     if n_tok == 1 {
@@ -312,7 +332,7 @@ fn check_int8_matrix_matvec(
     }
     for t in 0..n_tok {
         let xt = &x[t * n_in..(t + 1) * n_in];
-        let single = matmul_one(gpu, h, xt, 1, kernel);
+        let single = run(xt, 1);
         let row = &y[t * n_out..(t + 1) * n_out];
         assert!(
             row.iter()
@@ -353,22 +373,73 @@ fn int8_matrix_matvec_with_two_row_fragments_matches() {
 #[test]
 fn int8_matrix_matvec_matches_the_product_with_int8_activations() {
     let Some(gpu) = gpu_or_skip() else { return };
-    let kernels = int8_matrix_kernels(gpu);
     let quantised = KERNEL_TYPES
         .into_iter()
         .filter(|t| !matches!(t, GgmlType::F32 | GgmlType::F16));
-    for (i, ty) in quantised.enumerate() {
+    for_each_matrix_case(
+        gpu,
+        quantised,
+        (500, 31),
+        |weights, h, x, n_tok, kernel, what| {
+            check_int8_matrix_matvec(gpu, (weights, h), x, n_tok, kernel, what);
+        },
+    );
+    assert_no_validation_messages(gpu);
+}
+
+/// Runs `check(weights, handle, x, n_tok, kernel, what)` for every int8
+/// matrix kernel (`int8_matrix_kernels`) on each of `types`, uploaded with
+/// seed `seeds.0` plus its index, at rows of N_IN values with batches of
+/// one and two passes (1, 3, 11 tokens) and at a down projection's 14336
+/// values (2 tokens); x from seed `seeds.1` plus the tokens.
+fn for_each_matrix_case(
+    gpu: &fish_vk::Gpu,
+    types: impl IntoIterator<Item = GgmlType>,
+    seeds: (u64, u64),
+    check: impl Fn(&Weights<'_>, fish_vk::TensorHandle, &[f32], usize, Kernel, &str),
+) {
+    let kernels = int8_matrix_kernels(gpu);
+    for (i, ty) in types.into_iter().enumerate() {
         for (n_in, n_out, batches) in [(N_IN, N_OUT, &[1usize, 3, 11][..]), (14336, 9, &[2][..])] {
-            with_uploaded(gpu, ty, (n_in, n_out), 500 + i as u64, |weights, h| {
+            with_uploaded(gpu, ty, (n_in, n_out), seeds.0 + i as u64, |weights, h| {
                 for &n_tok in batches {
-                    let x = random_values(n_in * n_tok, 31 + n_tok as u64);
+                    let x = random_values(n_in * n_tok, seeds.1 + n_tok as u64);
                     for &kernel in &kernels {
                         let what = format!("{ty:?} {kernel:?} {n_in} n_tok={n_tok}");
-                        check_int8_matrix_matvec(gpu, (weights, h), &x, n_tok, kernel, &what);
+                        check(weights, h, &x, n_tok, kernel, &what);
                     }
                 }
             });
         }
     }
+}
+
+/// The matrix kernel's Q4_K / Q6_K form on x in f16 (`MatmulInput::F16`,
+/// modules matvec_i8mm_x16_* and matvec_i8mm_emu_x16_*: a batched decode
+/// step's stages write it so) against the CPU product, with batches over
+/// one and two passes and each token of a batch the bits of its one-token
+/// call; the staged types refuse f16 x.
+#[test]
+fn int8_matrix_matvec_on_f16_x_matches_the_cpu() {
+    let Some(gpu) = gpu_or_skip() else { return };
+    let f16_x = MatmulInput::F16;
+    let types = [GgmlType::Q4_K, GgmlType::Q6_K];
+    for_each_matrix_case(
+        gpu,
+        types,
+        (700, 41),
+        |weights, h, x, n_tok, kernel, what| {
+            let what = format!("{what} f16 x");
+            check_int8_matrix_matvec_on(gpu, (weights, h), x, n_tok, kernel, f16_x, &what);
+        },
+    );
+    let kernels = int8_matrix_kernels(gpu);
+    with_uploaded(gpu, GgmlType::Q8_0, (N_IN, N_OUT), 710, |_, h| {
+        let x = vec![0.5f32; N_IN * 2];
+        for &kernel in &kernels {
+            let refused = gpu.matmul_group_on(&[h], &x, 2, kernel, f16_x);
+            assert!(refused.is_err(), "{kernel:?} took f16 x for Q8_0");
+        }
+    });
     assert_no_validation_messages(gpu);
 }

@@ -43,10 +43,13 @@ pub(crate) struct Chunk {
     /// The activation writes its f16 copy (arena h16) and down reads it
     /// (`MatmulInput::F16`, the `down_x16` sets): prefill chunks on the
     /// cooperative kernel (Gpu::prefill_input), whose activation is always
-    /// dispatched.
+    /// dispatched, and batched decode steps whose down projections take the
+    /// matrix units' f16-fragment form (`Gpu::int8_matrix_reads_f16`).
     pub down_f16: bool,
-    /// The query-blocked attention writes its output in f16 and wo reads it
-    /// (`MatmulInput::F16`): prefill chunks on the cooperative kernel.
+    /// The attention writes its output in f16 and wo reads it
+    /// (`MatmulInput::F16`): the query-blocked kernels of prefill chunks on
+    /// the cooperative kernel, and the decode kernel of batched steps whose
+    /// wo takes the matrix units' f16-fragment form.
     pub wo_f16: bool,
     /// Decode chunks read each matvec's weights into L2 during the small
     /// stage before it (prefetch.rs).
@@ -132,6 +135,7 @@ pub(crate) enum NormedInput {
     /// xn, written by the norm.
     Float,
     /// xn in f16, written by the norm, for the cooperative prefill kernel
+    /// or the matrix units' f16-fragment form of a batched decode step
     /// (`MatmulInput::F16`).
     Half,
     /// The norm's int8 copy of xn (`Kernel::MatvecInt8Prequantised`).
@@ -230,6 +234,25 @@ pub(crate) fn plan_chunks(
             && attends_tiled(shape, layout, n)
             && shape.head_dim_v.is_multiple_of(8)
             && reads_f16(shape.attn_dim());
+        // Batched decode steps on the matrix units: wo and down read the
+        // attention's and the activation's output in f16 where every
+        // layer's projection has the f16-fragment form
+        // (`Gpu::int8_matrix_reads_f16`; the groups after a norm decide
+        // per group, `NormedGroup::plan`). The decode attention writes f16
+        // in whole 32-value blocks of a head, as it writes int8.
+        let matrix_f16 = |sets: &MatmulSets| gpu.int8_matrix_reads_f16(&sets.handles, step_rows);
+        let wo_matrix_f16 = int8
+            && shape.head_dim_v.is_multiple_of(32)
+            && bindings
+                .layers
+                .iter()
+                .all(|ls| ls.wo_int8.is_some() && matrix_f16(&ls.wo));
+        let down_matrix_f16 = int8
+            && !matches!(down_kernel, Kernel::MatvecGated(_))
+            && bindings
+                .layers
+                .iter()
+                .all(|ls| ls.down_int8.is_some() && matrix_f16(&ls.down_x16));
         let n_layers = bindings.layers.len();
         let mut matmuls = Vec::with_capacity(n_layers);
         let mut inputs = Vec::with_capacity(n_layers);
@@ -255,9 +278,10 @@ pub(crate) fn plan_chunks(
             let wo_int8 = ls
                 .wo_int8
                 .as_ref()
-                .filter(|_| int8 && shape.head_dim_v.is_multiple_of(32));
+                .filter(|_| int8 && shape.head_dim_v.is_multiple_of(32) && !wo_matrix_f16);
             let wo = match wo_int8 {
                 Some(sets) => int8_residual_plan(gpu, sets, n, step_rows)?,
+                None if wo_matrix_f16 => (matrix_f16_plan(gpu, &ls.wo, n)?, None),
                 None if wo_f16 => {
                     let input = MatmulInput::F16;
                     (plan_group_on(gpu, &ls.wo, n, matmul_kernel, input)?, None)
@@ -313,6 +337,9 @@ pub(crate) fn plan_chunks(
             let act_dispatched = !gated && !act_fused && int8_act.is_none();
             let down = match (&ls.down_int8, int8_act) {
                 (_, Some((_, sets))) => int8_residual_plan(gpu, sets, n, step_rows)?,
+                _ if down_matrix_f16 && act_dispatched => {
+                    (matrix_f16_plan(gpu, &ls.down_x16, n)?, None)
+                }
                 (Some(sets), None) if int8 && act_dispatched => {
                     int8_residual_plan(gpu, sets, n, step_rows)?
                 }
@@ -335,7 +362,7 @@ pub(crate) fn plan_chunks(
             };
             int8_in.push([
                 wo_int8.is_some(),
-                int8 && act_dispatched && ls.down_int8.is_some(),
+                int8 && act_dispatched && ls.down_int8.is_some() && !down_matrix_f16,
             ]);
             qkv_parts = down.1;
             resnorm.push([wo.1.is_some(), down.1.is_some()]);
@@ -350,8 +377,8 @@ pub(crate) fn plan_chunks(
             gated: matches!(down_kernel, Kernel::MatvecGated(_)),
             act_in_gate_up,
             int8_act_in_gate_up,
-            down_f16,
-            wo_f16,
+            down_f16: down_f16 || down_matrix_f16,
+            wo_f16: wo_f16 || wo_matrix_f16,
             prefetch: prefetch.filter(|_| decode),
             rope_in_attention: rope_in_attention(layout, n, shape),
             tiled_attention: attends_tiled(shape, layout, n),
@@ -410,6 +437,12 @@ fn residual_plan(
 /// A residual projection (wo, down) on the int8 copy of its input, which
 /// the stage before it wrote; it prepares no deferred norm (the norm after
 /// it writes an int8 copy of its own).
+/// The int8 matrix kernel on x in f16 for `sets` (a batched decode step's
+/// group whose stage before writes f16: `Gpu::int8_matrix_reads_f16`).
+fn matrix_f16_plan(gpu: &Gpu, sets: &MatmulSets, n: usize) -> Result<Vec<Dispatch>> {
+    plan_group_on(gpu, sets, n, Kernel::MatvecInt8Matrix, MatmulInput::F16)
+}
+
 fn int8_residual_plan(
     gpu: &Gpu,
     sets: &MatmulSets,
@@ -627,6 +660,10 @@ impl NormedGroup<'_> {
             f16_input,
         } = mode;
         match (self.int8, deferred, self.fused) {
+            // The norm writes f16 for the matrix units' f16-fragment form.
+            (Some(q), _, _) if int8 && gpu.int8_matrix_reads_f16(&q.handles, step_rows) => {
+                Ok((matrix_f16_plan(gpu, self.float, n_tok)?, NormedInput::Half))
+            }
             (Some(q), _, _) if int8 => {
                 let plan = plan_group(gpu, q, n_tok, gpu.int8_span_kernel(&q.handles, step_rows))?;
                 Ok((plan, NormedInput::Int8))
@@ -1039,7 +1076,13 @@ impl Recording<'_> {
             [
                 &attention[..],
                 &[s.n_rot as u32, neox, rope_table, k_off, v_off],
-                &[u32::from(wo_int8.is_some())],
+                // span_attention.comp's `quantise`: 1 the int8 copy, 2 the
+                // output in f16 (a batched step's wo on the matrix units).
+                &[match (wo_int8, chunk.wo_f16) {
+                    (Some(_), _) => 1,
+                    (None, true) => 2,
+                    (None, false) => 0,
+                }],
             ]
             .concat()
         };

@@ -148,6 +148,27 @@ pub fn check_int8_f16_product(w: &Weights<'_>, x: &[f32], n_tok: usize, y: &[f32
     check_int8_decoded_plus(&decode(w), w.n_in, x, n_tok, y, what, 1.0 / 1024.0);
 }
 
+/// Checks y from the matrix kernel's Q4_K / Q6_K form on x in f16
+/// (`MatmulInput::F16`) against the exact product of the dequantised
+/// weights with x: the float bound of `check_against_cpu` plus the f16
+/// roundings of x and of each weight (2^-10 of sum |w x|) and of the
+/// weights' scales and mins, which the product with a code q can carry
+/// (up to 3 2^-11 of the largest weight per |x|).
+pub fn check_f16_x_matrix_product(w: &Weights<'_>, x: &[f32], n_tok: usize, y: &[f32], what: &str) {
+    let n_in = w.n_in;
+    let extra = |row: &[f32], t: usize| {
+        let xt = &x[t * n_in..(t + 1) * n_in];
+        let w_max = row.iter().fold(0f64, |m, v| m.max(f64::from(v.abs())));
+        let (mut magnitude, mut x_sum) = (0f64, 0f64);
+        for (a, b) in row.iter().zip(xt) {
+            magnitude += (f64::from(*a) * f64::from(*b)).abs();
+            x_sum += f64::from(b.abs());
+        }
+        magnitude / 1024.0 + 3.0 * w_max * x_sum / 2048.0
+    };
+    check_decoded(&decode(w), n_in, x, n_tok, y, what, extra);
+}
+
 /// The int8 bound of `check_int8_decoded` plus `per_magnitude` times
 /// sum |w x| (w times the int8 activations) per row and token.
 fn check_int8_decoded_plus(
