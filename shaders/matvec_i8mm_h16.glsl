@@ -207,6 +207,27 @@ bool layout_matches() {
 }
 #endif
 
+// The weight words of row slot h (2 per row fragment: rows g and g + 8):
+// with GATE_UP the up weights for the fragments from MATRIX_FRAGS on.
+// h is a constant wherever the loops are unrolled, so only one load is
+// issued.
+uvec4 weights4(uint h, uint i) {
+#if defined(GATE_UP)
+    if (h / 2u >= MATRIX_FRAGS) {
+        return up_w4[i];
+    }
+#endif
+    return w4[i];
+}
+uvec2 weights2(uint h, uint i) {
+#if defined(GATE_UP)
+    if (h / 2u >= MATRIX_FRAGS) {
+        return up_w2[i];
+    }
+#endif
+    return w2[i];
+}
+
 // Where token `tok`'s scale d of block `blk` is, in floats.
 uint x_scale_at(uint tok, uint blk) { return 4u * int8_scales_vec4(tok, p.n_in) + blk; }
 
@@ -266,7 +287,7 @@ void main() {
     uint lane = tid % LANES;
     uint g = lane / 4u;
     uint t = lane % 4u;
-    uint row0 = workgroup_index() * WG_ROWS;
+    uint row0 = workgroup_index() * OUT_ROWS;
     uint n_sb = p.n_in / SB_VALUES;
     // Every subgroup runs the same number of turns (the emulation's
     // barriers are the workgroup's); a turn past the last super-block
@@ -276,10 +297,12 @@ void main() {
     bool layout_ok = layout_matches();
 #endif
     // Per row fragment f, rows g and g + 8 of it: row_byte[2 f + h] (past
-    // the end: the last row; their sums are never written).
+    // the end: the last row; their sums are never written). With GATE_UP
+    // the fragments from MATRIX_FRAGS on take the same rows of up.
     uint row_byte[2u * RF];
     [[unroll]] for (uint i = 0u; i < 2u * RF; i++) {
-        row_byte[i] = min(row0 + TM * (i / 2u) + g + 8u * (i % 2u), p.n_rows - 1u) * p.row_stride;
+        uint row = row0 + TM * ((i / 2u) % MATRIX_FRAGS) + g + 8u * (i % 2u);
+        row_byte[i] = min(row, p.n_rows - 1u) * p.row_stride;
     }
     uint n_x2 = 2u * int8_token_vec4s(p.n_in);
 
@@ -302,9 +325,9 @@ void main() {
             uvec2 qs[2u * RF][4];
             [[unroll]] for (uint h = 0u; h < 2u * RF; h++) {
                 uint base = row_byte[h] + sb * BLOCK_BYTES;
-                head[h] = w4[base / 16u];
+                head[h] = weights4(h, base / 16u);
                 [[unroll]] for (uint c = 0u; c < 4u; c++) {
-                    qs[h][c] = w2[(base + QS_OFFSET + 32u * c) / 8u + t];
+                    qs[h][c] = weights2(h, (base + QS_OFFSET + 32u * c) / 8u + t);
                 }
             }
             [[unroll]] for (uint c = 0u; c < 4u; c++) {
@@ -407,6 +430,10 @@ void main() {
                 sh_sum[(warp * WG_ROWS + TM * f + g + 8u * (e / 2u)) * TN + 2u * t + e % 2u] = v;
             }
         }
+#if defined(GATE_UP)
+        store_act_pass(row0, t0);
+#else
         store_pass_sums(row0, t0);
+#endif
     }
 }

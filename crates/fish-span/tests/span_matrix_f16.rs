@@ -3,7 +3,9 @@
 //! attention and the activation write f16 for them instead of int8 copies).
 //! Their rows must stay near the sequences decoded alone: within the int8
 //! bound, and no further than the int8 form of the same steps
-//! (FISH_VK_I8MM_X16=0). Needs a device with int8 fragments and a model
+//! (FISH_VK_I8MM_X16=0); and the activation in the gate/up epilogue (the
+//! default there) must give the rows of the act*mul dispatch bit for bit
+//! (FISH_GPU_MATRIX_ACT_FUSED=0). Needs a device with int8 fragments and a model
 //! whose every matrix has rows of whole super-blocks, which the default
 //! model (576-value rows) is not: run with `--ignored` and
 //! FISH_TEST_Q4K_MODEL=FILE, e.g. from `fish-cli synth --shape llama-1b
@@ -20,10 +22,24 @@ use fish_core::session::Session;
 const ROWS: usize = 8;
 const STEPS: usize = 3;
 
+/// What one configuration gave: the batched steps' rows per sequence, their
+/// worst max |dlogit| against the single runs as a fraction of max |logit|,
+/// the steps whose argmax agree, and the matmul pipelines built.
+struct Outcome {
+    rows: Vec<Vec<Vec<f32>>>,
+    worst: f32,
+    same: usize,
+    built: Vec<String>,
+}
+
 /// Steps ROWS sequences as one batched session, then decodes each alone on
-/// the tokens the batched run chose; returns the worst max |dlogit| per step
-/// as a fraction of max |logit|, and the steps whose argmax agree.
-fn batched_against_single_runs(model: &Model, prompts: &[Vec<u32>]) -> (f32, usize) {
+/// the tokens the batched run chose; returns the batched steps' rows, the
+/// worst max |dlogit| per step as a fraction of max |logit|, and the steps
+/// whose argmax agree.
+fn batched_against_single_runs(
+    model: &Model,
+    prompts: &[Vec<u32>],
+) -> (Vec<Vec<Vec<f32>>>, f32, usize) {
     let mut batch = BatchSession::new(model, prompts.len(), 64, 2).expect("batch");
     let mut rows: Vec<Vec<Vec<f32>>> = prompts
         .iter()
@@ -59,10 +75,11 @@ fn batched_against_single_runs(model: &Model, prompts: &[Vec<u32>]) -> (f32, usi
             worst = worst.max(d / max_abs);
         }
     }
-    (worst, same)
+    let steps = rows.into_iter().map(|r| r[1..].to_vec()).collect();
+    (steps, worst, same)
 }
 
-fn run_on(path: &std::path::Path, prompts: &[Vec<u32>]) -> ((f32, usize), Vec<String>) {
+fn run_on(path: &std::path::Path, prompts: &[Vec<u32>]) -> Outcome {
     let gpu = backend().expect("a device");
     assert!(
         gpu.gpu().info().int8_matrix.is_some(),
@@ -70,10 +87,24 @@ fn run_on(path: &std::path::Path, prompts: &[Vec<u32>]) -> ((f32, usize), Vec<St
     );
     let mut model = Model::load(path).expect("load");
     model.place_on(gpu.clone(), PlacementLimits { max_layers: None });
-    let result = batched_against_single_runs(&model, prompts);
+    let (rows, worst, same) = batched_against_single_runs(&model, prompts);
     assert!(!model.gpu.as_ref().unwrap().has_failed());
     drop(model);
-    (result, gpu.gpu().built_matmul_pipelines())
+    let built = gpu.gpu().built_matmul_pipelines();
+    Outcome {
+        rows,
+        worst,
+        same,
+        built,
+    }
+}
+
+/// `run_on` with the environment variable `name` set to "0".
+fn run_without(name: &str, path: &std::path::Path, prompts: &[Vec<u32>]) -> Outcome {
+    std::env::set_var(name, "0");
+    let outcome = run_on(path, prompts);
+    std::env::remove_var(name);
+    outcome
 }
 
 #[test]
@@ -85,18 +116,43 @@ fn batched_matrix_steps_on_f16_x_stay_near_single_runs() {
         .map(|i| (0..3 + i).map(|j| 1000 + 37 * i + 11 * j).collect())
         .collect();
 
-    let ((f16_worst, f16_same), built) = run_on(path, &prompts);
+    let f16 = run_on(path, &prompts);
+    for module in ["matvec_i8mm_x16_q4_k", "matvec_i8mm_x16_gateup_q4_k"] {
+        assert!(
+            f16.built.iter().any(|p| p.starts_with(module)),
+            "{module} did not run: {:?}",
+            f16.built
+        );
+    }
+    let dispatched = run_without("FISH_GPU_MATRIX_ACT_FUSED", path, &prompts);
     assert!(
-        built.iter().any(|p| p.starts_with("matvec_i8mm_x16_q4_k")),
-        "the matrix kernel did not read f16 x: {built:?}"
+        !dispatched
+            .built
+            .iter()
+            .any(|p| p.starts_with("matvec_i8mm_x16_gateup")),
+        "FISH_GPU_MATRIX_ACT_FUSED=0 still fused: {:?}",
+        dispatched.built
     );
-    std::env::set_var("FISH_VK_I8MM_X16", "0");
-    let ((int8_worst, int8_same), built) = run_on(path, &prompts);
-    std::env::remove_var("FISH_VK_I8MM_X16");
+    let differing = f16
+        .rows
+        .iter()
+        .flatten()
+        .flatten()
+        .zip(dispatched.rows.iter().flatten().flatten())
+        .filter(|(a, b)| a.to_bits() != b.to_bits())
+        .count();
+    assert_eq!(
+        differing, 0,
+        "{differing} logits differ with the act*mul dispatch"
+    );
+    let int8 = run_without("FISH_VK_I8MM_X16", path, &prompts);
     assert!(
-        !built.iter().any(|p| p.starts_with("matvec_i8mm_x16_")),
-        "FISH_VK_I8MM_X16=0 still read f16 x: {built:?}"
+        !int8.built.iter().any(|p| p.starts_with("matvec_i8mm_x16_")),
+        "FISH_VK_I8MM_X16=0 still read f16 x: {:?}",
+        int8.built
     );
+    let (f16_worst, f16_same) = (f16.worst, f16.same);
+    let (int8_worst, int8_same) = (int8.worst, int8.same);
     eprintln!(
         "batched steps vs single runs over {} rows: f16 x {:.3}% of max |logit| ({f16_same} argmax equal), int8 x {:.3}% ({int8_same})",
         ROWS * STEPS,

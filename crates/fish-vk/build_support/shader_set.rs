@@ -267,6 +267,13 @@ pub const COOPMAT2_MODULES: &[(&str, &str, &[&str])] = &[
 pub const INT8_MATRIX_X16_MODULES: &[(&str, &str, &[&str])] = &[
     ("matvec_i8mm_x16_q4_k", "matvec_i8mm.comp", &["TYPE_Q4_K", "X_F16"]),
     ("matvec_i8mm_x16_q6_k", "matvec_i8mm.comp", &["TYPE_Q6_K", "X_F16"]),
+    // The gate/up matvec of such steps with the activation in its epilogue
+    // (GATE_UP; gate and up are Q4_K in Q4_K_M files).
+    (
+        "matvec_i8mm_x16_gateup_q4_k",
+        "matvec_i8mm.comp",
+        &["TYPE_Q4_K", "X_F16", "GATE_UP"],
+    ),
 ];
 
 /// Their emulation on plain code (glslc), for tests on any device.

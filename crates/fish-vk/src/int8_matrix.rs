@@ -341,6 +341,19 @@ impl Int8MatrixShape {
         Some(warps * per_warp + rows * tokens * 4)
     }
 
+    /// The shape of the gate/up kernel with the activation in its
+    /// epilogue (`Kernel::MatvecInt8MatrixGateUp`): these subgroups with
+    /// two row fragments, one of gate rows and one of the same up rows,
+    /// where the type has the unstaged form and the tiles fit.
+    pub(crate) fn gate_up(self, ty: WeightFormat, max_shared: u32) -> Option<Self> {
+        unstaged_fragments(ty)?;
+        let shape = Int8MatrixShape {
+            row_frags: 2,
+            ..self
+        };
+        (shape.shared_bytes(ty)? <= u64::from(max_shared)).then_some(shape)
+    }
+
     /// Rows of a workgroup.
     pub(crate) fn rows(&self) -> u32 {
         FRAGMENT_ROWS * self.row_frags

@@ -82,6 +82,16 @@ pub enum Kernel {
     /// The same with the fragment products done by plain code, on any
     /// device (passes of 8 tokens): tests its staging and scaling; slow.
     MatvecInt8MatrixEmulated,
+    /// The gate/up matvec of a batched decode step on the matrix units,
+    /// Q4_K on f16 x, with the gated activation in its epilogue
+    /// (shaders/matvec_i8mm.comp GATE_UP): planned on the gate tensor,
+    /// whose sets bind the up tensor's matching chunk at binding 5 and the
+    /// f16 output for the down projection at binding 2. A workgroup's
+    /// second half of row fragments takes the up rows of its gate rows,
+    /// each summed as `MatvecInt8Matrix` with the same subgroups sums it,
+    /// and it stores act(gate) * up in f16 as span_act.comp would. Runs
+    /// only inside a span; chunks of a multiple of 16 rows.
+    MatvecInt8MatrixGateUp(GatedActivation),
     /// The gate/up matvec of an int8 decode step with the gated activation
     /// and its int8 quantisation in the epilogue (shaders/matvec_i8.comp
     /// GATE_UP_INT8 on pre-quantised x): planned on the gate tensor, whose
@@ -191,7 +201,9 @@ impl Kernel {
     fn is_int8_matrix(self) -> bool {
         matches!(
             self,
-            Kernel::MatvecInt8Matrix | Kernel::MatvecInt8MatrixEmulated
+            Kernel::MatvecInt8Matrix
+                | Kernel::MatvecInt8MatrixEmulated
+                | Kernel::MatvecInt8MatrixGateUp(_)
         )
     }
 
@@ -477,6 +489,7 @@ impl Gpu {
             Kernel::MatvecInt8GateUp(_) => format!("matvec_i8x_gateup_{suffix}"),
             Kernel::MatvecInt8Matrix => format!("matvec_i8mm{x16}_{suffix}"),
             Kernel::MatvecInt8MatrixEmulated => format!("matvec_i8mm_emu{x16}_{suffix}"),
+            Kernel::MatvecInt8MatrixGateUp(_) => format!("matvec_i8mm{x16}_gateup_{suffix}"),
             Kernel::MatvecNorm => format!("matvec_norm_{suffix}"),
             Kernel::MatvecResNorm => format!("matvec_resnorm_{suffix}"),
             Kernel::MatvecPrenormed => format!("matvec_prenormed_{suffix}"),
@@ -535,6 +548,7 @@ impl Gpu {
                 | Kernel::MatvecPrenormed
                 | Kernel::MatvecGateUp(_)
                 | Kernel::MatvecInt8GateUp(_)
+                | Kernel::MatvecInt8MatrixGateUp(_)
         ) {
             // They bind the span's parameters and normed-input buffer.
             return Err(VkError::Input(format!(
@@ -880,7 +894,9 @@ impl Gpu {
             let matrix = kernel.is_int8_matrix()
                 && tensors
                     .iter()
-                    .all(|t| crate::int8_matrix::reads_f16_x(t.handle.ty()));
+                    .all(|t| crate::int8_matrix::reads_f16_x(t.handle.ty()))
+                && (!matches!(kernel, Kernel::MatvecInt8MatrixGateUp(_))
+                    || tensors.iter().all(|t| t.handle.ty() == GgmlType::Q4_K));
             if !((prefill || matrix) && eight) {
                 return Err(VkError::Input(format!(
                     "f16 input only for the cooperative prefill kernel and the int8 matrix \
@@ -900,6 +916,11 @@ impl Gpu {
                 false => None,
             };
             let spec: Vec<u32> = match (kernel, coop_tile) {
+                (Kernel::MatvecInt8MatrixGateUp(act), _) => {
+                    let mut spec = int8_matrix.map_or(Vec::new(), |s| s.spec().to_vec());
+                    spec.push(act.selector());
+                    spec
+                }
                 _ if int8_matrix.is_some() => int8_matrix.map_or(Vec::new(), |s| s.spec().to_vec()),
                 (
                     Kernel::Matvec
@@ -941,7 +962,7 @@ impl Gpu {
                 (Kernel::CoopMat | Kernel::CoopMatBatch, Some(tile), None) => self
                     .pipelines
                     .get_cooperative(&self.device, &module, &spec, tile.threads())?,
-                (Kernel::MatvecInt8Matrix, _, _) => {
+                (Kernel::MatvecInt8Matrix | Kernel::MatvecInt8MatrixGateUp(_), _, _) => {
                     let threads = int8_matrix.map_or(0, |s| s.threads());
                     self.pipelines
                         .get_cooperative(&self.device, &module, &spec, threads)?
@@ -966,6 +987,7 @@ impl Gpu {
                     }
                     _ => {
                         let rows = match (int8_matrix, kernel) {
+                            (Some(shape), Kernel::MatvecInt8MatrixGateUp(_)) => shape.rows() / 2,
                             (Some(shape), _) => shape.rows(),
                             (None, Kernel::MatvecInt8GateUp(_)) => INT8_GATE_UP_ROWS,
                             (None, _) => matvec.rows,
@@ -1077,14 +1099,20 @@ impl Gpu {
         let tokens = tokens.ok_or_else(|| {
             VkError::Input("no int8 fragments on the matrix units of this device".into())
         })?;
-        crate::int8_matrix::Int8MatrixShape::new(
+        let shape = crate::int8_matrix::Int8MatrixShape::new(
             ty,
             n_in,
             n_rows,
             tokens,
             self.info.max_shared_memory,
-        )
-        .ok_or_else(|| {
+        );
+        let shape = match kernel {
+            Kernel::MatvecInt8MatrixGateUp(_) => {
+                shape.and_then(|s| s.gate_up(ty, self.info.max_shared_memory))
+            }
+            _ => shape,
+        };
+        shape.ok_or_else(|| {
             VkError::Input(format!(
                 "no int8 matvec on the matrix units for {ty:?} rows of {n_in}"
             ))
@@ -1135,6 +1163,39 @@ impl Gpu {
             && handles
                 .iter()
                 .all(|h| crate::int8_matrix::reads_f16_x(h.ty()) && h.n_in().is_multiple_of(8))
+    }
+
+    /// Whether a batched step's gate/up group `handles` (gate, up) can take
+    /// `Kernel::MatvecInt8MatrixGateUp`: both Q4_K of one shape on the
+    /// matrix units' f16 form (`int8_matrix_reads_f16` for `step_rows`),
+    /// every chunk a whole number of 16-row fragments, and the kernel's
+    /// shape fits the device. Off with FISH_GPU_MATRIX_ACT_FUSED=0.
+    pub(crate) fn int8_matrix_gate_up_fusable(
+        &self,
+        handles: &[TensorHandle],
+        step_rows: usize,
+    ) -> bool {
+        let [gate, up] = handles else {
+            return false;
+        };
+        let kernel = Kernel::MatvecInt8MatrixGateUp(GatedActivation::Silu);
+        let same = gate.ty() == up.ty() && gate.n_in() == up.n_in() && gate.n_out() == up.n_out();
+        let chunks_whole = {
+            let tensors = self.lock_tensors();
+            tensors.get(&gate.id()).is_some_and(|t| {
+                t.chunks
+                    .iter()
+                    .all(|c| c.n_rows.is_multiple_of(16) && c.row0 % 2 == 0)
+            })
+        };
+        !crate::config::env_switched_off("FISH_GPU_MATRIX_ACT_FUSED")
+            && same
+            && gate.ty() == GgmlType::Q4_K
+            && chunks_whole
+            && self.int8_matrix_reads_f16(handles, step_rows)
+            && self
+                .int8_matrix_shape(kernel, gate.ty(), gate.n_in(), gate.n_out())
+                .is_ok()
     }
 
     /// Whether the gate/up group `handles` (gate, up) can take

@@ -10,7 +10,7 @@ use super::pipelines::{SpanPipelines, SPAN_BINDINGS};
 use super::record::NormedGroup;
 use crate::error::{Result, VkCall};
 use crate::gpu::Gpu;
-use crate::kernels::Kernel;
+use crate::kernels::{Kernel, INT8_MATRIX_MIN_STEP_ROWS};
 use crate::upload::TensorHandle;
 use ash::vk;
 
@@ -62,6 +62,12 @@ pub(crate) struct LayerSets {
     /// or FISH_GPU_INT8_ACT_FUSED=0.
     pub gate_up_int8_act: Option<MatmulSets>,
     pub down_int8_h16: Option<MatmulSets>,
+    /// gate/up of batched decode steps on the matrix units with the
+    /// activation in the epilogue (`Kernel::MatvecInt8MatrixGateUp`: gate
+    /// weights, xn in f16, the f16 output into h16 that the `down_x16` sets
+    /// read, up weights at binding 5); None where
+    /// `Gpu::int8_matrix_gate_up_fusable` says no for 8-row steps.
+    pub gate_up_matrix_act: Option<MatmulSets>,
     /// qkv, K, V, params.
     pub rope: vk::DescriptorSet,
     /// qkv, K, V, attn, step, params, the int8 copy of attn.
@@ -165,7 +171,12 @@ impl Bindings {
         // And the gate/up sets with the activation, float and int8 (one
         // each per gate chunk), and the down sets reading the int8
         // epilogue's copy.
-        let n_gate_up_act: usize = weights.iter().map(|w| w[2].len() + w[3].len()).sum();
+        // (and the matrix units' gate/up sets with the activation, one per
+        // gate chunk).
+        let n_gate_up_act: usize = weights
+            .iter()
+            .map(|w| w[2].len() + w[2].len().div_ceil(2) + w[3].len())
+            .sum();
         // The output's plain sets, and its fused-norm and int8 copies.
         let pool = create_pool(
             gpu,
@@ -320,7 +331,12 @@ impl Bindings {
                 )?),
                 None => None,
             };
+            let matrix_act_fused = gpu.int8_group(&g[2])
+                && gpu.int8_matrix_gate_up_fusable(&g[2], INT8_MATRIX_MIN_STEP_ROWS);
+            let gate_up_matrix_act =
+                gate_up_epilogue_sets(&g[2], &w[2], matrix_act_fused, (a.xn.raw, a.h16.raw))?;
             layers.push(LayerSets {
+                gate_up_matrix_act,
                 gate_up_act: gate_up_epilogue_sets(
                     &g[2],
                     &w[2],

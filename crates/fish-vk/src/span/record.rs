@@ -40,6 +40,11 @@ pub(crate) struct Chunk {
     /// into h16) and down reads it (`down_int8_h16`), so no act*mul
     /// dispatch runs.
     pub int8_act_in_gate_up: Vec<bool>,
+    /// Per layer: the gate/up matvec of a batched step on the matrix units
+    /// writes act(gate) * up in f16 (`Kernel::MatvecInt8MatrixGateUp` on the
+    /// layer's `gate_up_matrix_act` sets, into h16) and down reads it (the
+    /// `down_x16` sets, `down_f16`), so no act*mul dispatch runs.
+    pub matrix_act_in_gate_up: Vec<bool>,
     /// The activation writes its f16 copy (arena h16) and down reads it
     /// (`MatmulInput::F16`, the `down_x16` sets): prefill chunks on the
     /// cooperative kernel (Gpu::prefill_input), whose activation is always
@@ -198,6 +203,7 @@ pub(crate) fn plan_chunks(
                 gated: same.gated,
                 act_in_gate_up: same.act_in_gate_up.clone(),
                 int8_act_in_gate_up: same.int8_act_in_gate_up.clone(),
+                matrix_act_in_gate_up: same.matrix_act_in_gate_up.clone(),
                 down_f16: same.down_f16,
                 wo_f16: same.wo_f16,
                 prefetch: same.prefetch,
@@ -259,6 +265,7 @@ pub(crate) fn plan_chunks(
         let mut resnorm = Vec::with_capacity(n_layers);
         let mut act_in_gate_up = Vec::with_capacity(n_layers);
         let mut int8_act_in_gate_up = Vec::with_capacity(n_layers);
+        let mut matrix_act_in_gate_up = Vec::with_capacity(n_layers);
         let mut int8_in = Vec::with_capacity(n_layers);
         let defer = defers_norms(decode, n, n_tok, layout).then(|| norm_parts_offset(shape));
         // The sums of squares the previous layer's down projection left.
@@ -328,16 +335,28 @@ pub(crate) fn plan_chunks(
                 None => gate_up_plan,
             };
             int8_act_in_gate_up.push(int8_act.is_some());
+            // Batched steps on the matrix units' f16 form: the activation
+            // in the gate/up epilogue, its f16 output read by down.
+            let matrix_act = match (gate_up_input, &ls.gate_up_matrix_act) {
+                (NormedInput::Half, Some(sets)) if int8 && down_matrix_f16 && !gated => {
+                    let kernel = Kernel::MatvecInt8MatrixGateUp(activation(shape));
+                    Some(plan_group_on(gpu, sets, n, kernel, MatmulInput::F16)?)
+                }
+                _ => None,
+            };
+            matrix_act_in_gate_up.push(matrix_act.is_some());
+            let gate_up_plan = matrix_act.unwrap_or(gate_up_plan);
             let next_reads_xn = bindings
                 .layers
                 .get(il + 1)
                 .is_some_and(|next| next.qkv_int8.is_none());
             // Where the act*mul dispatch runs, it can hand down its output
             // quantised (int8 chunks, where the policy gave down int8 sets).
-            let act_dispatched = !gated && !act_fused && int8_act.is_none();
+            let act_dispatched =
+                !gated && !act_fused && int8_act.is_none() && !matrix_act_in_gate_up[il];
             let down = match (&ls.down_int8, int8_act) {
                 (_, Some((_, sets))) => int8_residual_plan(gpu, sets, n, step_rows)?,
-                _ if down_matrix_f16 && act_dispatched => {
+                _ if down_matrix_f16 && (act_dispatched || matrix_act_in_gate_up[il]) => {
                     (matrix_f16_plan(gpu, &ls.down_x16, n)?, None)
                 }
                 (Some(sets), None) if int8 && act_dispatched => {
@@ -377,6 +396,7 @@ pub(crate) fn plan_chunks(
             gated: matches!(down_kernel, Kernel::MatvecGated(_)),
             act_in_gate_up,
             int8_act_in_gate_up,
+            matrix_act_in_gate_up,
             down_f16: down_f16 || down_matrix_f16,
             wo_f16: wo_f16 || wo_matrix_f16,
             prefetch: prefetch.filter(|_| decode),
@@ -1112,6 +1132,23 @@ impl Recording<'_> {
                 self.matmul(r, gate_up_plan, &act_sets.sets);
                 r.end(SpanStage::Matvec);
             }
+            _ if chunk.matrix_act_in_gate_up[il] => {
+                // The norm's f16 copy, then gate/up on the epilogue sets.
+                if let Some(act_sets) = &sets.gate_up_matrix_act {
+                    let gate_up = NormedGroup {
+                        float: act_sets,
+                        ..sets.gate_up_group()
+                    };
+                    self.normed_matmul(
+                        r,
+                        chunk,
+                        &gate_up,
+                        gate_up_input,
+                        gate_up_plan,
+                        lp.ffn_norm,
+                    );
+                }
+            }
             _ if chunk.int8_act_in_gate_up[il] => {
                 // The norm's int8 copy, then gate/up on the epilogue sets.
                 let gate_up = NormedGroup {
@@ -1126,7 +1163,10 @@ impl Recording<'_> {
             }
         }
         let down_int8 = sets.down_int8.as_ref().filter(|_| chunk.int8_in[il][1]);
-        if !chunk.gated && !chunk.act_in_gate_up[il] && !chunk.int8_act_in_gate_up[il] {
+        let act_in_epilogue = chunk.act_in_gate_up[il]
+            || chunk.int8_act_in_gate_up[il]
+            || chunk.matrix_act_in_gate_up[il];
+        if !chunk.gated && !act_in_epilogue {
             let count = n * layer.n_ff;
             // span_act.comp's `quantise`: 1 the int8 copy (an invocation
             // per four values), 2 the f16 copy (per two), 0 in place.
