@@ -22,6 +22,11 @@ pub const MATVEC_MAX_TOKENS: usize = 8;
 /// Rows of a batched decode step from which spans run the int8 matvecs on
 /// the matrix units by default (`Gpu::int8_span_kernel`).
 pub(crate) const INT8_MATRIX_MIN_STEP_ROWS: usize = 8;
+/// The same for groups whose every tensor has the kernel's f16-fragment
+/// form (Q4_K, Q6_K), which reads f16 x: on the H200 (llama-8b / llama-1b
+/// Q4_K_M, aggregate tok/s) B = 4 851 -> 876 / 2291 -> 2743, B = 6 821 ->
+/// 1285 / 2526 -> 3940, while B = 2 lost (541 -> 446 / 1439 -> 1397).
+pub(crate) const INT8_MATRIX_F16_MIN_STEP_ROWS: usize = 4;
 /// Tile sizes of the tiled kernel (see shaders/matmul_tiled.comp).
 const TILE_ROWS: u32 = 128;
 const TILE_TOKENS: u32 = 64;
@@ -1128,7 +1133,8 @@ impl Gpu {
     /// every forward, =0 for none, and by default only batched steps of at
     /// least `INT8_MATRIX_MIN_STEP_ROWS` rows take them, where their flat
     /// cost over the tokens wins (on the H200, llama-8b B = 8 +15%, B = 4
-    /// -15%; docs/BENCHMARKS.md). Decode steps, verification rounds and
+    /// -15%; docs/BENCHMARKS.md), or of `INT8_MATRIX_F16_MIN_STEP_ROWS`
+    /// where every tensor has the f16-fragment form. Decode steps, verification rounds and
     /// prompts thus keep one kernel whatever their tokens (a round's rows
     /// have the bits of one-token steps), while the rows of such a batched
     /// step hold the int8 product in the matrix kernel's summation order:
@@ -1137,7 +1143,13 @@ impl Gpu {
         let wanted = match std::env::var("FISH_VK_I8MM").as_deref() {
             Ok("1") => true,
             Ok("0") => false,
-            _ => step_rows >= INT8_MATRIX_MIN_STEP_ROWS,
+            _ => {
+                let f16_form = handles
+                    .iter()
+                    .all(|h| crate::int8_matrix::reads_f16_x(h.ty()));
+                step_rows >= INT8_MATRIX_MIN_STEP_ROWS
+                    || (f16_form && step_rows >= INT8_MATRIX_F16_MIN_STEP_ROWS)
+            }
         };
         let fits = |h: &TensorHandle| {
             self.int8_matrix_shape(Kernel::MatvecInt8Matrix, h.ty(), h.n_in(), h.n_out())

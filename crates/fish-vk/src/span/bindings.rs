@@ -10,7 +10,7 @@ use super::pipelines::{SpanPipelines, SPAN_BINDINGS};
 use super::record::NormedGroup;
 use crate::error::{Result, VkCall};
 use crate::gpu::Gpu;
-use crate::kernels::{Kernel, INT8_MATRIX_MIN_STEP_ROWS};
+use crate::kernels::{Kernel, INT8_MATRIX_F16_MIN_STEP_ROWS};
 use crate::upload::TensorHandle;
 use ash::vk;
 
@@ -332,7 +332,7 @@ impl Bindings {
                 None => None,
             };
             let matrix_act_fused = gpu.int8_group(&g[2])
-                && gpu.int8_matrix_gate_up_fusable(&g[2], INT8_MATRIX_MIN_STEP_ROWS);
+                && gpu.int8_matrix_gate_up_fusable(&g[2], INT8_MATRIX_F16_MIN_STEP_ROWS);
             let gate_up_matrix_act =
                 gate_up_epilogue_sets(&g[2], &w[2], matrix_act_fused, (a.xn.raw, a.h16.raw))?;
             layers.push(LayerSets {
