@@ -112,9 +112,12 @@ fn run_without(name: &str, path: &std::path::Path, prompts: &[Vec<u32>]) -> Outc
 fn batched_matrix_steps_on_f16_x_stay_near_single_runs() {
     let path = std::env::var("FISH_TEST_Q4K_MODEL").expect("FISH_TEST_Q4K_MODEL=FILE");
     let path = std::path::Path::new(&path);
-    let prompts: Vec<Vec<u32>> = (0..ROWS as u32)
-        .map(|i| (0..3 + i).map(|j| 1000 + 37 * i + 11 * j).collect())
-        .collect();
+    let prompts_of = |rows: u32| -> Vec<Vec<u32>> {
+        (0..rows)
+            .map(|i| (0..3 + i % 8).map(|j| 1000 + 37 * i + 11 * j).collect())
+            .collect()
+    };
+    let prompts = prompts_of(ROWS as u32);
 
     let f16 = run_on(path, &prompts);
     for module in ["matvec_i8mm_x16_q4_k", "matvec_i8mm_x16_gateup_q4_k"] {
@@ -168,4 +171,22 @@ fn batched_matrix_steps_on_f16_x_stay_near_single_runs() {
         int8_worst * 100.0
     );
     assert!(f16_worst <= 0.05, "f16 x {:.3}%", f16_worst * 100.0);
+
+    // Steps of 16 rows take the same plan in two passes of 8 tokens
+    // (record.rs `matrix_step_rows`), not the batch tile.
+    let wide = run_on(path, &prompts_of(16));
+    eprintln!(
+        "16 rows: f16 x {:.3}% of max |logit| ({} of {} argmax equal)",
+        wide.worst * 100.0,
+        wide.same,
+        16 * STEPS
+    );
+    assert!(
+        wide.built
+            .iter()
+            .any(|p| p.starts_with("matvec_i8mm_x16_gateup_q4_k")),
+        "16-row steps left the matrix units: {:?}",
+        wide.built
+    );
+    assert!(wide.worst <= 0.05, "16 rows: {:.3}%", wide.worst * 100.0);
 }

@@ -300,7 +300,7 @@ fn output_recording<'a>(
     let int8_sets = bindings
         .output_int8
         .as_ref()
-        .filter(|_| output_takes_int8(gpu, rows, layout));
+        .filter(|_| output_takes_int8(gpu, bindings, rows, layout));
     let (sets, plan, input) = match (fused_sets, int8_sets) {
         (Some(f), _) => (
             &f.sets,
@@ -318,7 +318,11 @@ fn output_recording<'a>(
         ),
         (None, None) => (
             &bindings.output.as_ref().ok_or_else(missing)?.sets,
-            gpu.plan_handles(&[o.weight], rows, output_kernel(gpu, rows, layout))?,
+            gpu.plan_handles(
+                &[o.weight],
+                rows,
+                output_kernel(gpu, bindings, rows, layout),
+            )?,
             OutputInput::Float,
         ),
     };

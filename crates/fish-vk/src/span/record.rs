@@ -212,7 +212,8 @@ pub(crate) fn plan_chunks(
             });
             continue;
         }
-        let batch_kernel = batch_kernel(layout, n, batch_tile(gpu));
+        let matrix_rows = matrix_step_rows(gpu, bindings);
+        let batch_kernel = batch_kernel(layout, n, batch_tile(gpu), matrix_rows);
         let decode = n <= MATVEC_MAX_TOKENS && batch_kernel.is_none();
         let int8 = int8_rows(n, batch_kernel);
         let step_rows = step_rows(layout, n);
@@ -605,14 +606,59 @@ fn batch_tile(gpu: &Gpu) -> Option<Kernel> {
 /// kernel for few tokens, a vocabulary-wide matrix at every batched decode
 /// step); a plain forward's keep `Kernel::Auto`, so that speculative
 /// verification scores its drafts with f32 products as decode does.
-pub(crate) fn output_kernel(gpu: &Gpu, rows: usize, layout: TokenLayout) -> Kernel {
-    batch_kernel(layout, rows, batch_tile(gpu)).unwrap_or(Kernel::Auto)
+pub(crate) fn output_kernel(
+    gpu: &Gpu,
+    bindings: &Bindings,
+    rows: usize,
+    layout: TokenLayout,
+) -> Kernel {
+    let matrix_rows = matrix_step_rows(gpu, bindings);
+    batch_kernel(layout, rows, batch_tile(gpu), matrix_rows).unwrap_or(Kernel::Auto)
 }
 
 /// Whether the output projection of `rows` logits rows reads the output
 /// norm's int8 copy where it has int8 sets (`int8_rows`, as the layers).
-pub(crate) fn output_takes_int8(gpu: &Gpu, rows: usize, layout: TokenLayout) -> bool {
-    int8_rows(rows, batch_kernel(layout, rows, batch_tile(gpu)))
+pub(crate) fn output_takes_int8(
+    gpu: &Gpu,
+    bindings: &Bindings,
+    rows: usize,
+    layout: TokenLayout,
+) -> bool {
+    let matrix_rows = matrix_step_rows(gpu, bindings);
+    int8_rows(
+        rows,
+        batch_kernel(layout, rows, batch_tile(gpu), matrix_rows),
+    )
+}
+
+/// Most rows of a batched decode step that take the decode plan, instead of
+/// the batch tile from BATCH_TILE_MIN_ROWS, where the device runs int8
+/// matvecs on the matrix units (`DeviceInfo::int8_matrix`) and every layer
+/// matrix has their f16-fragment form (Q4_K, Q6_K: f16 x and the
+/// activation epilogue, in passes of 8 tokens): 16
+/// (`FISH_GPU_MATRIX_STEP_ROWS=N` sets it, 8..=31; 8 restores the tile from
+/// 9 rows), 0 elsewhere or with FISH_VK_I8MM=0. On the H200 (aggregate
+/// tok/s, tile against the decode plan) llama-8b Q4_K_M B = 12 1105 ->
+/// 1750, B = 16 1429 -> 2209, llama-1b 4024 -> 5653 and 5058 -> 7260; a
+/// llama-1b Q4_0 (the staged int8 form) lost 12-14%, so other types keep
+/// the tile.
+fn matrix_step_rows(gpu: &Gpu, bindings: &Bindings) -> usize {
+    let f16_form = bindings.layers.iter().all(|ls| {
+        [&ls.qkv, &ls.wo, &ls.gate_up, &ls.down]
+            .iter()
+            .flat_map(|sets| &sets.handles)
+            .all(|h| crate::int8_matrix::reads_f16_x(h.ty()))
+    });
+    let on = f16_form
+        && gpu.info.int8_matrix.is_some()
+        && std::env::var("FISH_VK_I8MM").as_deref() != Ok("0");
+    let rows =
+        crate::config::env_number_in("FISH_GPU_MATRIX_STEP_ROWS", 8..=INT8_CHUNK_MAX_TOKENS, 16);
+    if on {
+        rows
+    } else {
+        0
+    }
 }
 
 /// Fewest rows of a batched forward that take the cooperative batch tile:
@@ -637,9 +683,16 @@ const BATCH_MATVEC_MAX_ROWS: usize = 32;
 /// aggregate tok/s) the batch tile ran B = 8 / 16 / 32 / 64 at 660 / 1130 /
 /// 1149 / 1149, against 464 (matvec) / 186 and 349 (plain tile) / 1105 (the
 /// 64 x 64 prefill tile; llama-1b 2670 vs 2125). Plain forwards (prefill
-/// chunks, verification) keep `Kernel::Auto`.
-fn batch_kernel(layout: TokenLayout, n: usize, tile: Option<Kernel>) -> Option<Kernel> {
-    if !layout.batched() {
+/// chunks, verification) keep `Kernel::Auto`. Batched decode steps of up to
+/// `matrix_rows` rows (`matrix_step_rows`) take the decode plan, whose int8
+/// matvecs then run on the matrix units.
+fn batch_kernel(
+    layout: TokenLayout,
+    n: usize,
+    tile: Option<Kernel>,
+    matrix_rows: usize,
+) -> Option<Kernel> {
+    if !layout.batched() || (layout == TokenLayout::PerSlot && n <= matrix_rows) {
         return None;
     }
     if n >= BATCH_TILE_MIN_ROWS {
@@ -1366,19 +1419,24 @@ mod tests {
     fn batches_take_the_batch_tile_beyond_decode_size_or_the_matvec() {
         // A device with the batch tile.
         const TILE: Option<Kernel> = Some(Kernel::CoopMatBatch);
-        let per_row = |n, tile: bool| batch_kernel(TokenLayout::PerRow, n, TILE.filter(|_| tile));
+        let per_row =
+            |n, tile: bool| batch_kernel(TokenLayout::PerRow, n, TILE.filter(|_| tile), 0);
         // Rows in slots of their own take the same rule.
         for n in [1, 4, 8, 9, 16, 40] {
             assert_eq!(
-                batch_kernel(TokenLayout::PerSlot, n, TILE),
+                batch_kernel(TokenLayout::PerSlot, n, TILE, 0),
                 per_row(n, true),
                 "{n}"
             );
         }
         // Plain forwards never take a batch rule.
         for n in [1, 6, 9, 16, 32, 63] {
-            assert_eq!(batch_kernel(TokenLayout::Consecutive, n, TILE), None, "{n}");
-            assert_eq!(batch_kernel(TokenLayout::OneSlot, n, TILE), None, "{n}");
+            assert_eq!(
+                batch_kernel(TokenLayout::Consecutive, n, TILE, 0),
+                None,
+                "{n}"
+            );
+            assert_eq!(batch_kernel(TokenLayout::OneSlot, n, TILE, 0), None, "{n}");
         }
         // With the batch tile: decode below BATCH_TILE_MIN_ROWS rows (every
         // decode-sized batch), then the tile (batched forwards hold at most
@@ -1394,6 +1452,14 @@ mod tests {
         assert_eq!(per_row(16, false), Some(Kernel::Matvec));
         assert_eq!(per_row(BATCH_MATVEC_MAX_ROWS, false), Some(Kernel::Matvec));
         assert_eq!(per_row(BATCH_MATVEC_MAX_ROWS + 1, false), None);
+        // Where the matrix units take batched steps up to 16 rows, those
+        // steps keep the decode plan; other batched forwards and larger
+        // steps keep the rules above.
+        for n in [1, 8, 9, 16] {
+            assert_eq!(batch_kernel(TokenLayout::PerSlot, n, TILE, 16), None, "{n}");
+        }
+        assert_eq!(batch_kernel(TokenLayout::PerSlot, 17, TILE, 16), TILE);
+        assert_eq!(batch_kernel(TokenLayout::PerRow, 12, TILE, 16), TILE);
     }
 
     #[test]
