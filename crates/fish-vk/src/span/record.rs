@@ -455,15 +455,15 @@ fn residual_plan(
     Ok((plan_group(gpu, plain, n, kernel)?, None))
 }
 
-/// A residual projection (wo, down) on the int8 copy of its input, which
-/// the stage before it wrote; it prepares no deferred norm (the norm after
-/// it writes an int8 copy of its own).
 /// The int8 matrix kernel on x in f16 for `sets` (a batched decode step's
 /// group whose stage before writes f16: `Gpu::int8_matrix_reads_f16`).
 fn matrix_f16_plan(gpu: &Gpu, sets: &MatmulSets, n: usize) -> Result<Vec<Dispatch>> {
     plan_group_on(gpu, sets, n, Kernel::MatvecInt8Matrix, MatmulInput::F16)
 }
 
+/// A residual projection (wo, down) on the int8 copy of its input, which
+/// the stage before it wrote; it prepares no deferred norm (the norm after
+/// it writes an int8 copy of its own).
 fn int8_residual_plan(
     gpu: &Gpu,
     sets: &MatmulSets,
@@ -635,7 +635,8 @@ pub(crate) fn output_takes_int8(
 /// the batch tile from BATCH_TILE_MIN_ROWS, where the device runs int8
 /// matvecs on the matrix units (`DeviceInfo::int8_matrix`) and every layer
 /// matrix has their f16-fragment form (Q4_K, Q6_K: f16 x and the
-/// activation epilogue, in passes of 8 tokens): 16
+/// activation epilogue, in passes of 8 tokens) and int8 sets (the policy
+/// gives every group int8 activations): 16
 /// (`FISH_GPU_MATRIX_STEP_ROWS=N` sets it, 8..=31; 8 restores the tile from
 /// 9 rows), 0 elsewhere or with FISH_VK_I8MM=0. On the H200 (aggregate
 /// tok/s, tile against the decode plan) llama-8b Q4_K_M B = 12 1105 ->
@@ -644,10 +645,12 @@ pub(crate) fn output_takes_int8(
 /// the tile.
 fn matrix_step_rows(gpu: &Gpu, bindings: &Bindings) -> usize {
     let f16_form = bindings.layers.iter().all(|ls| {
-        [&ls.qkv, &ls.wo, &ls.gate_up, &ls.down]
-            .iter()
-            .flat_map(|sets| &sets.handles)
-            .all(|h| crate::int8_matrix::reads_f16_x(h.ty()))
+        let int8 = [&ls.qkv_int8, &ls.wo_int8, &ls.gate_up_int8, &ls.down_int8];
+        int8.iter().all(|sets| sets.is_some())
+            && [&ls.qkv, &ls.wo, &ls.gate_up, &ls.down]
+                .iter()
+                .flat_map(|sets| &sets.handles)
+                .all(|h| crate::int8_matrix::reads_f16_x(h.ty()))
     });
     let on = f16_form
         && gpu.info.int8_matrix.is_some()
