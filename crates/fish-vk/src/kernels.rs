@@ -1134,8 +1134,8 @@ impl Gpu {
     /// least `INT8_MATRIX_MIN_STEP_ROWS` rows take them, where their flat
     /// cost over the tokens wins (on the H200, llama-8b B = 8 +15%, B = 4
     /// -15%; docs/BENCHMARKS.md), or of `INT8_MATRIX_F16_MIN_STEP_ROWS`
-    /// where every tensor has the f16-fragment form. Decode steps, verification rounds and
-    /// prompts thus keep one kernel whatever their tokens (a round's rows
+    /// where every tensor has the f16-fragment form. Decode steps,
+    /// verification rounds and prompts thus keep one kernel whatever their tokens (a round's rows
     /// have the bits of one-token steps), while the rows of such a batched
     /// step hold the int8 product in the matrix kernel's summation order:
     /// within the int8 bound of single runs, not bit for bit.
@@ -1178,20 +1178,20 @@ impl Gpu {
     }
 
     /// Whether a batched step's gate/up group `handles` (gate, up) can take
-    /// `Kernel::MatvecInt8MatrixGateUp`: both Q4_K of one shape on the
-    /// matrix units' f16 form (`int8_matrix_reads_f16` for `step_rows`),
-    /// every chunk a whole number of 16-row fragments, and the kernel's
-    /// shape fits the device. Off with FISH_GPU_MATRIX_ACT_FUSED=0.
+    /// `Kernel::MatvecInt8MatrixGateUp`: Q4_K on the matrix units' f16 form
+    /// (`int8_matrix_reads_f16` for `step_rows`), every chunk a whole number
+    /// of 16-row fragments, and the kernel's shape fits the device. (That
+    /// gate and up match in type, shape and chunks, the epilogue sets check
+    /// as they pair them, bindings.rs.) Off with FISH_GPU_MATRIX_ACT_FUSED=0.
     pub(crate) fn int8_matrix_gate_up_fusable(
         &self,
         handles: &[TensorHandle],
         step_rows: usize,
     ) -> bool {
-        let [gate, up] = handles else {
+        let [gate, _up] = handles else {
             return false;
         };
         let kernel = Kernel::MatvecInt8MatrixGateUp(GatedActivation::Silu);
-        let same = gate.ty() == up.ty() && gate.n_in() == up.n_in() && gate.n_out() == up.n_out();
         let chunks_whole = {
             let tensors = self.lock_tensors();
             tensors.get(&gate.id()).is_some_and(|t| {
@@ -1201,7 +1201,6 @@ impl Gpu {
             })
         };
         !crate::config::env_switched_off("FISH_GPU_MATRIX_ACT_FUSED")
-            && same
             && gate.ty() == GgmlType::Q4_K
             && chunks_whole
             && self.int8_matrix_reads_f16(handles, step_rows)

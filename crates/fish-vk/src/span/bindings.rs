@@ -66,7 +66,8 @@ pub(crate) struct LayerSets {
     /// activation in the epilogue (`Kernel::MatvecInt8MatrixGateUp`: gate
     /// weights, xn in f16, the f16 output into h16 that the `down_x16` sets
     /// read, up weights at binding 5); None where
-    /// `Gpu::int8_matrix_gate_up_fusable` says no for 8-row steps.
+    /// `Gpu::int8_matrix_gate_up_fusable` says no for steps of
+    /// `INT8_MATRIX_F16_MIN_STEP_ROWS` rows or the two tensors differ.
     pub gate_up_matrix_act: Option<MatmulSets>,
     /// qkv, K, V, params.
     pub rope: vk::DescriptorSet,
