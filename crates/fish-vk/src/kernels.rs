@@ -336,6 +336,30 @@ fn pass_tokens(ty: WeightFormat, kernel: Kernel, forced: Option<u32>) -> usize {
 /// threads in flight: the price of batch-invariant rows).
 const INT8X_THREADS: u32 = 32;
 
+/// Rows of at least this many values take INT8X_LONG_ROW_THREADS in the
+/// pre-quantised int8 matvec for the types measured with it (Q4_K, Q6_K):
+/// the down projections (14336 values per row on the llama-8b shape, 8192
+/// on llama-1b). With one subgroup per 4 rows each invocation walks 14 of
+/// a row's 448 units one after another, and as a dependent span stage the
+/// call is that chain. On the H200 (`matvec_i8x_serial`, a barrier after
+/// every call, docs/BENCHMARKS.md), us per call at 32 / 64 / 128 threads:
+/// Q4_K 14336 x 4096 17.76 / 16.11 / 13.79, 8192 x 2048 10.39 / 9.20 /
+/// 7.37; Q6_K 21.23 / 19.58 / 19.72 and 10.96 / 9.74 / 9.26; rows of 4096
+/// values lost with more threads (Q4_K 4096 x 14336 13.29 / 15.51 /
+/// 14.93). The shape still depends on the matrix only, so every use of one
+/// matrix sums in one order.
+const INT8X_LONG_ROW: usize = 8192;
+const INT8X_LONG_ROW_THREADS: u32 = 128;
+
+/// INT8X_THREADS, or INT8X_LONG_ROW_THREADS for long Q4_K / Q6_K rows.
+fn int8x_threads(ty: WeightFormat, n_in: usize) -> u32 {
+    use GgmlType::*;
+    match ty {
+        WeightFormat::Ggml(Q4_K | Q6_K) if n_in >= INT8X_LONG_ROW => INT8X_LONG_ROW_THREADS,
+        _ => INT8X_THREADS,
+    }
+}
+
 /// Output rows of a `Kernel::MatvecInt8GateUp` workgroup: one 32-value block
 /// of the int8 copy it writes (the shader's BLOCK_ROWS).
 pub(crate) const INT8_GATE_UP_ROWS: u32 = 32;
@@ -383,6 +407,9 @@ impl MatvecShape {
             _ => (4, 128),
         };
         let threads = match kernel {
+            // The gate/up epilogue's slices keep one subgroup (its rows
+            // are the model's width, not the feed-forward's).
+            Kernel::MatvecInt8Prequantised => int8x_threads(ty, n_in),
             k if k.is_int8_prequantised_matvec() => INT8X_THREADS,
             _ => threads,
         };
@@ -1486,7 +1513,7 @@ mod tests {
         let q4k = WeightFormat::Ggml(GgmlType::Q4_K);
         let (n_in, subgroup, max_shared) = (14336, 32, 48 * 1024);
         let pre = MatvecShape::new(q4k, Kernel::MatvecInt8Prequantised, 8, n_in);
-        assert_eq!((pre.threads, pre.tokens), (INT8X_THREADS, 4));
+        assert_eq!((pre.threads, pre.tokens), (INT8X_LONG_ROW_THREADS, 4));
         // 4 tokens of 14336 int8 activations (~79 KB) would not fit, but the
         // pre-quantised kernel reads them from memory: the pass keeps 4.
         let fitted = pre.for_int8(Kernel::MatvecInt8Prequantised, n_in, subgroup, max_shared);
@@ -1498,6 +1525,29 @@ mod tests {
         assert_eq!(
             own.for_int8(Kernel::MatvecInt8, 1 << 20, subgroup, max_shared),
             None
+        );
+    }
+
+    #[test]
+    fn long_k_quant_rows_take_more_threads_in_the_pre_quantised_matvec() {
+        let shape = |ty: GgmlType, n_in| {
+            MatvecShape::new(ty.into(), Kernel::MatvecInt8Prequantised, 1, n_in).threads
+        };
+        for ty in [GgmlType::Q4_K, GgmlType::Q6_K] {
+            assert_eq!(shape(ty, 4096), INT8X_THREADS);
+            assert_eq!(shape(ty, INT8X_LONG_ROW - 256), INT8X_THREADS);
+            assert_eq!(shape(ty, INT8X_LONG_ROW), INT8X_LONG_ROW_THREADS);
+            assert_eq!(shape(ty, 14336), INT8X_LONG_ROW_THREADS);
+        }
+        // Types not measured with it keep one subgroup.
+        assert_eq!(shape(GgmlType::Q8_0, 14336), INT8X_THREADS);
+        assert_eq!(shape(GgmlType::Q4_0, 14336), INT8X_THREADS);
+        // The gate/up epilogue's slices too.
+        let gate_up = Kernel::MatvecInt8GateUp(GatedActivation::Silu);
+        let q4k = WeightFormat::Ggml(GgmlType::Q4_K);
+        assert_eq!(
+            MatvecShape::new(q4k, gate_up, 1, 14336).threads,
+            INT8X_THREADS
         );
     }
 
