@@ -33,10 +33,20 @@
 // for the down projection: no act*mul dispatch, and no barrier before it.
 // Constant 5 is the activation (0 SiLU, 1 tanh GELU), constant 6 the
 // workgroup size.
+//
+// With NORM_PROLOGUE as well (and x not pre-quantised) the gate/up kernel
+// also does the feed-forward norm before it: x at binding 1 is the
+// residual stream of one token, the norm's weights are at float
+// p.norm_off of binding 3, and each workgroup first computes the normed
+// token quantised into shared memory (load_x_normed) with the arithmetic
+// of span_rmsnorm.comp's int8 path, so its quants are the bits the norm
+// dispatch would have written and the products are those of the kernel on
+// pre-quantised x; the norm's dispatch and barrier go.
 #extension GL_GOOGLE_include_directive : require
 #extension GL_KHR_shader_subgroup_arithmetic : require
 #extension GL_KHR_shader_subgroup_basic : require
 #extension GL_EXT_spirv_intrinsics : require
+#extension GL_EXT_control_flow_attributes : enable
 
 layout(constant_id = 0) const uint WG = 128;
 layout(constant_id = 1) const uint ROWS = 4;
@@ -165,6 +175,108 @@ void x_run(uint t, uint v16, out uvec4 q, out float d, out float s) {
 }
 #endif
 
+#if defined(NORM_PROLOGUE)
+layout(std430, binding = 3) readonly buffer NormWeights4 { vec4 norm_w4[]; };
+shared float norm_partial[WG_ALL];
+shared float norm_partial16[16];
+// Words of x (and of the norm's weights) each invocation keeps in
+// registers from its first loads: all of a row of up to 4 * WG_ALL words
+// (4096 values at 256 invocations), so the quantisation waits for no
+// second round of loads. Longer rows reload the rest.
+const uint HELD_WORDS = 4u;
+
+// Quantises word w (v, 4 values; in_row false past the row's end) into
+// xq / xd / xs: part w % 8 of block w / 8, as store_int8_part computes it.
+// Every invocation must call it (barriers).
+void quantise_word(vec4 v, bool in_row, uint w) {
+    uint tid = gl_LocalInvocationID.x;
+    uint part = tid % 8u;
+    vec4 a = abs(v);
+    part_max[tid] = max(max(a.x, a.y), max(a.z, a.w));
+    barrier();
+    float amax = 0.0;
+    for (uint k = 0u; k < 8u; k++) {
+        amax = max(amax, part_max[tid - part + k]);
+    }
+    float d = amax / 127.0;
+    float id = amax > 0.0 ? 127.0 / amax : 0.0;
+    ivec4 q = ivec4(round(v * id));
+    part_sum[tid] = (q.x + q.y) + (q.z + q.w);
+    barrier();
+    if (in_row) {
+        uint blk = w / 8u;
+        uvec4 b = uvec4(q) & 0xFFu;
+        xq[w / 4u][w % 4u] = b.x | (b.y << 8) | (b.z << 16) | (b.w << 24);
+        if (part == 0u) {
+            xd[blk] = d;
+        }
+        if (part % 4u == 0u) {
+            int sum4 = (part_sum[tid] + part_sum[tid + 1u]) + (part_sum[tid + 2u] + part_sum[tid + 3u]);
+            xs[2u * blk + part / 4u] = d * float(sum4);
+        }
+    }
+    barrier();
+}
+
+// The RMS norm of token 0 of x times the weights at float p.norm_off,
+// quantised into xq / xd / xs (the layout x_run reads): span_rmsnorm.comp's
+// int8 path on 16-byte words step for step (its 256 invocations, sums in
+// the same order, the same roundings), so every workgroup holds the quants
+// that norm would write. Needs WG_ALL == 256 and n_in and p.norm_off
+// multiples of 4 (kernels.rs checks both). Every invocation must call it.
+void load_x_normed() {
+    uint tid = gl_LocalInvocationID.x;
+    uint words = p.n_in / 4u;
+    uint w_base = p.norm_off / 4u;
+    vec4 xv[HELD_WORDS];
+    vec4 gv[HELD_WORDS];
+    [[unroll]] for (uint k = 0u; k < HELD_WORDS; k++) {
+        uint w = tid + k * WG_ALL;
+        bool in_row = w < words;
+        xv[k] = in_row ? x[w] : vec4(0.0);
+        gv[k] = in_row ? norm_w4[w_base + w] : vec4(0.0);
+    }
+    float sum = 0.0;
+    [[unroll]] for (uint k = 0u; k < HELD_WORDS; k++) {
+        if (tid + k * WG_ALL < words) {
+            sum += dot(xv[k], xv[k]);
+        }
+    }
+    for (uint i = tid + HELD_WORDS * WG_ALL; i < words; i += WG_ALL) {
+        vec4 v = x[i];
+        sum += dot(v, v);
+    }
+    norm_partial[tid] = sum;
+    barrier();
+    if (tid < 16u) {
+        float s16 = 0.0;
+        for (uint k = 0u; k < 16u; k++) {
+            s16 += norm_partial[16u * tid + k];
+        }
+        norm_partial16[tid] = s16;
+    }
+    barrier();
+    float total = 0.0;
+    for (uint k = 0u; k < 16u; k++) {
+        total += norm_partial16[k];
+    }
+    float scale = 1.0 / sqrt(total / float(p.n_in) + p.norm_eps);
+    [[unroll]] for (uint k = 0u; k < HELD_WORDS; k++) {
+        // Uniform: every invocation takes the same rounds.
+        if (k * WG_ALL < words) {
+            uint w = tid + k * WG_ALL;
+            bool in_row = w < words;
+            quantise_word(in_row ? xv[k] * scale * gv[k] : vec4(0.0), in_row, w);
+        }
+    }
+    for (uint j0 = HELD_WORDS * WG_ALL; j0 < words; j0 += WG_ALL) {
+        uint w = j0 + tid;
+        bool in_row = w < words;
+        quantise_word(in_row ? x[w] * scale * norm_w4[w_base + w] : vec4(0.0), in_row, w);
+    }
+}
+#endif
+
 // An int of magnitude < 2^22 as a float, without a conversion instruction
 // (a run's dot is at most 16 * 255 * 127).
 float int_float(int v) {
@@ -251,6 +363,9 @@ void main() {
     // of the subgroup size).
     uint sg_per_slice = WG / gl_SubgroupSize;
     uint sg_in_slice = gl_SubgroupID % sg_per_slice;
+#if defined(NORM_PROLOGUE)
+    load_x_normed();
+#endif
     for (uint t0 = 0u; t0 < p.n_tok; t0 += NT) {
         sum_pass(row_byte, t0, tid, up);
         // The plain kernel's reduction, per slice: subgroup sums, then

@@ -14,8 +14,10 @@
 //! for bit, or within the int8 bound where steps of 8 rows run on the matrix
 //! units). The activation in the int8 gate/up matvec's epilogue (the
 //! default) must give the bits of the act*mul dispatch
-//! (FISH_GPU_INT8_ACT_FUSED=0): one test in this binary, since the variable
-//! is process-wide.
+//! (FISH_GPU_INT8_ACT_FUSED=0), and the feed-forward norm in that kernel's
+//! prologue (the default for one-token steps) the bits of the norm dispatch
+//! (FISH_GPU_INT8_NORM_FUSED=0): one test in this binary, since the
+//! variables are process-wide.
 
 mod common;
 
@@ -111,15 +113,24 @@ fn int8_span_decode_matches_the_cpu_and_answers_paris() {
         differing, 0,
         "{differing} logits differ with the act*mul dispatch"
     );
+    // The prologue sums and rounds the norm as its dispatch does.
+    std::env::set_var("FISH_GPU_INT8_NORM_FUSED", "0");
+    let norm_dispatched = span_teacher_forced(&gpu, &forced).1;
+    std::env::remove_var("FISH_GPU_INT8_NORM_FUSED");
+    let differing = differing_bits(&logits, &norm_dispatched);
+    assert_eq!(
+        differing, 0,
+        "{differing} logits differ with the feed-forward norm dispatched"
+    );
 
     // SmolLM2's layers are Q4_1, its output Q8_0: both on pre-quantised x.
     let built = gpu.gpu().built_matmul_pipelines();
-    assert!(
-        built
-            .iter()
-            .any(|p| p.starts_with("matvec_i8x_gateup_q4_1")),
-        "the gate/up epilogue did not run: {built:?}"
-    );
+    for module in ["matvec_i8x_gateup_q4_1", "matvec_i8x_gateup_norm_q4_1"] {
+        assert!(
+            built.iter().any(|p| p.starts_with(module)),
+            "{module} did not run: {built:?}"
+        );
+    }
     for ty in ["q4_1", "q8_0"] {
         assert!(
             built

@@ -194,6 +194,15 @@ const TYPE_VARIANTS: &[TypeVariant] = &[
         compiler: ShaderCompiler::Glslc,
         quantised_only: true,
     },
+    // The same with the feed-forward norm and its quantisation in a
+    // prologue (span decode steps, no norm dispatch).
+    TypeVariant {
+        prefix: "matvec_i8x_gateup_norm",
+        source: "matvec_i8.comp",
+        defines: &["GATE_UP_INT8", "NORM_PROLOGUE"],
+        compiler: ShaderCompiler::Glslc,
+        quantised_only: true,
+    },
     TypeVariant {
         prefix: "coopmat",
         source: "matmul_coopmat.comp",

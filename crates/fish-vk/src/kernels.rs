@@ -107,6 +107,14 @@ pub enum Kernel {
     /// block of act(gate) * up as span_act.comp would. Runs only inside a
     /// span; chunks of a multiple of 32 rows.
     MatvecInt8GateUp(GatedActivation),
+    /// `MatvecInt8GateUp` with the feed-forward norm in a prologue
+    /// (matvec_i8.comp NORM_PROLOGUE): x at binding 1 is one token of the
+    /// residual stream, the norm's weights are at binding 3
+    /// (`Params::norm_off`), and every workgroup computes the normed token
+    /// quantised into shared memory with the norm dispatch's arithmetic (the
+    /// same bits). One token, workgroups of `INT8_NORM_WORKGROUP`
+    /// invocations; runs only inside a span.
+    MatvecInt8GateUpNormed(GatedActivation),
     /// The matvec with the RMS norm before it fused in (shaders/matvec.comp
     /// NORM): x is the raw residual stream, the norm weights are at
     /// binding 3 (`Params::norm_off`). Needs subgroup arithmetic.
@@ -189,16 +197,24 @@ impl Kernel {
     fn is_int8(self) -> bool {
         matches!(
             self,
-            Kernel::MatvecInt8 | Kernel::MatvecInt8Prequantised | Kernel::MatvecInt8GateUp(_)
+            Kernel::MatvecInt8
+                | Kernel::MatvecInt8Prequantised
+                | Kernel::MatvecInt8GateUp(_)
+                | Kernel::MatvecInt8GateUpNormed(_)
         )
     }
 
     /// The int8 matvecs on pre-quantised x with one shape for every use
     /// (`INT8X_THREADS`, K-quant passes of 4 tokens).
     fn is_int8_prequantised_matvec(self) -> bool {
+        matches!(self, Kernel::MatvecInt8Prequantised) || self.is_int8_gate_up()
+    }
+
+    /// The int8 gate/up matvecs with the activation in their epilogue.
+    fn is_int8_gate_up(self) -> bool {
         matches!(
             self,
-            Kernel::MatvecInt8Prequantised | Kernel::MatvecInt8GateUp(_)
+            Kernel::MatvecInt8GateUp(_) | Kernel::MatvecInt8GateUpNormed(_)
         )
     }
 
@@ -360,6 +376,11 @@ fn int8x_threads(ty: WeightFormat, n_in: usize) -> u32 {
     }
 }
 
+/// Invocations of the decode-step norm's workgroup (span_rmsnorm.comp
+/// WG_SIZE), which `Kernel::MatvecInt8GateUpNormed` workgroups must match
+/// to sum the norm in its order.
+pub(crate) const INT8_NORM_WORKGROUP: u32 = 256;
+
 /// Output rows of a `Kernel::MatvecInt8GateUp` workgroup: one 32-value block
 /// of the int8 copy it writes (the shader's BLOCK_ROWS).
 pub(crate) const INT8_GATE_UP_ROWS: u32 = 32;
@@ -422,7 +443,7 @@ impl MatvecShape {
             Kernel::MatvecGateUp(_) => o.gate_up_rows.unwrap_or((rows / 2).max(1)),
             // Its slices sum gate or up rows only, and the rows per slice
             // do not change any row's sums (FISH_VK_GATE_UP_ROWS: tuning).
-            Kernel::MatvecInt8GateUp(_) => o.gate_up_rows.unwrap_or(INT8_GATE_UP_SLICE_ROWS),
+            k if k.is_int8_gate_up() => o.gate_up_rows.unwrap_or(INT8_GATE_UP_SLICE_ROWS),
             _ => rows,
         };
         MatvecShape {
@@ -519,6 +540,7 @@ impl Gpu {
             Kernel::MatvecInt8 => format!("matvec_i8_{suffix}"),
             Kernel::MatvecInt8Prequantised => format!("matvec_i8x_{suffix}"),
             Kernel::MatvecInt8GateUp(_) => format!("matvec_i8x_gateup_{suffix}"),
+            Kernel::MatvecInt8GateUpNormed(_) => format!("matvec_i8x_gateup_norm_{suffix}"),
             Kernel::MatvecInt8Matrix => format!("matvec_i8mm{x16}_{suffix}"),
             Kernel::MatvecInt8MatrixEmulated => format!("matvec_i8mm_emu{x16}_{suffix}"),
             Kernel::MatvecInt8MatrixGateUp(_) => format!("matvec_i8mm{x16}_gateup_{suffix}"),
@@ -580,6 +602,7 @@ impl Gpu {
                 | Kernel::MatvecPrenormed
                 | Kernel::MatvecGateUp(_)
                 | Kernel::MatvecInt8GateUp(_)
+                | Kernel::MatvecInt8GateUpNormed(_)
                 | Kernel::MatvecInt8MatrixGateUp(_)
         ) {
             // They bind the span's parameters and normed-input buffer.
@@ -967,7 +990,7 @@ impl Gpu {
                     spec.push(act.selector());
                     spec
                 }
-                (Kernel::MatvecInt8GateUp(act), _) => {
+                (Kernel::MatvecInt8GateUp(act) | Kernel::MatvecInt8GateUpNormed(act), _) => {
                     let mut spec = matvec.spec().to_vec();
                     let slices = 2 * INT8_GATE_UP_ROWS / matvec.rows;
                     spec.extend([
@@ -1021,7 +1044,7 @@ impl Gpu {
                         let rows = match (int8_matrix, kernel) {
                             (Some(shape), Kernel::MatvecInt8MatrixGateUp(_)) => shape.rows() / 2,
                             (Some(shape), _) => shape.rows(),
-                            (None, Kernel::MatvecInt8GateUp(_)) => INT8_GATE_UP_ROWS,
+                            (None, k) if k.is_int8_gate_up() => INT8_GATE_UP_ROWS,
                             (None, _) => matvec.rows,
                         };
                         let wgs = n_rows.div_ceil(rows);
@@ -1267,6 +1290,29 @@ impl Gpu {
             && subgroup > 0
             && shape.threads.is_multiple_of(subgroup)
             && threads <= self.info.max_workgroup_threads
+    }
+
+    /// Whether the gate/up group `handles` can take
+    /// `Kernel::MatvecInt8GateUpNormed` after a norm whose weights start at
+    /// float `norm_off` (the norm's rows are the gate rows' n_in values):
+    /// what `int8_gate_up_fusable` asks, workgroups of exactly the norm
+    /// dispatch's `INT8_NORM_WORKGROUP` invocations (its order of sums),
+    /// and rows and weights on 16-byte words (its wide path).
+    pub(crate) fn int8_gate_up_normable(&self, handles: &[TensorHandle], norm_off: u32) -> bool {
+        let Some(gate) = handles.first() else {
+            return false;
+        };
+        let shape = MatvecShape::new(
+            gate.ty(),
+            Kernel::MatvecInt8GateUpNormed(GatedActivation::Silu),
+            1,
+            gate.n_in(),
+        );
+        let threads = 2 * INT8_GATE_UP_ROWS / shape.rows * shape.threads;
+        self.int8_gate_up_fusable(handles)
+            && threads == INT8_NORM_WORKGROUP
+            && gate.n_in().is_multiple_of(32)
+            && norm_off.is_multiple_of(4)
     }
 
     /// Whether every tensor of a group takes the int8 matvec under the

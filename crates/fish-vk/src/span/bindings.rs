@@ -62,6 +62,12 @@ pub(crate) struct LayerSets {
     /// or FISH_GPU_INT8_ACT_FUSED=0.
     pub gate_up_int8_act: Option<MatmulSets>,
     pub down_int8_h16: Option<MatmulSets>,
+    /// The same gate/up with the feed-forward norm in its prologue
+    /// (`Kernel::MatvecInt8GateUpNormed`: gate weights, x, the int8 copy
+    /// into h16, the parameters, up weights at binding 5), for single-token
+    /// chunks at the start of x; None where `gate_up_int8_act` is, where
+    /// `Gpu::int8_gate_up_normable` says no or FISH_GPU_INT8_NORM_FUSED=0.
+    pub gate_up_int8_act_normed: Option<MatmulSets>,
     /// gate/up of batched decode steps on the matrix units with the
     /// activation in the epilogue (`Kernel::MatvecInt8MatrixGateUp`: gate
     /// weights, xn in f16, the f16 output into h16 that the `down_x16` sets
@@ -301,9 +307,10 @@ impl Bindings {
                         .zip(up_w)
                         .map(|(&gw, &uw)| {
                             let set = allocate(gpu, pool, gpu.pipelines.set_layout)?;
-                            // Bindings 3 and 4 are unused by these kernels.
+                            // Binding 3 is the parameters (read only by the
+                            // normed kernel), binding 4 unused.
                             let unused = a.split.raw;
-                            write_set(gpu, set, &[gw, x, y, unused, unused, uw]);
+                            write_set(gpu, set, &[gw, x, y, p, unused, uw]);
                             Ok(set)
                         })
                         .collect::<Result<_>>()?;
@@ -323,6 +330,11 @@ impl Bindings {
                 && gpu.int8_group(&g[3]);
             let gate_up_int8_act =
                 gate_up_epilogue_sets(&g[2], &w[2], int8_act_fused, (a.xn_int8.raw, a.h16.raw))?;
+            let int8_norm_fused = int8_norm_fused_wanted()
+                && gate_up_int8_act.is_some()
+                && gpu.int8_gate_up_normable(&g[2], lp.ffn_norm);
+            let gate_up_int8_act_normed =
+                gate_up_epilogue_sets(&g[2], &w[2], int8_norm_fused, (a.x.raw, a.h16.raw))?;
             let down_int8_h16 = match gate_up_int8_act {
                 Some(_) => Some(matmul_sets(
                     &g[3],
@@ -345,6 +357,7 @@ impl Bindings {
                     (a.xn.raw, a.gate_up.raw),
                 )?,
                 gate_up_int8_act,
+                gate_up_int8_act_normed,
                 down_int8_h16,
                 qkv_int8: int8_sets(&g[0], &w[0], a.qkv.raw)?,
                 gate_up_int8: int8_sets(&g[2], &w[2], a.gate_up.raw)?,
@@ -440,6 +453,13 @@ fn fused_norm_wanted(gpu: &Gpu) -> bool {
 /// `FISH_GPU_INT8_ACT_FUSED=0`.
 fn int8_act_fused_wanted() -> bool {
     std::env::var("FISH_GPU_INT8_ACT_FUSED").as_deref() != Ok("0")
+}
+
+/// Whether single-token int8 decode steps move the feed-forward norm into
+/// the gate/up epilogue kernel's prologue (`Kernel::MatvecInt8GateUpNormed`):
+/// on unless `FISH_GPU_INT8_NORM_FUSED=0`.
+fn int8_norm_fused_wanted() -> bool {
+    std::env::var("FISH_GPU_INT8_NORM_FUSED").as_deref() != Ok("0")
 }
 
 /// Whether decode steps (with the deferred norm) compute act(gate) * up in

@@ -40,6 +40,11 @@ pub(crate) struct Chunk {
     /// into h16) and down reads it (`down_int8_h16`), so no act*mul
     /// dispatch runs.
     pub int8_act_in_gate_up: Vec<bool>,
+    /// Per layer, where int8_act_in_gate_up: the feed-forward norm runs in
+    /// that kernel's prologue (`Kernel::MatvecInt8GateUpNormed` on the
+    /// layer's `gate_up_int8_act_normed` sets, x read at token 0), so no
+    /// norm dispatch runs before gate/up.
+    pub norm_in_gate_up: Vec<bool>,
     /// Per layer: the gate/up matvec of a batched step on the matrix units
     /// writes act(gate) * up in f16 (`Kernel::MatvecInt8MatrixGateUp` on the
     /// layer's `gate_up_matrix_act` sets, into h16) and down reads it (the
@@ -203,6 +208,7 @@ pub(crate) fn plan_chunks(
                 gated: same.gated,
                 act_in_gate_up: same.act_in_gate_up.clone(),
                 int8_act_in_gate_up: same.int8_act_in_gate_up.clone(),
+                norm_in_gate_up: same.norm_in_gate_up.clone(),
                 matrix_act_in_gate_up: same.matrix_act_in_gate_up.clone(),
                 down_f16: same.down_f16,
                 wo_f16: same.wo_f16,
@@ -266,6 +272,7 @@ pub(crate) fn plan_chunks(
         let mut resnorm = Vec::with_capacity(n_layers);
         let mut act_in_gate_up = Vec::with_capacity(n_layers);
         let mut int8_act_in_gate_up = Vec::with_capacity(n_layers);
+        let mut norm_in_gate_up = Vec::with_capacity(n_layers);
         let mut matrix_act_in_gate_up = Vec::with_capacity(n_layers);
         let mut int8_in = Vec::with_capacity(n_layers);
         let defer = defers_norms(decode, n, n_tok, layout).then(|| norm_parts_offset(shape));
@@ -329,13 +336,26 @@ pub(crate) fn plan_chunks(
                 (NormedInput::Int8, Some(act), Some(down)) if !gated && n == 1 => Some((act, down)),
                 _ => None,
             };
-            let gate_up_plan = match int8_act {
-                Some((sets, _)) => {
+            // And the norm before it into that kernel's prologue, where it
+            // reads x from its start (the same bits as the norm dispatch).
+            let normed = ls
+                .gate_up_int8_act_normed
+                .as_ref()
+                .filter(|_| int8_act.is_some() && tok0 == 0);
+            let gate_up_plan = match (int8_act, normed) {
+                (_, Some(sets)) => plan_group(
+                    gpu,
+                    sets,
+                    n,
+                    Kernel::MatvecInt8GateUpNormed(activation(shape)),
+                )?,
+                (Some((sets, _)), None) => {
                     plan_group(gpu, sets, n, Kernel::MatvecInt8GateUp(activation(shape)))?
                 }
-                None => gate_up_plan,
+                (None, None) => gate_up_plan,
             };
             int8_act_in_gate_up.push(int8_act.is_some());
+            norm_in_gate_up.push(normed.is_some());
             // Batched steps on the matrix units' f16 form: the activation
             // in the gate/up epilogue, its f16 output read by down.
             let matrix_act = match (gate_up_input, &ls.gate_up_matrix_act) {
@@ -397,6 +417,7 @@ pub(crate) fn plan_chunks(
             gated: matches!(down_kernel, Kernel::MatvecGated(_)),
             act_in_gate_up,
             int8_act_in_gate_up,
+            norm_in_gate_up,
             matrix_act_in_gate_up,
             down_f16: down_f16 || down_matrix_f16,
             wo_f16: wo_f16 || wo_matrix_f16,
@@ -1203,6 +1224,14 @@ impl Recording<'_> {
                         gate_up_plan,
                         lp.ffn_norm,
                     );
+                }
+            }
+            _ if chunk.norm_in_gate_up[il] => {
+                // The norm in the epilogue kernel's prologue.
+                if let Some(normed) = &sets.gate_up_int8_act_normed {
+                    let plan = with_norm(gate_up_plan, lp.ffn_norm, s.rms_eps);
+                    self.matmul(r, &plan, &normed.sets);
+                    r.end(SpanStage::Matvec);
                 }
             }
             _ if chunk.int8_act_in_gate_up[il] => {
