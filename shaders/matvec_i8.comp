@@ -42,6 +42,13 @@
 // of span_rmsnorm.comp's int8 path, so its quants are the bits the norm
 // dispatch would have written and the products are those of the kernel on
 // pre-quantised x; the norm's dispatch and barrier go.
+//
+// With SLICED and NORM_PROLOGUE (no GATE_UP_INT8) it is the plain matvec
+// of one token with the attention norm in the same prologue (q/k/v of a
+// decode step): WG_ALL / WG slices of WG invocations, each computing ROWS
+// rows exactly as a workgroup of the kernel on pre-quantised x does (the
+// same units, sums and reduction), so the same bits, and storing them as
+// that kernel does.
 #extension GL_GOOGLE_include_directive : require
 #extension GL_KHR_shader_subgroup_arithmetic : require
 #extension GL_KHR_shader_subgroup_basic : require
@@ -53,13 +60,17 @@ layout(constant_id = 1) const uint ROWS = 4;
 layout(constant_id = 2) const uint NT = 1;
 layout(constant_id = 3) const uint UNROLL = 1;
 layout(constant_id = 4) const uint IN_VEC4 = 16;
-#if defined(GATE_UP_INT8)
+#if defined(GATE_UP_INT8) || defined(SLICED)
 layout(constant_id = 5) const uint GELU = 0;
 layout(constant_id = 6) const uint WG_ALL = 512;
 layout(local_size_x_id = 6) in;
+#endif
+#if defined(GATE_UP_INT8)
 // Rows of a block: each workgroup's output rows.
 const uint BLOCK_ROWS = 32u;
 const uint SLICES = 2u * BLOCK_ROWS / ROWS;
+#elif defined(SLICED)
+const uint SLICES = WG_ALL / WG;
 #else
 layout(local_size_x_id = 0) in;
 #endif
@@ -92,6 +103,13 @@ float acc[ROWS][NT];
 // invocations each), then the gate and up values of the block.
 shared float partial[SLICES][ROWS * NT][WG / 4u];
 shared float block_sums[SLICES * ROWS][NT];
+#elif defined(SLICED)
+// The norm's quantisation (quantise_word) meets in these.
+shared float part_max[WG_ALL];
+shared int part_sum[WG_ALL];
+float acc[ROWS][NT];
+// Per slice, row and token: the partial sums of its subgroups.
+shared float partial[SLICES][ROWS * NT][WG / 4u];
 #else
 #include "matvec_reduce.glsl"
 #endif
@@ -405,6 +423,43 @@ void main() {
         // chunk's rows start at y_offset.
         store_int8_part(v, write, t0 + t, (p.y_offset + block_row0) / BLOCK_ROWS, p.y_stride);
         barrier();
+    }
+}
+#elif defined(SLICED)
+void main() {
+    // Slice `slice` computes rows row0 .. row0 + ROWS - 1 of one token.
+    uint slice = gl_LocalInvocationID.x / WG;
+    uint tid = gl_LocalInvocationID.x % WG;
+    uint row0 = (workgroup_index() * SLICES + slice) * ROWS;
+    uint row_byte[ROWS];
+    for (uint r = 0u; r < ROWS; r++) {
+        // Rows past the end read the last row; their sums are never written.
+        row_byte[r] = min(row0 + r, p.n_rows - 1u) * p.row_stride;
+    }
+    uint sg_per_slice = WG / gl_SubgroupSize;
+    uint sg_in_slice = gl_SubgroupID % sg_per_slice;
+    load_x_normed();
+    sum_pass(row_byte, 0u, tid, false);
+    // The plain kernel's reduction (store_sums), per slice.
+    for (uint r = 0u; r < ROWS; r++) {
+        for (uint t = 0u; t < NT; t++) {
+            float s = subgroupAdd(acc[r][t]);
+            if (subgroupElect()) {
+                partial[slice][r * NT + t][sg_in_slice] = s;
+            }
+        }
+    }
+    barrier();
+    for (uint i = tid; i < ROWS * NT; i += WG) {
+        uint r = i / NT;
+        uint t = i % NT;
+        if (row0 + r < p.n_rows && t < p.n_tok) {
+            float s = 0.0;
+            for (uint j = 0u; j < sg_per_slice; j++) {
+                s += partial[slice][i][j];
+            }
+            store_y(t * p.y_stride + p.y_offset + row0 + r, s);
+        }
     }
 }
 #else

@@ -14,8 +14,9 @@
 //! for bit, or within the int8 bound where steps of 8 rows run on the matrix
 //! units). The activation in the int8 gate/up matvec's epilogue (the
 //! default) must give the bits of the act*mul dispatch
-//! (FISH_GPU_INT8_ACT_FUSED=0), and the feed-forward norm in that kernel's
-//! prologue (the default for one-token steps) the bits of the norm dispatch
+//! (FISH_GPU_INT8_ACT_FUSED=0), and the layer norms in the prologues of
+//! that kernel (the default for one-token steps) and of the q/k/v matvec
+//! (FISH_GPU_INT8_QKV_NORM=1, set here) the bits of the norm dispatches
 //! (FISH_GPU_INT8_NORM_FUSED=0): one test in this binary, since the
 //! variables are process-wide.
 
@@ -34,6 +35,8 @@ use fish_gguf::GgmlType;
 
 #[test]
 fn int8_span_decode_matches_the_cpu_and_answers_paris() {
+    // The attention norm in the q/k/v prologue is opt-in: on for this test.
+    std::env::set_var("FISH_GPU_INT8_QKV_NORM", "1");
     // One float device and one with the int8 matvec forced on.
     let Some(float_gpu) = float_backend() else {
         return;
@@ -113,7 +116,7 @@ fn int8_span_decode_matches_the_cpu_and_answers_paris() {
         differing, 0,
         "{differing} logits differ with the act*mul dispatch"
     );
-    // The prologue sums and rounds the norm as its dispatch does.
+    // The prologues sum and round the norms as their dispatch does.
     std::env::set_var("FISH_GPU_INT8_NORM_FUSED", "0");
     let norm_dispatched = span_teacher_forced(&gpu, &forced).1;
     std::env::remove_var("FISH_GPU_INT8_NORM_FUSED");
@@ -125,7 +128,11 @@ fn int8_span_decode_matches_the_cpu_and_answers_paris() {
 
     // SmolLM2's layers are Q4_1, its output Q8_0: both on pre-quantised x.
     let built = gpu.gpu().built_matmul_pipelines();
-    for module in ["matvec_i8x_gateup_q4_1", "matvec_i8x_gateup_norm_q4_1"] {
+    for module in [
+        "matvec_i8x_gateup_q4_1",
+        "matvec_i8x_gateup_norm_q4_1",
+        "matvec_i8x_norm_q4_1",
+    ] {
         assert!(
             built.iter().any(|p| p.starts_with(module)),
             "{module} did not run: {built:?}"

@@ -194,7 +194,16 @@ const TYPE_VARIANTS: &[TypeVariant] = &[
         compiler: ShaderCompiler::Glslc,
         quantised_only: true,
     },
-    // The same with the feed-forward norm and its quantisation in a
+    // The plain one-token matvec with the attention norm in that prologue
+    // (q/k/v of span decode steps).
+    TypeVariant {
+        prefix: "matvec_i8x_norm",
+        source: "matvec_i8.comp",
+        defines: &["SLICED", "NORM_PROLOGUE"],
+        compiler: ShaderCompiler::Glslc,
+        quantised_only: true,
+    },
+    // The gate/up one with the feed-forward norm and its quantisation in a
     // prologue (span decode steps, no norm dispatch).
     TypeVariant {
         prefix: "matvec_i8x_gateup_norm",

@@ -115,6 +115,13 @@ pub enum Kernel {
     /// same bits). One token, workgroups of `INT8_NORM_WORKGROUP`
     /// invocations; runs only inside a span.
     MatvecInt8GateUpNormed(GatedActivation),
+    /// `MatvecInt8Prequantised` for one token with the norm before it in a
+    /// prologue (matvec_i8.comp SLICED + NORM_PROLOGUE; q/k/v of decode
+    /// steps): x and the norm's weights as `MatvecInt8GateUpNormed` reads
+    /// them, each workgroup `INT8_NORM_WORKGROUP` invocations in slices
+    /// that each compute `INT8_NORMED_SLICE_ROWS` rows as a workgroup of the
+    /// plain kernel does (the same bits). Runs only inside a span.
+    MatvecInt8Normed,
     /// The matvec with the RMS norm before it fused in (shaders/matvec.comp
     /// NORM): x is the raw residual stream, the norm weights are at
     /// binding 3 (`Params::norm_off`). Needs subgroup arithmetic.
@@ -199,6 +206,7 @@ impl Kernel {
             self,
             Kernel::MatvecInt8
                 | Kernel::MatvecInt8Prequantised
+                | Kernel::MatvecInt8Normed
                 | Kernel::MatvecInt8GateUp(_)
                 | Kernel::MatvecInt8GateUpNormed(_)
         )
@@ -207,7 +215,10 @@ impl Kernel {
     /// The int8 matvecs on pre-quantised x with one shape for every use
     /// (`INT8X_THREADS`, K-quant passes of 4 tokens).
     fn is_int8_prequantised_matvec(self) -> bool {
-        matches!(self, Kernel::MatvecInt8Prequantised) || self.is_int8_gate_up()
+        matches!(
+            self,
+            Kernel::MatvecInt8Prequantised | Kernel::MatvecInt8Normed
+        ) || self.is_int8_gate_up()
     }
 
     /// The int8 gate/up matvecs with the activation in their epilogue.
@@ -381,6 +392,13 @@ fn int8x_threads(ty: WeightFormat, n_in: usize) -> u32 {
 /// to sum the norm in its order.
 pub(crate) const INT8_NORM_WORKGROUP: u32 = 256;
 
+/// Rows per slice of a `Kernel::MatvecInt8Normed` workgroup: 2, so that a
+/// 256-invocation workgroup of 32-invocation slices holds 16 rows (384
+/// workgroups for the llama-8b q/k/v, 192 for llama-1b's, rather than 192 /
+/// 96 at the plain kernel's 4 rows: fewer than twice the H200's 132
+/// multiprocessors leaves some with one workgroup and some with two).
+const INT8_NORMED_SLICE_ROWS: u32 = 2;
+
 /// Output rows of a `Kernel::MatvecInt8GateUp` workgroup: one 32-value block
 /// of the int8 copy it writes (the shader's BLOCK_ROWS).
 pub(crate) const INT8_GATE_UP_ROWS: u32 = 32;
@@ -430,7 +448,7 @@ impl MatvecShape {
         let threads = match kernel {
             // The gate/up epilogue's slices keep one subgroup (its rows
             // are the model's width, not the feed-forward's).
-            Kernel::MatvecInt8Prequantised => int8x_threads(ty, n_in),
+            Kernel::MatvecInt8Prequantised | Kernel::MatvecInt8Normed => int8x_threads(ty, n_in),
             k if k.is_int8_prequantised_matvec() => INT8X_THREADS,
             _ => threads,
         };
@@ -444,6 +462,8 @@ impl MatvecShape {
             // Its slices sum gate or up rows only, and the rows per slice
             // do not change any row's sums (FISH_VK_GATE_UP_ROWS: tuning).
             k if k.is_int8_gate_up() => o.gate_up_rows.unwrap_or(INT8_GATE_UP_SLICE_ROWS),
+            // Rows per slice change no row's sums.
+            Kernel::MatvecInt8Normed => INT8_NORMED_SLICE_ROWS,
             _ => rows,
         };
         MatvecShape {
@@ -541,6 +561,7 @@ impl Gpu {
             Kernel::MatvecInt8Prequantised => format!("matvec_i8x_{suffix}"),
             Kernel::MatvecInt8GateUp(_) => format!("matvec_i8x_gateup_{suffix}"),
             Kernel::MatvecInt8GateUpNormed(_) => format!("matvec_i8x_gateup_norm_{suffix}"),
+            Kernel::MatvecInt8Normed => format!("matvec_i8x_norm_{suffix}"),
             Kernel::MatvecInt8Matrix => format!("matvec_i8mm{x16}_{suffix}"),
             Kernel::MatvecInt8MatrixEmulated => format!("matvec_i8mm_emu{x16}_{suffix}"),
             Kernel::MatvecInt8MatrixGateUp(_) => format!("matvec_i8mm{x16}_gateup_{suffix}"),
@@ -603,6 +624,7 @@ impl Gpu {
                 | Kernel::MatvecGateUp(_)
                 | Kernel::MatvecInt8GateUp(_)
                 | Kernel::MatvecInt8GateUpNormed(_)
+                | Kernel::MatvecInt8Normed
                 | Kernel::MatvecInt8MatrixGateUp(_)
         ) {
             // They bind the span's parameters and normed-input buffer.
@@ -1000,6 +1022,11 @@ impl Gpu {
                     ]);
                     spec
                 }
+                (Kernel::MatvecInt8Normed, _) => {
+                    let mut spec = matvec.spec().to_vec();
+                    spec.extend([(h.n_in() / 16) as u32, 0, INT8_NORM_WORKGROUP]);
+                    spec
+                }
                 (k, _) if k.is_int8() => {
                     let mut spec = matvec.spec().to_vec();
                     spec.push((h.n_in() / 16) as u32);
@@ -1045,6 +1072,9 @@ impl Gpu {
                             (Some(shape), Kernel::MatvecInt8MatrixGateUp(_)) => shape.rows() / 2,
                             (Some(shape), _) => shape.rows(),
                             (None, k) if k.is_int8_gate_up() => INT8_GATE_UP_ROWS,
+                            (None, Kernel::MatvecInt8Normed) => {
+                                INT8_NORM_WORKGROUP / matvec.threads * matvec.rows
+                            }
                             (None, _) => matvec.rows,
                         };
                         let wgs = n_rows.div_ceil(rows);
@@ -1313,6 +1343,24 @@ impl Gpu {
             && threads == INT8_NORM_WORKGROUP
             && gate.n_in().is_multiple_of(32)
             && norm_off.is_multiple_of(4)
+    }
+
+    /// Whether every tensor of `handles` (a group after a norm whose weights
+    /// start at float `norm_off`) can take `Kernel::MatvecInt8Normed`: the
+    /// group takes the int8 matvec, the slices divide the norm's
+    /// `INT8_NORM_WORKGROUP` invocations into whole subgroups, and rows and
+    /// weights lie on 16-byte words.
+    pub(crate) fn int8_normable(&self, handles: &[TensorHandle], norm_off: u32) -> bool {
+        let subgroup = self.info.subgroup_size;
+        self.int8_group(handles)
+            && norm_off.is_multiple_of(4)
+            && subgroup > 0
+            && handles.iter().all(|h| {
+                let shape = MatvecShape::new(h.ty(), Kernel::MatvecInt8Normed, 1, h.n_in());
+                h.n_in().is_multiple_of(32)
+                    && INT8_NORM_WORKGROUP.is_multiple_of(shape.threads)
+                    && shape.threads.is_multiple_of(subgroup)
+            })
     }
 
     /// Whether every tensor of a group takes the int8 matvec under the

@@ -33,6 +33,12 @@ pub(crate) struct LayerSets {
     /// for decode-sized chunks; None where the policy keeps float x.
     pub qkv_int8: Option<MatmulSets>,
     pub gate_up_int8: Option<MatmulSets>,
+    /// q/k/v of single-token int8 chunks with the attention norm in the
+    /// matvec's prologue (`Kernel::MatvecInt8Normed`: weights, x, qkv, the
+    /// parameters); None where `qkv_int8` is, where `Gpu::int8_normable`
+    /// says no, and unless FISH_GPU_INT8_QKV_NORM=1 (not yet measured on a
+    /// GPU, so off by default).
+    pub qkv_int8_normed: Option<MatmulSets>,
     /// wo and down on the int8 copies of their inputs that the attention
     /// and the activation write (into the buffer of xn's, which q/k/v and
     /// gate/up have read by then), adding into their residual targets;
@@ -86,6 +92,7 @@ impl LayerSets {
         NormedGroup {
             float: &self.qkv,
             int8: &self.qkv_int8,
+            int8_normed: &self.qkv_int8_normed,
             fused: &self.qkv_norm,
         }
     }
@@ -94,6 +101,9 @@ impl LayerSets {
         NormedGroup {
             float: &self.gate_up,
             int8: &self.gate_up_int8,
+            // gate/up's own prologue kernel is the epilogue one
+            // (`gate_up_int8_act_normed`).
+            int8_normed: &None,
             fused: &self.gate_up_norm,
         }
     }
@@ -360,6 +370,9 @@ impl Bindings {
                 gate_up_int8_act_normed,
                 down_int8_h16,
                 qkv_int8: int8_sets(&g[0], &w[0], a.qkv.raw)?,
+                qkv_int8_normed: (int8_qkv_norm_wanted() && gpu.int8_normable(&g[0], lp.attn_norm))
+                    .then(|| sets_binding(&g[0], &w[0], a.x.raw, a.qkv.raw, &[p]))
+                    .transpose()?,
                 gate_up_int8: int8_sets(&g[2], &w[2], a.gate_up.raw)?,
                 wo_int8: int8_sets(&g[1], &w[1], residual_target(lp.post_attn_norm))?,
                 down_int8: int8_sets(&g[3], &w[3], residual_target(lp.post_ffn_norm))?,
@@ -460,6 +473,15 @@ fn int8_act_fused_wanted() -> bool {
 /// on unless `FISH_GPU_INT8_NORM_FUSED=0`.
 fn int8_norm_fused_wanted() -> bool {
     std::env::var("FISH_GPU_INT8_NORM_FUSED").as_deref() != Ok("0")
+}
+
+/// Whether single-token int8 decode steps also move the attention norm into
+/// the q/k/v matvec's prologue (`Kernel::MatvecInt8Normed`): only with
+/// `FISH_GPU_INT8_QKV_NORM=1` (and not with FISH_GPU_INT8_NORM_FUSED=0).
+/// Off by default until measured on a GPU: its 256-invocation workgroups
+/// of 16 rows replace the plain kernel's one-subgroup ones.
+fn int8_qkv_norm_wanted() -> bool {
+    int8_norm_fused_wanted() && std::env::var("FISH_GPU_INT8_QKV_NORM").as_deref() == Ok("1")
 }
 
 /// Whether decode steps (with the deferred norm) compute act(gate) * up in

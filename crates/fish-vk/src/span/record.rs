@@ -150,6 +150,10 @@ pub(crate) enum NormedInput {
     Half,
     /// The norm's int8 copy of xn (`Kernel::MatvecInt8Prequantised`).
     Int8,
+    /// The residual stream x, normed and quantised in the matvec's own
+    /// prologue (`Kernel::MatvecInt8Normed`; no norm dispatch, the same
+    /// bits as `Int8`). Single-token chunks at the start of x only.
+    Int8Normed,
     /// The residual stream x, normed inside the matvec (`Kernel::MatvecNorm`;
     /// no norm dispatch). Only for a forward's first chunk, which starts at
     /// token 0 of x.
@@ -731,6 +735,7 @@ fn batch_kernel(
 pub(crate) struct NormedGroup<'a> {
     pub float: &'a MatmulSets,
     pub int8: &'a Option<MatmulSets>,
+    pub int8_normed: &'a Option<MatmulSets>,
     pub fused: &'a Option<MatmulSets>,
 }
 
@@ -762,8 +767,16 @@ impl NormedGroup<'_> {
                 Ok((matrix_f16_plan(gpu, self.float, n_tok)?, NormedInput::Half))
             }
             (Some(q), _, _) if int8 => {
-                let plan = plan_group(gpu, q, n_tok, gpu.int8_span_kernel(&q.handles, step_rows))?;
-                Ok((plan, NormedInput::Int8))
+                let kernel = gpu.int8_span_kernel(&q.handles, step_rows);
+                match self.int8_normed {
+                    Some(normed)
+                        if first && n_tok == 1 && kernel == Kernel::MatvecInt8Prequantised =>
+                    {
+                        let plan = plan_group(gpu, normed, n_tok, Kernel::MatvecInt8Normed)?;
+                        Ok((plan, NormedInput::Int8Normed))
+                    }
+                    _ => Ok((plan_group(gpu, q, n_tok, kernel)?, NormedInput::Int8)),
+                }
             }
             (_, Some(norm), _) => {
                 let plan = plan_group(gpu, self.float, n_tok, Kernel::MatvecPrenormed)?;
@@ -789,6 +802,7 @@ impl NormedGroup<'_> {
         let chosen = match input {
             NormedInput::Float | NormedInput::Half | NormedInput::Deferred(_) => None,
             NormedInput::Int8 => self.int8.as_ref(),
+            NormedInput::Int8Normed => self.int8_normed.as_ref(),
             NormedInput::Fused => self.fused.as_ref(),
         };
         &chosen.unwrap_or(self.float).sets
@@ -1309,7 +1323,7 @@ impl Recording<'_> {
             NormedInput::Float => NormOut::Set,
             NormedInput::Half => NormOut::F16,
             NormedInput::Int8 => NormOut::Int8,
-            NormedInput::Fused => {
+            NormedInput::Fused | NormedInput::Int8Normed => {
                 self.matmul(r, &with_norm(plan, norm, s.rms_eps), group.sets(input));
                 r.end(SpanStage::Matvec);
                 return;
