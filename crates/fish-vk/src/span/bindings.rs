@@ -180,6 +180,8 @@ impl Bindings {
         // Room for the int8 and fused-norm copies of the q/k/v and gate/up
         // sets and the deferred-norm and int8 copies of the wo and down sets.
         let n_normed: usize = weights.iter().map(|w| w[0].len() + w[2].len()).sum();
+        // And the q/k/v sets with the norm in their prologue.
+        let n_qkv: usize = weights.iter().map(|w| w[0].len()).sum();
         // (and the f16-input copy of the down sets).
         let n_residual: usize = weights
             .iter()
@@ -188,11 +190,11 @@ impl Bindings {
         // And the gate/up sets with the activation, float and int8 (one
         // each per gate chunk), and the down sets reading the int8
         // epilogue's copy.
-        // (and the matrix units' gate/up sets with the activation, one per
-        // gate chunk).
+        // (and the matrix units' gate/up sets with the activation and the
+        // int8 ones with the norm in their prologue, one each per gate chunk).
         let n_gate_up_act: usize = weights
             .iter()
-            .map(|w| w[2].len() + w[2].len().div_ceil(2) + w[3].len())
+            .map(|w| w[2].len() + 2 * w[2].len().div_ceil(2) + w[3].len())
             .sum();
         // The output's plain sets, and its fused-norm and int8 copies.
         let pool = create_pool(
@@ -200,6 +202,7 @@ impl Bindings {
             n_matmul
                 + 2 * output_weights.len()
                 + 2 * n_normed
+                + n_qkv
                 + n_residual
                 + n_gate_up_act
                 + n_span,
