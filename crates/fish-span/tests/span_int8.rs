@@ -104,27 +104,21 @@ fn int8_span_decode_matches_the_cpu_and_answers_paris() {
         assert_batched_equals_single_runs(&model, prompts, exact, float_worst);
     }
 
+    // Logits with `var` set to 0 against the default's, bit for bit.
+    let assert_same_bits_with_off = |var: &str, what: &str| {
+        std::env::set_var(var, "0");
+        let other = span_teacher_forced(&gpu, &forced).1;
+        std::env::remove_var(var);
+        let differing = differing_bits(&logits, &other);
+        assert_eq!(differing, 0, "{differing} logits differ with {what}");
+    };
     // The gate/up matvec with the activation and its int8 copy in its
     // epilogue gives the logits of the act*mul dispatch bit for bit (the
     // same sums, the same activation, the same quantisation).
     drop(model);
-    std::env::set_var("FISH_GPU_INT8_ACT_FUSED", "0");
-    let unfused = span_teacher_forced(&gpu, &forced).1;
-    std::env::remove_var("FISH_GPU_INT8_ACT_FUSED");
-    let differing = differing_bits(&logits, &unfused);
-    assert_eq!(
-        differing, 0,
-        "{differing} logits differ with the act*mul dispatch"
-    );
-    // The prologues sum and round the norms as their dispatch does.
-    std::env::set_var("FISH_GPU_INT8_NORM_FUSED", "0");
-    let norm_dispatched = span_teacher_forced(&gpu, &forced).1;
-    std::env::remove_var("FISH_GPU_INT8_NORM_FUSED");
-    let differing = differing_bits(&logits, &norm_dispatched);
-    assert_eq!(
-        differing, 0,
-        "{differing} logits differ with the feed-forward norm dispatched"
-    );
+    assert_same_bits_with_off("FISH_GPU_INT8_ACT_FUSED", "the act*mul dispatch");
+    // The prologues sum and round the norms as their dispatches do.
+    assert_same_bits_with_off("FISH_GPU_INT8_NORM_FUSED", "the norms dispatched");
 
     // SmolLM2's layers are Q4_1, its output Q8_0: both on pre-quantised x.
     let built = gpu.gpu().built_matmul_pipelines();
