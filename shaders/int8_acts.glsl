@@ -48,15 +48,17 @@ void store_int8_block(vec4 v[8], uint row, uint blk, uint n) {
 }
 #endif
 
-#if defined(INT8_PARTS_WRITER)
-// The same layout written by eight invocations per block, four values (v)
-// each: invocation 8m + k of the workgroup holds part k (values 4k .. 4k +
-// 3) of block `blk` of row `row`. They meet in part_max and part_sum
-// (shared, one slot per invocation, declared by the including shader) for
-// the block's max and sums, which store_int8_block computes alike. Every
-// invocation must call it (barriers); those with `write` false only lend
-// their slot (v zero). The slots are free again after a barrier.
-void store_int8_part(vec4 v, bool write, uint row, uint blk, uint n) {
+#if defined(INT8_PARTS_WRITER) || defined(INT8_PARTS)
+// One block quantised by eight invocations, four values (v) each:
+// invocation 8m + k of the workgroup holds part k (values 4k .. 4k + 3) of
+// its block. They meet in part_max and part_sum (shared, one slot per
+// invocation, declared by the including shader) for the block's max and
+// sums, which store_int8_block computes alike. Returns the part's four
+// quants packed (`word`), the block's scale (`d`) and, in parts 0 and 4,
+// d * (sum of the quants of their 16 values) (`half_sum`; 0 elsewhere).
+// Every invocation must call it (barriers); those without a block pass v
+// zero. The slots are free again after a barrier.
+void quantise_part(vec4 v, out uint word, out float d, out float half_sum) {
     uint tid = gl_LocalInvocationID.x;
     uint part = tid % 8u;
     vec4 a = abs(v);
@@ -66,25 +68,43 @@ void store_int8_part(vec4 v, bool write, uint row, uint blk, uint n) {
     for (uint k = 0u; k < 8u; k++) {
         amax = max(amax, part_max[tid - part + k]);
     }
-    float d = amax / 127.0;
+    d = amax / 127.0;
     float id = amax > 0.0 ? 127.0 / amax : 0.0;
     ivec4 q = ivec4(round(v * id));
     part_sum[tid] = (q.x + q.y) + (q.z + q.w);
     barrier();
+    uvec4 b = uvec4(q) & 0xFFu;
+    word = b.x | (b.y << 8) | (b.z << 16) | (b.w << 24);
+    half_sum = 0.0;
+    if (part % 4u == 0u) {
+        int sum = (part_sum[tid] + part_sum[tid + 1u]) + (part_sum[tid + 2u] + part_sum[tid + 3u]);
+        half_sum = d * float(sum);
+    }
+}
+#endif
+
+#if defined(INT8_PARTS_WRITER)
+// quantise_part's block written into q8: part `tid % 8` of block `blk` of
+// row `row` (rows of n values). Every invocation must call it (barriers);
+// those with `write` false only lend their slot (v zero).
+void store_int8_part(vec4 v, bool write, uint row, uint blk, uint n) {
+    uint word;
+    float d;
+    float half_sum;
+    quantise_part(v, word, d, half_sum);
     if (!write) {
         return;
     }
+    uint part = gl_LocalInvocationID.x % 8u;
     uint base = 4u * row * int8_token_vec4s(n);
     uint scales = 4u * int8_scales_vec4(row, n);
     uint sums = 4u * int8_sums_vec4(row, n);
-    uvec4 b = uvec4(q) & 0xFFu;
-    q8[base + 8u * blk + part] = b.x | (b.y << 8) | (b.z << 16) | (b.w << 24);
+    q8[base + 8u * blk + part] = word;
     if (part == 0u) {
         q8[scales + blk] = floatBitsToUint(d);
     }
     if (part % 4u == 0u) {
-        int sum = (part_sum[tid] + part_sum[tid + 1u]) + (part_sum[tid + 2u] + part_sum[tid + 3u]);
-        q8[sums + 2u * blk + part / 4u] = floatBitsToUint(d * float(sum));
+        q8[sums + 2u * blk + part / 4u] = floatBitsToUint(half_sum);
     }
 }
 #endif

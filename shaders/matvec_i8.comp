@@ -104,9 +104,13 @@ float acc[ROWS][NT];
 shared float partial[SLICES][ROWS * NT][WG / 4u];
 shared float block_sums[SLICES * ROWS][NT];
 #elif defined(SLICED)
-// The norm's quantisation (quantise_word) meets in these.
+// The norm's quantisation (quantise_part) meets in these.
 shared float part_max[WG_ALL];
 shared int part_sum[WG_ALL];
+#if defined(NORM_PROLOGUE)
+#define INT8_PARTS 1
+#include "int8_acts.glsl"
+#endif
 float acc[ROWS][NT];
 // Per slice, row and token: the partial sums of its subgroups.
 shared float partial[SLICES][ROWS * NT][WG / 4u];
@@ -204,33 +208,22 @@ shared float norm_partial16[16];
 const uint HELD_WORDS = 4u;
 
 // Quantises word w (v, 4 values; in_row false past the row's end) into
-// xq / xd / xs: part w % 8 of block w / 8, as store_int8_part computes it.
+// xq / xd / xs: part w % 8 of block w / 8, as store_int8_part writes it.
 // Every invocation must call it (barriers).
 void quantise_word(vec4 v, bool in_row, uint w) {
-    uint tid = gl_LocalInvocationID.x;
-    uint part = tid % 8u;
-    vec4 a = abs(v);
-    part_max[tid] = max(max(a.x, a.y), max(a.z, a.w));
-    barrier();
-    float amax = 0.0;
-    for (uint k = 0u; k < 8u; k++) {
-        amax = max(amax, part_max[tid - part + k]);
-    }
-    float d = amax / 127.0;
-    float id = amax > 0.0 ? 127.0 / amax : 0.0;
-    ivec4 q = ivec4(round(v * id));
-    part_sum[tid] = (q.x + q.y) + (q.z + q.w);
-    barrier();
+    uint word;
+    float d;
+    float half_sum;
+    quantise_part(v, word, d, half_sum);
     if (in_row) {
+        uint part = gl_LocalInvocationID.x % 8u;
         uint blk = w / 8u;
-        uvec4 b = uvec4(q) & 0xFFu;
-        xq[w / 4u][w % 4u] = b.x | (b.y << 8) | (b.z << 16) | (b.w << 24);
+        xq[w / 4u][w % 4u] = word;
         if (part == 0u) {
             xd[blk] = d;
         }
         if (part % 4u == 0u) {
-            int sum4 = (part_sum[tid] + part_sum[tid + 1u]) + (part_sum[tid + 2u] + part_sum[tid + 3u]);
-            xs[2u * blk + part / 4u] = d * float(sum4);
+            xs[2u * blk + part / 4u] = half_sum;
         }
     }
     barrier();

@@ -6,7 +6,9 @@
 //! (on by default, FISH_GPU_DEFER_NORM=0 turns them off: wo and down
 //! prepare the next norm, the q/k/v and gate/up matvecs apply its scale)
 //! and the gated activation in the gate/up matvec's epilogue that comes
-//! with them (on by default, FISH_GPU_FUSE_GATE_UP=0 turns it off).
+//! with them (on by default, FISH_GPU_FUSE_GATE_UP=0 turns it off), and
+//! RoPE with the KV store inside the decode attention kernel (on by default,
+//! FISH_GPU_FUSE_ROPE=0 dispatches them; the same bits).
 //! Teacher-forced against the CPU and against the same span without
 //! fusions; the profile of the last (single-token) forward shows that no
 //! norm and no act*mul dispatch ran, or (deferred) only the first layer's
@@ -59,6 +61,9 @@ fn fused_decode_matches_the_unfused_span_and_the_cpu() {
     std::env::set_var("FISH_GPU_FUSE_GATE_UP", "0");
     let (deferred_act, deferred_act_profile) = span_logits(&gpu, &forced);
     std::env::remove_var("FISH_GPU_FUSE_GATE_UP");
+    std::env::set_var("FISH_GPU_FUSE_ROPE", "0");
+    let (deferred_rope, deferred_rope_profile) = span_logits(&gpu, &forced);
+    std::env::remove_var("FISH_GPU_FUSE_ROPE");
     std::env::set_var("FISH_GPU_DEFER_NORM", "0");
     std::env::set_var("FISH_GPU_FUSE_NORM", "1");
     std::env::set_var("FISH_GPU_FUSE_ACT", "1");
@@ -120,6 +125,21 @@ fn fused_decode_matches_the_unfused_span_and_the_cpu() {
     );
     assert_eq!(same_act, deferred.len());
     assert!(worst_act <= 1e-5, "{:.6}%", worst_act * 100.0);
+    // RoPE and the KV store inside the attention kernel against their own
+    // dispatch and the plain attention kernel: the same bits.
+    assert!(
+        deferred_rope_profile.contains("RoPE+KV store")
+            && !deferred_rope_profile.contains("RoPE+KV store 0.0%"),
+        "{deferred_rope_profile}"
+    );
+    assert!(
+        deferred_profile.contains("RoPE+KV store 0.0%"),
+        "{deferred_profile}"
+    );
+    assert!(
+        deferred == deferred_rope,
+        "RoPE inside attention vs dispatched: the logits differ"
+    );
     let steps = forced.len() + 1;
     let (same_deferred, worst_deferred) = compare(&deferred, &plain);
     eprintln!(

@@ -16,7 +16,7 @@
 //! default) must give the bits of the act*mul dispatch
 //! (FISH_GPU_INT8_ACT_FUSED=0), and the layer norms in the prologues of
 //! that kernel (the default for one-token steps) and of the q/k/v matvec
-//! (FISH_GPU_INT8_QKV_NORM=1, set here) the bits of the norm dispatches
+//! (both the default) the bits of the norm dispatches
 //! (FISH_GPU_INT8_NORM_FUSED=0): one test in this binary, since the
 //! variables are process-wide.
 
@@ -35,8 +35,6 @@ use fish_gguf::GgmlType;
 
 #[test]
 fn int8_span_decode_matches_the_cpu_and_answers_paris() {
-    // The attention norm in the q/k/v prologue is opt-in: on for this test.
-    std::env::set_var("FISH_GPU_INT8_QKV_NORM", "1");
     // One float device and one with the int8 matvec forced on.
     let Some(float_gpu) = float_backend() else {
         return;

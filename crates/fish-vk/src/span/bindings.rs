@@ -36,8 +36,7 @@ pub(crate) struct LayerSets {
     /// q/k/v of single-token int8 chunks with the attention norm in the
     /// matvec's prologue (`Kernel::MatvecInt8Normed`: weights, x, qkv, the
     /// parameters); None where `qkv_int8` is, where `Gpu::int8_normable`
-    /// says no, and unless FISH_GPU_INT8_QKV_NORM=1 (not yet measured on a
-    /// GPU, so off by default).
+    /// says no, and with FISH_GPU_INT8_QKV_NORM=0.
     pub qkv_int8_normed: Option<MatmulSets>,
     /// wo and down on the int8 copies of their inputs that the attention
     /// and the activation write (into the buffer of xn's, which q/k/v and
@@ -479,12 +478,11 @@ fn int8_norm_fused_wanted() -> bool {
 }
 
 /// Whether single-token int8 decode steps also move the attention norm into
-/// the q/k/v matvec's prologue (`Kernel::MatvecInt8Normed`): only with
-/// `FISH_GPU_INT8_QKV_NORM=1` (and not with FISH_GPU_INT8_NORM_FUSED=0).
-/// Off by default until measured on a GPU: its 256-invocation workgroups
-/// of 16 rows replace the plain kernel's one-subgroup ones.
+/// the q/k/v matvec's prologue (`Kernel::MatvecInt8Normed`): on unless
+/// `FISH_GPU_INT8_QKV_NORM=0` or FISH_GPU_INT8_NORM_FUSED=0 (H200 tg128
+/// +1.5-3.5% on the llama-8b and llama-1b shapes, docs/BENCHMARKS.md).
 fn int8_qkv_norm_wanted() -> bool {
-    int8_norm_fused_wanted() && std::env::var("FISH_GPU_INT8_QKV_NORM").as_deref() == Ok("1")
+    int8_norm_fused_wanted() && std::env::var("FISH_GPU_INT8_QKV_NORM").as_deref() != Ok("0")
 }
 
 /// Whether decode steps (with the deferred norm) compute act(gate) * up in
