@@ -16,7 +16,7 @@ use ash::vk;
 use std::collections::HashMap;
 use std::mem::ManuallyDrop;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Mutex, MutexGuard};
+use std::sync::{Mutex, MutexGuard, OnceLock};
 
 /// Command recording state; one submission at a time.
 pub(crate) struct Exec {
@@ -422,13 +422,56 @@ impl Gpu {
         unsafe {
             d.queue_submit(self.queue, &submit, exec.fence)
                 .call("vkQueueSubmit")?;
-            let waited = d
-                .wait_for_fences(&[exec.fence], true, u64::MAX)
-                .call("vkWaitForFences");
+            let waited = wait_fence(d, exec.fence, spin_wait(self.info.kind));
             d.reset_fences(&[exec.fence]).call("vkResetFences")?;
             waited
         }
     }
+}
+
+/// How long a submit polls its fence before it blocks in vkWaitForFences:
+/// `FISH_VK_SPIN_WAIT_US` microseconds where set, else 20 ms on a GPU and
+/// none on a CPU device (lavapipe runs the work on this machine's cores,
+/// which a polling thread would take from it). The blocking wait returns
+/// tens of microseconds after the fence signals, a large share of a
+/// decode step: H200 tg128 llama-8b +4%, llama-1b +8-20% with polling
+/// (docs/BENCHMARKS.md). 20 ms covers every decode step; a longer forward
+/// then blocks, where the late return costs little.
+fn spin_wait(kind: vk::PhysicalDeviceType) -> std::time::Duration {
+    static SPIN_US: OnceLock<Option<u64>> = OnceLock::new();
+    let set = *SPIN_US.get_or_init(|| {
+        std::env::var("FISH_VK_SPIN_WAIT_US")
+            .ok()
+            .and_then(|v| v.parse::<u64>().ok())
+    });
+    spin_budget(kind, set)
+}
+
+/// `spin_wait` for a device of `kind` and the variable's value `set`.
+fn spin_budget(kind: vk::PhysicalDeviceType, set: Option<u64>) -> std::time::Duration {
+    let us = set.unwrap_or(match kind {
+        vk::PhysicalDeviceType::CPU => 0,
+        _ => 20_000,
+    });
+    std::time::Duration::from_micros(us)
+}
+
+/// Waits for `fence`: polls it for up to `spin`, then blocks.
+///
+/// # Safety
+/// `fence` is a live fence of `d` with a submit pending or signalled.
+unsafe fn wait_fence(d: &ash::Device, fence: vk::Fence, spin: std::time::Duration) -> Result<()> {
+    if !spin.is_zero() {
+        let start = std::time::Instant::now();
+        while start.elapsed() < spin {
+            if d.get_fence_status(fence).call("vkGetFenceStatus")? {
+                return Ok(());
+            }
+            std::hint::spin_loop();
+        }
+    }
+    d.wait_for_fences(&[fence], true, u64::MAX)
+        .call("vkWaitForFences")
 }
 
 fn largest_device_heap(allocator: &vk_mem::Allocator) -> u32 {
@@ -531,5 +574,22 @@ impl Drop for Gpu {
             self.device.destroy_device(None);
         }
         // `instance` is dropped next (its own Drop destroys messenger and instance).
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    #[test]
+    fn gpus_poll_their_fences_and_cpu_devices_block_unless_told() {
+        use vk::PhysicalDeviceType as T;
+        for kind in [T::DISCRETE_GPU, T::INTEGRATED_GPU, T::VIRTUAL_GPU, T::OTHER] {
+            assert_eq!(spin_budget(kind, None), Duration::from_millis(20));
+        }
+        assert_eq!(spin_budget(T::CPU, None), Duration::ZERO);
+        assert_eq!(spin_budget(T::CPU, Some(500)), Duration::from_micros(500));
+        assert_eq!(spin_budget(T::DISCRETE_GPU, Some(0)), Duration::ZERO);
     }
 }
