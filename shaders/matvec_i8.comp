@@ -294,17 +294,26 @@ float int_float(int v) {
     return intBitsToFloat(v + 0x4B400000) - 12582912.0;
 }
 
-// Loads units u0, u0 + WG, ... (UNROLL of them) of every row from the
-// weights at binding 0, or with GATE_UP_INT8 and `up` from the up weights;
-// units past the end reload u0 (skipped when computing).
-void load_units(out Unit un[UNROLL][ROWS], uint row_byte[ROWS], uint u0, uint n_units, bool up) {
+#if defined(GATE_UP_INT8)
+// Rows whose units one round loads together (a divisor of ROWS): fewer than
+// ROWS hold fewer units in registers, so that more workgroups fit at once
+// (kernels.rs `int8_gate_up_load_rows`). No row's sums change.
+layout(constant_id = 7) const uint RG = 8;
+#else
+#define RG ROWS
+#endif
+
+// Loads units u0, u0 + WG, ... (UNROLL of them) of rows rg .. rg + RG - 1
+// from the weights at binding 0, or with GATE_UP_INT8 and `up` from the up
+// weights; units past the end reload u0 (skipped when computing).
+void load_units(out Unit un[UNROLL][RG], uint row_byte[ROWS], uint rg, uint u0, uint n_units, bool up) {
     for (uint i = 0u; i < UNROLL; i++) {
         uint u = u0 + i * WG < n_units ? u0 + i * WG : u0;
-        for (uint r = 0u; r < ROWS; r++) {
+        for (uint r = 0u; r < RG; r++) {
 #if defined(GATE_UP_INT8)
-            un[i][r] = up ? load_up_unit(row_byte[r], u) : load_unit(row_byte[r], u);
+            un[i][r] = up ? load_up_unit(row_byte[rg + r], u) : load_unit(row_byte[rg + r], u);
 #else
-            un[i][r] = load_unit(row_byte[r], u);
+            un[i][r] = load_unit(row_byte[rg + r], u);
 #endif
         }
     }
@@ -320,19 +329,20 @@ void sum_pass(uint row_byte[ROWS], uint t0, uint tid, bool up) {
         }
     }
     for (uint u0 = tid; u0 < n_units; u0 += UNROLL * WG) {
+      for (uint rg = 0u; rg < ROWS; rg += RG) {
         // All loads of UNROLL units first, so that they are in flight together.
-        Unit un[UNROLL][ROWS];
-        load_units(un, row_byte, u0, n_units, up);
+        Unit un[UNROLL][RG];
+        load_units(un, row_byte, rg, u0, n_units, up);
         for (uint i = 0u; i < UNROLL; i++) {
             uint u = u0 + i * WG;
             if (u >= n_units) {
                 break;
             }
             for (uint run = 0u; run < RUNS; run++) {
-                uvec4 codes[ROWS];
-                float scale[ROWS];
-                float offset[ROWS];
-                for (uint r = 0u; r < ROWS; r++) {
+                uvec4 codes[RG];
+                float scale[RG];
+                float offset[RG];
+                for (uint r = 0u; r < RG; r++) {
                     float minv;
                     decode_codes(un[i][r], run, codes[r], scale[r], minv);
                     offset[r] = minv - scale[r] * CODE_OFFSET;
@@ -344,16 +354,17 @@ void sum_pass(uint row_byte[ROWS], uint t0, uint tid, bool up) {
                     float d;
                     float s;
                     x_run(t0 + t, xv, q, d, s);
-                    for (uint r = 0u; r < ROWS; r++) {
+                    for (uint r = 0u; r < RG; r++) {
                         int idot = dot_i8_u8(q.x, codes[r].x, PACKED_4X8)
                                 + dot_i8_u8(q.y, codes[r].y, PACKED_4X8)
                                 + dot_i8_u8(q.z, codes[r].z, PACKED_4X8)
                                 + dot_i8_u8(q.w, codes[r].w, PACKED_4X8);
-                        acc[r][t] += scale[r] * (d * int_float(idot)) + offset[r] * s;
+                        acc[rg + r][t] += scale[r] * (d * int_float(idot)) + offset[r] * s;
                     }
                 }
             }
         }
+      }
     }
 }
 

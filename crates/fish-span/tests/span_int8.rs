@@ -23,8 +23,8 @@
 mod common;
 
 use common::{
-    assert_int8_within_float_bound, assert_round_equals_one_by_one, backend_with_int8, compare,
-    default_model, differing_bits, float_backend, greedy_after_prompt, span_teacher_forced,
+    assert_int8_within_float_bound, assert_round_equals_one_by_one, compare, default_model,
+    differing_bits, float_backend, greedy_after_prompt, int8_backend_or_skip, span_teacher_forced,
     teacher_forced, PARIS, PROMPT,
 };
 use fish_core::batch::BatchSession;
@@ -39,18 +39,10 @@ fn int8_span_decode_matches_the_cpu_and_answers_paris() {
     let Some(float_gpu) = float_backend() else {
         return;
     };
-    let Some(gpu) = backend_with_int8(fish_vk::Int8Policy::WhenSupported) else {
+    assert!(!float_gpu.gpu().int8_matvec(GgmlType::Q4_1));
+    let Some(gpu) = int8_backend_or_skip() else {
         return;
     };
-    assert!(!float_gpu.gpu().int8_matvec(GgmlType::Q4_1));
-    if !gpu.gpu().int8_matvec(GgmlType::Q4_1) {
-        assert!(
-            std::env::var("FISH_REQUIRE_GPU").as_deref() != Ok("1"),
-            "FISH_REQUIRE_GPU=1 but the device has no packed int8 dot products"
-        );
-        eprintln!("skipped: no packed int8 dot products");
-        return;
-    }
     let cpu = Model::load(default_model()).expect("load");
     let forced = greedy_after_prompt(&cpu, 32);
     let cpu_logits = teacher_forced(&cpu, &forced);

@@ -290,6 +290,7 @@ struct MatvecOverrides {
     unroll: Option<u32>,
     tokens: Option<u32>,
     gate_up_rows: Option<u32>,
+    gate_up_load_rows: Option<u32>,
 }
 
 impl MatvecOverrides {
@@ -312,6 +313,7 @@ impl MatvecOverrides {
                     (1..=MATVEC_MAX_TOKENS as u32).contains(&t)
                 }),
                 gate_up_rows: var("FISH_VK_GATE_UP_ROWS", |r| (1..=8).contains(&r)),
+                gate_up_load_rows: var("FISH_VK_GATE_UP_LOAD_ROWS", |r| (1..=8).contains(&r)),
             }
         })
     }
@@ -408,6 +410,30 @@ pub(crate) const INT8_GATE_UP_ROWS: u32 = 32;
 /// the plain kernel's 2 rows (32 slices), llama-8b level with its 4
 /// (docs/BENCHMARKS.md).
 const INT8_GATE_UP_SLICE_ROWS: u32 = 8;
+
+/// Workgroups of an int8 gate/up dispatch above which its slices load the
+/// units of 4 rows at a time instead of all 8 (`int8_gate_up_load_rows`).
+/// With all 8 rows' units in flight the kernel needs 99 registers on the
+/// H200, so two of its 256-invocation workgroups fit a multiprocessor: 264
+/// at once, and llama-8b's 448 ran in two waves; 4 rows at a time take 64
+/// registers and four workgroups per multiprocessor, one wave (gate/up 32.5
+/// -> 29 us, tg128 +4.7%). Below it the dispatch fits once either way and
+/// the wider loads keep more bytes in flight per invocation (llama-1b's 256
+/// workgroups: tg128 -3% with 4 rows).
+const INT8_GATE_UP_ONE_WAVE: u32 = 264;
+
+/// Rows whose units one round of a `Kernel::MatvecInt8GateUp(Normed)` slice
+/// loads together (the shader's RG): `forced` (FISH_VK_GATE_UP_LOAD_ROWS)
+/// where it divides the slice's rows, else 4 for dispatches of more than
+/// INT8_GATE_UP_ONE_WAVE workgroups where 4 divides them, else all of them.
+/// No row's sums change with it.
+fn int8_gate_up_load_rows(rows: u32, workgroups: u32, forced: Option<u32>) -> u32 {
+    match forced {
+        Some(r) if rows.is_multiple_of(r) => r,
+        _ if workgroups > INT8_GATE_UP_ONE_WAVE && rows.is_multiple_of(4) => 4,
+        _ => rows,
+    }
+}
 
 impl MatvecShape {
     /// The shapes measured fastest on the H200 (docs/BENCHMARKS.md): for one
@@ -1015,10 +1041,16 @@ impl Gpu {
                 (Kernel::MatvecInt8GateUp(act) | Kernel::MatvecInt8GateUpNormed(act), _) => {
                     let mut spec = matvec.spec().to_vec();
                     let slices = 2 * INT8_GATE_UP_ROWS / matvec.rows;
+                    let workgroups = (h.n_out() as u32).div_ceil(INT8_GATE_UP_ROWS);
                     spec.extend([
                         (h.n_in() / 16) as u32,
                         act.selector(),
                         slices * matvec.threads,
+                        int8_gate_up_load_rows(
+                            matvec.rows,
+                            workgroups,
+                            MatvecOverrides::get().gate_up_load_rows,
+                        ),
                     ]);
                     spec
                 }
@@ -1643,6 +1675,26 @@ mod tests {
             MatvecShape::new(q4k, gate_up, 1, 14336).threads,
             INT8X_THREADS
         );
+    }
+
+    #[test]
+    fn large_int8_gate_up_dispatches_load_four_rows_at_a_time() {
+        let rule = |rows, workgroups| int8_gate_up_load_rows(rows, workgroups, None);
+        // llama-8b's 14336 feed-forward rows: 448 workgroups of 32.
+        assert_eq!(rule(8, 14336 / INT8_GATE_UP_ROWS), 4);
+        // llama-1b's 8192: 256, which fit at once with all 8 rows.
+        assert_eq!(rule(8, 8192 / INT8_GATE_UP_ROWS), 8);
+        assert_eq!(rule(8, INT8_GATE_UP_ONE_WAVE), 8);
+        assert_eq!(rule(8, INT8_GATE_UP_ONE_WAVE + 1), 4);
+        // Slices of other rows (FISH_VK_GATE_UP_ROWS) load what divides them.
+        assert_eq!(rule(4, 1000), 4);
+        assert_eq!(rule(2, 1000), 2);
+        assert_eq!(rule(6, 1000), 6);
+        // A forced count applies where it divides the slice's rows.
+        assert_eq!(int8_gate_up_load_rows(8, 48, Some(2)), 2);
+        assert_eq!(int8_gate_up_load_rows(8, 448, Some(8)), 8);
+        assert_eq!(int8_gate_up_load_rows(8, 448, Some(3)), 4);
+        assert_eq!(int8_gate_up_load_rows(8, 48, Some(3)), 8);
     }
 
     #[test]

@@ -54,6 +54,22 @@ pub fn backend_with_int8(policy: fish_vk::Int8Policy) -> Option<Arc<VulkanBacken
     opened(VulkanBackend::open_owned_with(&config))
 }
 
+/// `backend_with_int8(WhenSupported)` where the device multiplies Q4_1 (the
+/// default model's layers) on int8 activations; None (the test skipped)
+/// where it does not, which FISH_REQUIRE_GPU=1 turns into a failure.
+pub fn int8_backend_or_skip() -> Option<Arc<VulkanBackend>> {
+    let gpu = backend_with_int8(fish_vk::Int8Policy::WhenSupported)?;
+    if !gpu.gpu().int8_matvec(fish_gguf::GgmlType::Q4_1) {
+        assert!(
+            std::env::var("FISH_REQUIRE_GPU").as_deref() != Ok("1"),
+            "FISH_REQUIRE_GPU=1 but the device has no packed int8 dot products"
+        );
+        eprintln!("skipped: no packed int8 dot products");
+        return None;
+    }
+    Some(gpu)
+}
+
 /// An int8 path's max |dlogit| against the CPU (`int8_worst`, a fraction of
 /// max |logit|) within twice the float path's (`float_worst`, at least 1%):
 /// two int8 roundings (GPU and CPU) of slightly different inputs, where the
