@@ -329,44 +329,70 @@ void sum_pass(uint row_byte[ROWS], uint t0, uint tid, bool up) {
         }
     }
     for (uint u0 = tid; u0 < n_units; u0 += UNROLL * WG) {
-      for (uint rg = 0u; rg < ROWS; rg += RG) {
-        // All loads of UNROLL units first, so that they are in flight together.
-        Unit un[UNROLL][RG];
-        load_units(un, row_byte, rg, u0, n_units, up);
-        for (uint i = 0u; i < UNROLL; i++) {
-            uint u = u0 + i * WG;
-            if (u >= n_units) {
-                break;
-            }
-            for (uint run = 0u; run < RUNS; run++) {
-                uvec4 codes[RG];
-                float scale[RG];
-                float offset[RG];
-                for (uint r = 0u; r < RG; r++) {
-                    float minv;
-                    decode_codes(un[i][r], run, codes[r], scale[r], minv);
-                    offset[r] = minv - scale[r] * CODE_OFFSET;
+        for (uint rg = 0u; rg < ROWS; rg += RG) {
+            // All loads of UNROLL units first, so that they are in flight together.
+            Unit un[UNROLL][RG];
+            load_units(un, row_byte, rg, u0, n_units, up);
+            for (uint i = 0u; i < UNROLL; i++) {
+                uint u = u0 + i * WG;
+                if (u >= n_units) {
+                    break;
                 }
-                // The run's 16 values: one uvec4 of quants, half a scale block.
-                uint xv = run_x4(u, run) / 4u;
-                for (uint t = 0u; t < NT; t++) {
-                    uvec4 q;
-                    float d;
-                    float s;
-                    x_run(t0 + t, xv, q, d, s);
+                for (uint run = 0u; run < RUNS; run++) {
+                    uvec4 codes[RG];
+                    float scale[RG];
+                    float offset[RG];
                     for (uint r = 0u; r < RG; r++) {
-                        int idot = dot_i8_u8(q.x, codes[r].x, PACKED_4X8)
-                                + dot_i8_u8(q.y, codes[r].y, PACKED_4X8)
-                                + dot_i8_u8(q.z, codes[r].z, PACKED_4X8)
-                                + dot_i8_u8(q.w, codes[r].w, PACKED_4X8);
-                        acc[rg + r][t] += scale[r] * (d * int_float(idot)) + offset[r] * s;
+                        float minv;
+                        decode_codes(un[i][r], run, codes[r], scale[r], minv);
+                        offset[r] = minv - scale[r] * CODE_OFFSET;
+                    }
+                    // The run's 16 values: one uvec4 of quants, half a scale block.
+                    uint xv = run_x4(u, run) / 4u;
+                    for (uint t = 0u; t < NT; t++) {
+                        uvec4 q;
+                        float d;
+                        float s;
+                        x_run(t0 + t, xv, q, d, s);
+                        for (uint r = 0u; r < RG; r++) {
+                            int idot = dot_i8_u8(q.x, codes[r].x, PACKED_4X8)
+                                    + dot_i8_u8(q.y, codes[r].y, PACKED_4X8)
+                                    + dot_i8_u8(q.z, codes[r].z, PACKED_4X8)
+                                    + dot_i8_u8(q.w, codes[r].w, PACKED_4X8);
+                            acc[rg + r][t] += scale[r] * (d * int_float(idot)) + offset[r] * s;
+                        }
                     }
                 }
             }
         }
-      }
     }
 }
+
+#if defined(GATE_UP_INT8) || defined(SLICED)
+// The plain kernel's reduction, per slice, first half: each subgroup's sum
+// of every row and token into partial[slice]. A barrier must come between
+// it and slice_sum.
+void store_slice_partials(uint slice, uint sg_in_slice) {
+    for (uint r = 0u; r < ROWS; r++) {
+        for (uint t = 0u; t < NT; t++) {
+            float s = subgroupAdd(acc[r][t]);
+            if (subgroupElect()) {
+                partial[slice][r * NT + t][sg_in_slice] = s;
+            }
+        }
+    }
+}
+
+// Second half: the sum of row-and-token i (r * NT + t) of slice `slice`,
+// its subgroups' partials in subgroup order.
+float slice_sum(uint slice, uint i, uint sg_per_slice) {
+    float s = 0.0;
+    for (uint j = 0u; j < sg_per_slice; j++) {
+        s += partial[slice][i][j];
+    }
+    return s;
+}
+#endif
 
 #if defined(GATE_UP_INT8)
 void main() {
@@ -392,21 +418,10 @@ void main() {
         sum_pass(row_byte, t0, tid, up);
         // The plain kernel's reduction, per slice: subgroup sums, then
         // their partials in subgroup order.
-        for (uint r = 0u; r < ROWS; r++) {
-            for (uint t = 0u; t < NT; t++) {
-                float s = subgroupAdd(acc[r][t]);
-                if (subgroupElect()) {
-                    partial[slice][r * NT + t][sg_in_slice] = s;
-                }
-            }
-        }
+        store_slice_partials(slice, sg_in_slice);
         barrier();
         for (uint i = tid; i < ROWS * NT; i += WG) {
-            float s = 0.0;
-            for (uint j = 0u; j < sg_per_slice; j++) {
-                s += partial[slice][i][j];
-            }
-            block_sums[slice * ROWS + i / NT][i % NT] = s;
+            block_sums[slice * ROWS + i / NT][i % NT] = slice_sum(slice, i, sg_per_slice);
         }
         barrier();
         // Eight invocations per token quantise its block, four values each
@@ -445,24 +460,13 @@ void main() {
     load_x_normed();
     sum_pass(row_byte, 0u, tid, false);
     // The plain kernel's reduction (store_sums), per slice.
-    for (uint r = 0u; r < ROWS; r++) {
-        for (uint t = 0u; t < NT; t++) {
-            float s = subgroupAdd(acc[r][t]);
-            if (subgroupElect()) {
-                partial[slice][r * NT + t][sg_in_slice] = s;
-            }
-        }
-    }
+    store_slice_partials(slice, sg_in_slice);
     barrier();
     for (uint i = tid; i < ROWS * NT; i += WG) {
         uint r = i / NT;
         uint t = i % NT;
         if (row0 + r < p.n_rows && t < p.n_tok) {
-            float s = 0.0;
-            for (uint j = 0u; j < sg_per_slice; j++) {
-                s += partial[slice][i][j];
-            }
-            store_y(t * p.y_stride + p.y_offset + row0 + r, s);
+            store_y(t * p.y_stride + p.y_offset + row0 + r, slice_sum(slice, i, sg_per_slice));
         }
     }
 }
