@@ -30,6 +30,8 @@ pub const SPAN_MODULES: &[(&str, &str, &[&str])] = &[
     ("span_attention", "span_attention.comp", &[]),
     ("span_attention_rope", "span_attention.comp", &["ROPE_FUSED"]),
     ("span_attention_tiled", "span_attention_tiled.comp", &[]),
+    ("span_attention_split", "span_attention_split.comp", &[]),
+    ("span_attention_split_rope", "span_attention_split.comp", &["ROPE_FUSED"]),
     // Spans record it with the matmul bindings (shaders/common.glsl).
     ("l2_prefetch", "l2_prefetch.comp", &[]),
 ];

@@ -70,6 +70,18 @@ pub fn int8_backend_or_skip() -> Option<Arc<VulkanBackend>> {
     Some(gpu)
 }
 
+/// Whether `gpu` has subgroup arithmetic (the fused decode kernels and the
+/// key-split attention need it); false (the test skipped) where it has
+/// not, which FISH_REQUIRE_GPU=1 turns into a failure.
+pub fn has_subgroup_arithmetic_or_skip(gpu: &Arc<VulkanBackend>) -> bool {
+    let has = gpu.gpu().info().subgroup_arithmetic;
+    assert!(
+        has || std::env::var("FISH_REQUIRE_GPU").as_deref() != Ok("1"),
+        "FISH_REQUIRE_GPU=1 but the device has no subgroup arithmetic"
+    );
+    has
+}
+
 /// An int8 path's max |dlogit| against the CPU (`int8_worst`, a fraction of
 /// max |logit|) within twice the float path's (`float_worst`, at least 1%):
 /// two int8 roundings (GPU and CPU) of slightly different inputs, where the

@@ -2,6 +2,7 @@
 //! forward, the per-chunk buffers between kernels, and the host-visible
 //! buffers that carry x in and out.
 
+use super::attention_split::split_scratch_bytes;
 use super::desc::{LayerTensors, SpanShape};
 use super::record::INT8_CHUNK_MAX_TOKENS;
 use super::span_chunk_tokens;
@@ -56,6 +57,10 @@ pub(crate) struct Arena {
     /// matmul sets), its arrival counters zeroed at the start of every submit.
     pub split: Buffer,
     pub split_counter_bytes: u64,
+    /// The key-split attention's scratch (attention_split.rs: arrival
+    /// counters, zeroed at the start of every submit, then partials).
+    pub attn_split: Buffer,
+    pub attn_split_counter_bytes: u64,
 }
 
 /// Float offset in xn of the sums of squares a `Kernel::MatvecResNorm`
@@ -120,15 +125,20 @@ impl Arena {
             .map(|&(n, _)| f32_bytes(n))
             .sum::<u64>()
             + split_scratch(gpu).bytes
+            + split_scratch_bytes(shape).1.next_multiple_of(16)
     }
 
     pub fn new(gpu: &Gpu, shape: &SpanShape, layers: &[LayerTensors]) -> Result<Arena> {
         let n_ff = layers.iter().map(|l| l.n_ff).max().unwrap_or(0);
         let split = split_scratch(gpu);
+        let (attn_counter_bytes, attn_split_bytes) = split_scratch_bytes(shape);
         let sizes = sizes(shape, n_ff)
             .into_iter()
             .map(|(n, kind)| (f32_bytes(n), kind))
-            .chain([(split.bytes, MemoryKind::Device)]);
+            .chain([
+                (split.bytes, MemoryKind::Device),
+                (attn_split_bytes.next_multiple_of(16), MemoryKind::Device),
+            ]);
         let mut bufs = Vec::new();
         for (bytes, kind) in sizes {
             match gpu.alloc(bytes, kind) {
@@ -157,6 +167,8 @@ impl Arena {
             step_upload: next(),
             split: next(),
             split_counter_bytes: split.counter_bytes,
+            attn_split: next(),
+            attn_split_counter_bytes: attn_counter_bytes,
         })
     }
 
@@ -203,6 +215,7 @@ impl Arena {
             &self.h16,
             &self.step,
             &self.split,
+            &self.attn_split,
         ]
         .iter()
         .map(|b| b.size)
@@ -224,6 +237,7 @@ impl Arena {
             self.step,
             self.step_upload,
             self.split,
+            self.attn_split,
         ] {
             gpu.release(b);
         }

@@ -399,7 +399,16 @@ impl Bindings {
                     write_set(
                         gpu,
                         set,
-                        &[a.qkv.raw, k, v, a.attn.raw, a.step.raw, p, a.xn_int8.raw],
+                        &[
+                            a.qkv.raw,
+                            k,
+                            v,
+                            a.attn.raw,
+                            a.step.raw,
+                            p,
+                            a.xn_int8.raw,
+                            a.attn_split.raw,
+                        ],
                     );
                     set
                 },

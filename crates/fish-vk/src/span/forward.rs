@@ -135,6 +135,10 @@ impl Gpu {
             step_upload: span.arena.step_upload.raw,
             step: span.arena.step.raw,
             split: (span.arena.split.raw, span.arena.split_counter_bytes),
+            attn_split: (
+                span.arena.attn_split.raw,
+                span.arena.attn_split_counter_bytes,
+            ),
             result: match (logit_rows, span.output.as_ref()) {
                 (Some(rows), Some(o)) => (
                     o.logits.raw,
@@ -263,6 +267,8 @@ struct Copies {
     step: vk::Buffer,
     /// The split scratch and the bytes of its arrival counters, zeroed first.
     split: (vk::Buffer, u64),
+    /// The key-split attention's scratch and the bytes of its counters.
+    attn_split: (vk::Buffer, u64),
     result: (vk::Buffer, vk::Buffer, u64),
 }
 
@@ -360,6 +366,7 @@ unsafe fn record_forward(
     d.cmd_copy_buffer(cmd, c.upload, c.x_dev, &region(c.x_bytes));
     d.cmd_copy_buffer(cmd, c.step_upload, c.step, &region(STEP_BYTES));
     d.cmd_fill_buffer(cmd, c.split.0, 0, c.split.1, 0);
+    d.cmd_fill_buffer(cmd, c.attn_split.0, 0, c.attn_split.1, 0);
     barrier(
         d,
         cmd,

@@ -9,6 +9,7 @@
 //! itself: its owner hands it back with `Gpu::span_destroy`.
 
 mod arena;
+mod attention_split;
 mod bindings;
 mod desc;
 mod forward;
@@ -213,6 +214,13 @@ impl Gpu {
         }
     }
 
+    /// Whether spans build the key-split attention kernels
+    /// (shaders/span_attention_split.comp): they need subgroup arithmetic;
+    /// `FISH_GPU_ATTN_SPLIT=0` keeps one workgroup per head and token.
+    fn split_attention_wanted(&self) -> bool {
+        self.info.subgroup_arithmetic && !crate::config::env_switched_off("FISH_GPU_ATTN_SPLIT")
+    }
+
     /// Uploads the span's parameters and allocates its arena and an initial
     /// KV; with `profile`, every forward records per-stage timestamps.
     pub fn span_create(&self, desc: &SpanDesc<'_>, profile: bool) -> Result<Span> {
@@ -222,6 +230,7 @@ impl Gpu {
             &self.device,
             self.pipelines.stats.as_ref(),
             unavailable.is_none(),
+            self.split_attention_wanted(),
         )?;
         if self.config.verbose {
             eprintln!(

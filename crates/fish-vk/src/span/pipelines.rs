@@ -12,8 +12,10 @@ pub(crate) const PUSH_WORDS: usize = 16;
 /// buffer (the forward's first position) that every set binds, then the
 /// parameter buffer for the attention kernel that does RoPE itself
 /// (`SpanKernel::AttentionRope`; the other sets leave it unwritten), then
-/// the attention's int8 output (the arena's `xn_int8`; attention sets only).
-pub(crate) const SPAN_BINDINGS: u32 = 7;
+/// the attention's int8 output (the arena's `xn_int8`; attention sets only),
+/// then the split attention's scratch (the arena's `attn_split`; attention
+/// sets only).
+pub(crate) const SPAN_BINDINGS: u32 = 8;
 
 /// The span kernels, by module.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -35,6 +37,11 @@ pub(crate) enum SpanKernel {
     /// devices with 16x16x16 f16 fragments and 32-invocation subgroups.
     AttentionCoopMat64,
     AttentionCoopMat128,
+    /// `Attention` and `AttentionRope` with each token's keys split across
+    /// workgroups (shaders/span_attention_split.comp): built only on
+    /// devices with subgroup arithmetic.
+    AttentionSplit,
+    AttentionSplitRope,
 }
 
 /// Tokens per workgroup of `SpanKernel::AttentionTiled`
@@ -62,6 +69,9 @@ impl SpanKernel {
         SpanKernel::AttentionCoopMat128,
     ];
 
+    /// The optional key-split attention kernels.
+    const SPLIT: [SpanKernel; 2] = [SpanKernel::AttentionSplit, SpanKernel::AttentionSplitRope];
+
     /// The cooperative-matrix attention kernel for heads of `head_dim`
     /// values, if one is compiled for it.
     pub(crate) fn coopmat_attention(head_dim: usize) -> Option<SpanKernel> {
@@ -83,6 +93,8 @@ impl SpanKernel {
             SpanKernel::AttentionTiled => "span_attention_tiled",
             SpanKernel::AttentionCoopMat64 => "span_attention_coopmat_d64",
             SpanKernel::AttentionCoopMat128 => "span_attention_coopmat_d128",
+            SpanKernel::AttentionSplit => "span_attention_split",
+            SpanKernel::AttentionSplitRope => "span_attention_split_rope",
         }
     }
 }
@@ -100,12 +112,14 @@ pub(crate) struct SpanPipelines {
 impl SpanPipelines {
     /// With `stats` (FISH_VK_PIPELINE_STATS=1) each pipeline's statistics
     /// are captured and printed with the matmul pipelines'. With `coopmat`
-    /// the cooperative-matrix kernels are built too; one the driver rejects
-    /// is left out (`has` says so) and its chunks keep the plain kernel.
+    /// the cooperative-matrix kernels are built too, with `split` the
+    /// key-split attention kernels; one the driver rejects is left out
+    /// (`has` says so) and its chunks keep the plain kernel.
     pub fn new(
         device: &ash::Device,
         stats: Option<&PipelineStats>,
         coopmat: bool,
+        split: bool,
     ) -> Result<SpanPipelines> {
         let set_layout = storage_set_layout(device, SPAN_BINDINGS)?;
         let mut out = SpanPipelines {
@@ -139,8 +153,12 @@ impl SpanPipelines {
                 return Err(e);
             }
         }
-        if coopmat {
-            for k in SpanKernel::COOPMAT {
+        let optional = [
+            (coopmat, &SpanKernel::COOPMAT[..]),
+            (split, &SpanKernel::SPLIT[..]),
+        ];
+        for (wanted, kernels) in optional {
+            for &k in kernels.iter().filter(|_| wanted) {
                 if out.build(device, k, stats).is_ok() {
                     out.built.push(k);
                 }
@@ -221,7 +239,8 @@ impl SpanPipelines {
         }
     }
 
-    /// Whether `kernel` was built (the optional cooperative-matrix ones).
+    /// Whether `kernel` was built (the optional cooperative-matrix and
+    /// key-split ones).
     pub fn has(&self, kernel: SpanKernel) -> bool {
         SpanKernel::ALL.contains(&kernel) || self.built.contains(&kernel)
     }

@@ -3,6 +3,7 @@
 //! a compute->compute barrier only between dependent stages.
 
 use super::arena::norm_parts_offset;
+use super::attention_split::{attention_splits, split_attention_fits};
 use super::bindings::{Bindings, MatmulSets};
 use super::desc::{LayerTensors, SpanActivation, SpanRope, SpanShape};
 use super::params::{LayerParams, Params};
@@ -70,6 +71,10 @@ pub(crate) struct Chunk {
     /// Chunks of at least `TILED_ATTENTION_MIN_TOKENS` tokens of a plain
     /// forward attend with `SpanKernel::AttentionTiled`.
     pub tiled_attention: bool,
+    /// Workgroups per head and token of the key-split attention, where the
+    /// chunk's size takes it (attention_split.rs; the recording also needs
+    /// the shape and the built kernels).
+    pub attention_splits: Option<usize>,
     /// Per layer: whether wo and down prepare the next norm
     /// (`Kernel::MatvecResNorm`, whose sets they then use).
     pub resnorm: Vec<[bool; 2]>,
@@ -219,6 +224,7 @@ pub(crate) fn plan_chunks(
                 prefetch: same.prefetch,
                 rope_in_attention: same.rope_in_attention,
                 tiled_attention: same.tiled_attention,
+                attention_splits: same.attention_splits,
             });
             continue;
         }
@@ -428,6 +434,7 @@ pub(crate) fn plan_chunks(
             prefetch: prefetch.filter(|_| decode),
             rope_in_attention: rope_in_attention(layout, n, shape),
             tiled_attention: attends_tiled(shape, layout, n),
+            attention_splits: attention_splits(n),
             resnorm,
             int8_in,
         });
@@ -989,6 +996,17 @@ pub(crate) fn max_timestamps(n_layers: usize, n_chunks: usize) -> u32 {
 impl Recording<'_> {
     /// The cooperative-matrix kernel for a tiled-attention chunk of `shape`,
     /// where one was built for its heads (keys and values of the same width).
+    /// Workgroups per head and token of the key-split attention for
+    /// `chunk`, or None where it keeps the one-workgroup kernel (shape,
+    /// chunk or a device without the kernels).
+    fn attention_splits(&self, chunk: &Chunk) -> Option<usize> {
+        let built = self.pipelines.has(SpanKernel::AttentionSplit)
+            && self.pipelines.has(SpanKernel::AttentionSplitRope);
+        chunk
+            .attention_splits
+            .filter(|_| built && split_attention_fits(self.shape))
+    }
+
     fn coopmat_attention(&self, shape: &SpanShape) -> Option<SpanKernel> {
         SpanKernel::coopmat_attention(shape.head_dim)
             .filter(|&k| shape.head_dim_v == shape.head_dim && self.pipelines.has(k))
@@ -1140,8 +1158,16 @@ impl Recording<'_> {
             layer.window as u32,
             s.attn_scale.to_bits(),
         ];
+        // The key-split kernels (attention_split.rs) where they take the
+        // chunk; their grid has `splits` workgroups per head and token.
+        let splits = self.attention_splits(chunk);
+        let per_token = (s.n_head * splits.unwrap_or(1)) as u32;
         let (attention_kernel, attention_groups) = if chunk.rope_in_attention {
-            (SpanKernel::AttentionRope, (s.n_head as u32, n as u32))
+            let kernel = match splits {
+                Some(_) => SpanKernel::AttentionSplitRope,
+                None => SpanKernel::AttentionRope,
+            };
+            (kernel, (per_token, n as u32))
         } else {
             let rope = [
                 tok_base,
@@ -1168,6 +1194,8 @@ impl Recording<'_> {
                         (SpanKernel::AttentionTiled, (s.n_head as u32, blocks as u32))
                     }
                 }
+            } else if splits.is_some() {
+                (SpanKernel::AttentionSplit, (per_token, n as u32))
             } else {
                 (SpanKernel::Attention, (s.n_head as u32, n as u32))
             }
@@ -1194,6 +1222,8 @@ impl Recording<'_> {
                     (None, true) => 2,
                     (None, false) => 0,
                 }],
+                // span_attention_split.comp's `splits`.
+                &[splits.unwrap_or(1) as u32],
             ]
             .concat()
         };
