@@ -994,8 +994,6 @@ pub(crate) fn max_timestamps(n_layers: usize, n_chunks: usize) -> u32 {
 }
 
 impl Recording<'_> {
-    /// The cooperative-matrix kernel for a tiled-attention chunk of `shape`,
-    /// where one was built for its heads (keys and values of the same width).
     /// Workgroups per head and token of the key-split attention for
     /// `chunk`, or None where it keeps the one-workgroup kernel (shape,
     /// chunk or a device without the kernels).
@@ -1007,6 +1005,8 @@ impl Recording<'_> {
             .filter(|_| built && split_attention_fits(self.shape))
     }
 
+    /// The cooperative-matrix kernel for a tiled-attention chunk of `shape`,
+    /// where one was built for its heads (keys and values of the same width).
     fn coopmat_attention(&self, shape: &SpanShape) -> Option<SpanKernel> {
         SpanKernel::coopmat_attention(shape.head_dim)
             .filter(|&k| shape.head_dim_v == shape.head_dim && self.pipelines.has(k))
