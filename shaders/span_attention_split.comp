@@ -1,11 +1,11 @@
 #version 450
 // Causal grouped-query attention over the device f16 KV cache for decode
-// steps and short chunks, with each token's keys split across workgroups:
-// workgroup (head h, split s) of token t attends to the s-th run of keys,
-// keeps its softmax state (max, sum, weighted value sums) as a partial,
-// and the last of the token's splits to finish merges the partials in
-// split order and writes the output (the last-arriver merge of
-// coopmat_output.glsl's split matmuls).
+// steps and short chunks, with each token's keys split into runs across
+// workgroups: workgroup s of (head h, token t) attends to runs s,
+// s + splits, ..., keeps each run's softmax state (max, sum, weighted value
+// sums) as a partial, and the last of the token's workgroups to finish
+// merges the partials in run order and writes the output (the
+// last-arriver merge of coopmat_output.glsl's split matmuls).
 //
 // Why: a decode step's attention is a chain of dependent latencies (the
 // token's place, its q/k/v, the cached keys, the softmax reductions, the
@@ -24,10 +24,10 @@
 // batched step.
 //
 // With ROPE_FUSED the kernel also does RoPE and the KV store of its token:
-// the split holding the token's own position rotates the key, writes the
-// key and value rows into the cache and takes that row from shared memory
-// instead of reading it back (no other workgroup reads it in this
-// dispatch). The rotation is span_rope.comp's arithmetic and the row is
+// the workgroup of the run holding the token's own position rotates the
+// key, writes the key and value rows into the cache and takes that row
+// from shared memory instead of reading it back (no other workgroup reads
+// it in this dispatch). The rotation is span_rope.comp's arithmetic and the row is
 // taken as stored (f16), so the plain kernel reading the cache written by
 // span_rope.comp gives the same bits.
 //
