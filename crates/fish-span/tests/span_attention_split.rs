@@ -23,10 +23,10 @@ use std::sync::Arc;
 
 use common::{
     assert_round_equals_one_by_one, compare, default_model, differing_bits,
-    float_backend as backend, PROMPT,
+    float_backend as backend, span_model_on, PROMPT,
 };
 use fish_core::batch::BatchSession;
-use fish_core::model::{LogitsFor, Model, PlacementLimits};
+use fish_core::model::{LogitsFor, Model};
 use fish_core::sampling::argmax;
 use fish_core::session::Session;
 use fish_span::VulkanBackend;
@@ -63,11 +63,7 @@ fn greedy_tokens(cpu: &Model) -> Vec<u32> {
 
 /// The default model with every layer and the output in a span on `gpu`.
 fn span_model(gpu: &Arc<VulkanBackend>) -> Model {
-    let mut model = Model::load(default_model()).expect("load");
-    model.place_on(gpu.clone(), PlacementLimits { max_layers: None });
-    let describe = model.gpu_describe().unwrap();
-    assert!(describe.contains("span"), "{describe}");
-    model
+    span_model_on(gpu, &default_model())
 }
 
 fn span_logits(gpu: &Arc<VulkanBackend>, tokens: &[u32]) -> Vec<Vec<f32>> {

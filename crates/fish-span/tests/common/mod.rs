@@ -237,13 +237,19 @@ pub fn span_teacher_forced_on(
     path: &std::path::Path,
     forced: &[u32],
 ) -> (Model, Vec<Vec<f32>>) {
+    let model = span_model_on(gpu, path);
+    let logits = teacher_forced(&model, forced);
+    assert!(!model.gpu.as_ref().unwrap().has_failed());
+    (model, logits)
+}
+
+/// The model at `path` with every layer and the output in a span on `gpu`.
+pub fn span_model_on(gpu: &Arc<VulkanBackend>, path: &std::path::Path) -> Model {
     let mut model = Model::load(path).expect("load");
     model.place_on(gpu.clone(), PlacementLimits { max_layers: None });
     let describe = model.gpu_describe().unwrap();
     assert!(describe.contains("span"), "{describe}");
-    let logits = teacher_forced(&model, forced);
-    assert!(!model.gpu.as_ref().unwrap().has_failed());
-    (model, logits)
+    model
 }
 
 /// Implements `ComputeBackend` for a test wrapper around the real backend

@@ -125,7 +125,7 @@ impl Arena {
             .map(|&(n, _)| f32_bytes(n))
             .sum::<u64>()
             + split_scratch(gpu).bytes
-            + split_scratch_bytes(shape).1.next_multiple_of(16)
+            + split_scratch_bytes(shape).1
     }
 
     pub fn new(gpu: &Gpu, shape: &SpanShape, layers: &[LayerTensors]) -> Result<Arena> {
@@ -137,7 +137,7 @@ impl Arena {
             .map(|(n, kind)| (f32_bytes(n), kind))
             .chain([
                 (split.bytes, MemoryKind::Device),
-                (attn_split_bytes.next_multiple_of(16), MemoryKind::Device),
+                (attn_split_bytes, MemoryKind::Device),
             ]);
         let mut bufs = Vec::new();
         for (bytes, kind) in sizes {

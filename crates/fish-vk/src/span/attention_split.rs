@@ -58,7 +58,8 @@ pub(crate) fn split_scratch_bytes(shape: &SpanShape) -> (u64, u64) {
     let partials =
         SPAN_MAX_BATCH_ROWS * shape.n_head * MAX_SPLITS * (shape.head_dim_v + PARTIAL_HEAD);
     // A dispatch's partials start past its own counters, at most these.
-    (counters as u64 * 4, (counters + partials) as u64 * 4)
+    let total = ((counters + partials) as u64 * 4).next_multiple_of(16);
+    (counters as u64 * 4, total)
 }
 
 #[cfg(test)]

@@ -71,10 +71,6 @@ pub(crate) struct Chunk {
     /// Chunks of at least `TILED_ATTENTION_MIN_TOKENS` tokens of a plain
     /// forward attend with `SpanKernel::AttentionTiled`.
     pub tiled_attention: bool,
-    /// Workgroups per head and token of the key-split attention, where the
-    /// chunk's size takes it (attention_split.rs; the recording also needs
-    /// the shape and the built kernels).
-    pub attention_splits: Option<usize>,
     /// Per layer: whether wo and down prepare the next norm
     /// (`Kernel::MatvecResNorm`, whose sets they then use).
     pub resnorm: Vec<[bool; 2]>,
@@ -224,7 +220,6 @@ pub(crate) fn plan_chunks(
                 prefetch: same.prefetch,
                 rope_in_attention: same.rope_in_attention,
                 tiled_attention: same.tiled_attention,
-                attention_splits: same.attention_splits,
             });
             continue;
         }
@@ -434,7 +429,6 @@ pub(crate) fn plan_chunks(
             prefetch: prefetch.filter(|_| decode),
             rope_in_attention: rope_in_attention(layout, n, shape),
             tiled_attention: attends_tiled(shape, layout, n),
-            attention_splits: attention_splits(n),
             resnorm,
             int8_in,
         });
@@ -1000,9 +994,7 @@ impl Recording<'_> {
     fn attention_splits(&self, chunk: &Chunk) -> Option<usize> {
         let built = self.pipelines.has(SpanKernel::AttentionSplit)
             && self.pipelines.has(SpanKernel::AttentionSplitRope);
-        chunk
-            .attention_splits
-            .filter(|_| built && split_attention_fits(self.shape))
+        attention_splits(chunk.n).filter(|_| built && split_attention_fits(self.shape))
     }
 
     /// The cooperative-matrix kernel for a tiled-attention chunk of `shape`,
