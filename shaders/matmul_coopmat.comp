@@ -31,6 +31,13 @@
 // arrive, which matters where steps are short (few tokens per tile, batched
 // decode). Same tiles, same products, same bits.
 //
+// Q4_K, Q5_K and Q6_K weights are staged in step runs (coopmat_step_runs.glsl):
+// RUN_VALUES consecutive values of a row per unit instead of 8-value
+// groups, the longest run (32, 16 or 8 values) that still leaves every
+// invocation a unit of the A tile per step. A run loads its block head once
+// and its quant bytes in 16-byte words and decodes the sub-block's scale
+// once; the staged values are the groups' bits.
+//
 // Bindings and push constants are those of the other matmul kernels
 // (common.glsl), so a dispatch can swap matmul_tiled for this one.
 //
@@ -129,18 +136,44 @@ uint split_z;
 #define B_STRIDE STRIDE
 #include "coopmat_frag.glsl"
 
+// The A tile's staging units: 8-value groups, or step runs of RUN_VALUES.
+#if defined(TYPE_Q4_K) || defined(TYPE_Q5_K) || defined(TYPE_Q6_K)
+#define STEP_RUNS
+const uint RUN_VALUES = BM * (BK / 32u) >= THREADS ? 32u : (BM * (BK / 16u) >= THREADS ? 16u : 8u);
+#include "coopmat_step_runs.glsl"
+const uint UNIT_GROUPS = RUN_VALUES / 8u;
+#else
+const uint UNIT_GROUPS = 1u;
+#endif
+// Units per row and step, and in the tile.
+const uint ROW_UNITS = BK / 8u / UNIT_GROUPS;
+const uint A_UNITS = BM * ROW_UNITS;
+
+// Zeros for the groups kg0 .. kg0 + UNIT_GROUPS - 1 of row r (past the row's end).
+void put_a_zero(uint a_base, uint r, uint kg0) {
+    [[unroll]] for (uint i = 0u; i < UNIT_GROUPS; i++) {
+        put_a(a_base, r, kg0 + i, vec4(0.0), vec4(0.0));
+    }
+}
+
 // PIPELINE = 0: loads, decodes and stores the step at k0 into the one tile.
 void stage_step(uint k0) {
-    // Weight tile: BM rows x BK / 8 groups of 8 values.
-    for (uint task = gl_LocalInvocationIndex; task < BM * (BK / 8u); task += THREADS) {
-        uint r = task / (BK / 8u);
-        uint kg = task % (BK / 8u);
-        vec4 lo = vec4(0.0);
-        vec4 hi = vec4(0.0);
-        if (k0 + kg * 8u < p.n_in) {
-            dequant_group(tile_row_byte(r), k0 / 8u + kg, lo, hi);
+    // Weight tile: BM rows x ROW_UNITS units of UNIT_GROUPS groups of 8 values.
+    for (uint task = gl_LocalInvocationIndex; task < A_UNITS; task += THREADS) {
+        uint r = task / ROW_UNITS;
+        uint kg0 = (task % ROW_UNITS) * UNIT_GROUPS;
+        if (k0 + kg0 * 8u >= p.n_in) {
+            put_a_zero(0u, r, kg0);
+            continue;
         }
-        put_a(0u, r, kg, lo, hi);
+#if defined(STEP_RUNS)
+        step_run_put(step_run_fetch(tile_row_byte(r), k0 / 8u + kg0), k0 / 8u + kg0, 0u, r, kg0);
+#else
+        vec4 lo;
+        vec4 hi;
+        dequant_group(tile_row_byte(r), k0 / 8u + kg0, lo, hi);
+        put_a(0u, r, kg0, lo, hi);
+#endif
     }
     // Input tile: BN tokens x BK / 8 groups of 8; tokens past the end are zero.
     for (uint task = gl_LocalInvocationIndex; task < BN * (BK / 8u); task += THREADS) {
@@ -157,10 +190,14 @@ void stage_step(uint k0) {
 // PIPELINE >= 1: the tasks of one step per invocation and their registers,
 // one set per step in flight (set 1 only with PIPELINE = 2). Callers name
 // the set by a literal, so after inlining each access is to one array.
-const uint A_TASKS = (BM * (BK / 8u) + THREADS - 1u) / THREADS;
+const uint A_TASKS = (A_UNITS + THREADS - 1u) / THREADS;
 const uint B_TASKS = (BN * (BK / 8u) + THREADS - 1u) / THREADS;
 const uint SETS = PIPELINE == 2u ? 2u : 1u;
+#if defined(STEP_RUNS)
+StepRun raw_a[SETS][A_TASKS];
+#else
 RawGroup raw_a[SETS][A_TASKS];
+#endif
 #if defined(X_F16)
 uvec4 raw_b[SETS][B_TASKS];
 #else
@@ -172,10 +209,14 @@ vec4 raw_b_hi[SETS][B_TASKS];
 void fetch_step(uint k0, uint set) {
     [[unroll]] for (uint t = 0u; t < A_TASKS; t++) {
         uint task = gl_LocalInvocationIndex + t * THREADS;
-        uint r = task / (BK / 8u);
-        uint kg = task % (BK / 8u);
-        if (task < BM * (BK / 8u) && k0 + kg * 8u < p.n_in) {
-            raw_a[set][t] = raw_fetch(tile_row_byte(r), k0 / 8u + kg);
+        uint r = task / ROW_UNITS;
+        uint kg0 = (task % ROW_UNITS) * UNIT_GROUPS;
+        if (task < A_UNITS && k0 + kg0 * 8u < p.n_in) {
+#if defined(STEP_RUNS)
+            raw_a[set][t] = step_run_fetch(tile_row_byte(r), k0 / 8u + kg0);
+#else
+            raw_a[set][t] = raw_fetch(tile_row_byte(r), k0 / 8u + kg0);
+#endif
         }
     }
     [[unroll]] for (uint t = 0u; t < B_TASKS; t++) {
@@ -197,15 +238,21 @@ void fetch_step(uint k0, uint set) {
 void store_step(uint k0, uint stage, uint set) {
     [[unroll]] for (uint t = 0u; t < A_TASKS; t++) {
         uint task = gl_LocalInvocationIndex + t * THREADS;
-        uint r = task / (BK / 8u);
-        uint kg = task % (BK / 8u);
-        if (task < BM * (BK / 8u)) {
-            vec4 lo = vec4(0.0);
-            vec4 hi = vec4(0.0);
-            if (k0 + kg * 8u < p.n_in) {
-                raw_decode(raw_a[set][t], k0 / 8u + kg, lo, hi);
+        uint r = task / ROW_UNITS;
+        uint kg0 = (task % ROW_UNITS) * UNIT_GROUPS;
+        if (task < A_UNITS) {
+            if (k0 + kg0 * 8u >= p.n_in) {
+                put_a_zero(stage * A_TILE, r, kg0);
+            } else {
+#if defined(STEP_RUNS)
+                step_run_put(raw_a[set][t], k0 / 8u + kg0, stage * A_TILE, r, kg0);
+#else
+                vec4 lo;
+                vec4 hi;
+                raw_decode(raw_a[set][t], k0 / 8u + kg0, lo, hi);
+                put_a(stage * A_TILE, r, kg0, lo, hi);
+#endif
             }
-            put_a(stage * A_TILE, r, kg, lo, hi);
         }
     }
     [[unroll]] for (uint t = 0u; t < B_TASKS; t++) {
