@@ -1,7 +1,8 @@
 // Step runs of matmul_coopmat.comp for Q4_K, Q5_K and Q6_K: RUN_VALUES (8,
 // 16 or 32) consecutive values of one weight row inside one 32-value sub-block,
 // fetched and decoded as one unit of the A staging:
-//     StepRun step_run_fetch(uint row_byte, uint g0)    the run whose first group is g0
+//     StepRun step_run_fetch(uint row_byte, uint g0, StepRun prev, bool follows)
+//                                                        the run whose first group is g0
 //     void step_run_put(StepRun r, uint g0, uint a_base, uint row, uint kg0)
 //                                                        its values into row `row`, groups kg0.., of the A tile at a_base
 // The includer defines RUN_VALUES (a constant or specialisation-constant
@@ -19,6 +20,15 @@
 // instead of 16) and decodes the scale and min once. Each value is computed
 // by raw_decode's expression (in f32, then f16), so the staged tile holds
 // the same bits as with 8-value groups.
+//
+// With `follows`, `prev` is the run of the same row and place fetched for
+// the step before (32 values earlier), and the words the two share are
+// taken from it instead of loaded again: the block head within a block,
+// and Q4_K's quant bytes, whose high nibbles are the sub-block after the
+// low nibbles' (Q6_K: d within a block, the qh bytes within a half, the
+// scale word within two quarters). Steps of 32 values with one register
+// set (PIPELINE = 1) fetch in order, so there every step but a
+// workgroup's first follows the one before.
 
 const uint RUN_WORDS = RUN_VALUES / 4u;
 
@@ -52,17 +62,25 @@ struct StepRun {
 #endif
 };
 
-StepRun step_run_fetch(uint row_byte, uint g0) {
-    StepRun r;
+StepRun step_run_fetch(uint row_byte, uint g0, StepRun prev, bool follows) {
+    StepRun r = prev;
     uint blk = g0 / GROUPS_PER_BLOCK;
     uint k = g0 - blk * GROUPS_PER_BLOCK;
     uint block_byte = row_byte + blk * BLOCK_BYTES;
     uint l0 = (k & 3u) * 8u;
-    r.head = fetch16(block_byte);
-    FETCH_RUN_WORDS(r.q, block_byte + QS_OFFSET + 32u * (k >> 3) + l0);
+    uint sub = k >> 2;
+    if (!follows || sub == 0u) {
+        r.head = fetch16(block_byte);
+    }
 #if defined(TYPE_Q5_K)
-    FETCH_RUN_WORDS(r.qh, block_byte + QH_OFFSET + l0);
+    // Q5_K's qh bytes serve the whole block (bit j for sub-block j).
+    if (!follows || sub == 0u) {
+        FETCH_RUN_WORDS(r.qh, block_byte + QH_OFFSET + l0);
+    }
 #endif
+    if (!follows || (sub & 1u) == 0u) {
+        FETCH_RUN_WORDS(r.q, block_byte + QS_OFFSET + 32u * (k >> 3) + l0);
+    }
     return r;
 }
 
@@ -89,7 +107,7 @@ void step_run_put(StepRun r, uint g0, uint a_base, uint row, uint kg0) {
 
 #elif defined(TYPE_Q6_K)
 // The word holding d, the word holding the quarter's two scale bytes, and
-// the run's ql and qh bytes (q6_group, coopmat_raw.glsl, says where).
+// the run's ql and qh bytes (the layout q6_group of coopmat_raw.glsl reads).
 struct StepRun {
     uint d_word;
     uint sc_word;
@@ -97,13 +115,24 @@ struct StepRun {
     uint qh[MAX_RUN_WORDS];
 };
 
-StepRun step_run_fetch(uint row_byte, uint g0) {
-    StepRun r;
-    Q6Group q = q6_group(row_byte, g0);
-    r.d_word = q.d_word;
-    r.sc_word = w[(q.block_byte + 192u + 8u * q.n + 2u * q.qq) >> 2];
-    FETCH_RUN_WORDS(r.ql, q.block_byte + 64u * q.n + 32u * (q.qq & 1u) + q.l0);
-    FETCH_RUN_WORDS(r.qh, q.block_byte + 128u + 32u * q.n + q.l0);
+StepRun step_run_fetch(uint row_byte, uint g0, StepRun prev, bool follows) {
+    StepRun r = prev;
+    uint blk = g0 / GROUPS_PER_BLOCK;
+    uint k = g0 - blk * GROUPS_PER_BLOCK;
+    uint block_byte = row_byte + blk * Q6_BODY_BYTES;
+    uint n = k >> 4;
+    uint qq = (k >> 2) & 3u;
+    uint l0 = (k & 3u) * 8u;
+    if (!follows || k < 4u) {
+        r.d_word = w[(row_byte + Q6_BODY_BYTES * blocks_per_row() + 2u * blk) >> 2];
+    }
+    if (!follows || (qq & 1u) == 0u) {
+        r.sc_word = w[(block_byte + 192u + 8u * n + 2u * qq) >> 2];
+    }
+    FETCH_RUN_WORDS(r.ql, block_byte + 64u * n + 32u * (qq & 1u) + l0);
+    if (!follows || qq == 0u) {
+        FETCH_RUN_WORDS(r.qh, block_byte + 128u + 32u * n + l0);
+    }
     return r;
 }
 

@@ -167,7 +167,9 @@ void stage_step(uint k0) {
             continue;
         }
 #if defined(STEP_RUNS)
-        step_run_put(step_run_fetch(tile_row_byte(r), k0 / 8u + kg0), k0 / 8u + kg0, 0u, r, kg0);
+        StepRun run;
+        run = step_run_fetch(tile_row_byte(r), k0 / 8u + kg0, run, false);
+        step_run_put(run, k0 / 8u + kg0, 0u, r, kg0);
 #else
         vec4 lo;
         vec4 hi;
@@ -205,15 +207,20 @@ vec4 raw_b_lo[SETS][B_TASKS];
 vec4 raw_b_hi[SETS][B_TASKS];
 #endif
 
-// Issues the global loads of the step at k0 into register set `set`.
-void fetch_step(uint k0, uint set) {
+// Step runs may take words from the step before only where that step was
+// fetched into the same registers just before (coopmat_step_runs.glsl).
+const bool RUNS_FOLLOW = SETS == 1u && BK == 32u;
+
+// Issues the global loads of the step at k0 into register set `set`;
+// `follows`: the set holds the step before's (k0 - BK) weights.
+void fetch_step(uint k0, uint set, bool follows) {
     [[unroll]] for (uint t = 0u; t < A_TASKS; t++) {
         uint task = gl_LocalInvocationIndex + t * THREADS;
         uint r = task / ROW_UNITS;
         uint kg0 = (task % ROW_UNITS) * UNIT_GROUPS;
         if (task < A_UNITS && k0 + kg0 * 8u < p.n_in) {
 #if defined(STEP_RUNS)
-            raw_a[set][t] = step_run_fetch(tile_row_byte(r), k0 / 8u + kg0);
+            raw_a[set][t] = step_run_fetch(tile_row_byte(r), k0 / 8u + kg0, raw_a[set][t], follows && RUNS_FOLLOW);
 #else
             raw_a[set][t] = raw_fetch(tile_row_byte(r), k0 / 8u + kg0);
 #endif
@@ -348,20 +355,20 @@ void main() {
     uint n_steps = min(share, all_steps - first_step);
     uint k_base = first_step * BK;
     if (PIPELINE != 0u && n_steps > 0u) {
-        fetch_step(k_base, 0u);
+        fetch_step(k_base, 0u, false);
         store_step(k_base, 0u, 0u);
         barrier();
     }
     if (PIPELINE == 2u) {
         // Step 1 in flight in set 1; each step below fetches two ahead.
         if (n_steps > 1u) {
-            fetch_step(k_base + BK, 1u);
+            fetch_step(k_base + BK, 1u, false);
         }
         for (uint s = 0u; s < n_steps; s += 2u) {
             // Even step: tile half 0; set 0 is free (its step was staged
             // last step), set 1 holds step s + 1.
             if (s + 2u < n_steps) {
-                fetch_step(k_base + (s + 2u) * BK, 0u);
+                fetch_step(k_base + (s + 2u) * BK, 0u, false);
             }
             MULTIPLY_STEP(0u);
             if (s + 1u < n_steps) {
@@ -371,7 +378,7 @@ void main() {
             if (s + 1u < n_steps) {
                 // Odd step: tile half 1; set 1 is free, set 0 holds s + 2.
                 if (s + 3u < n_steps) {
-                    fetch_step(k_base + (s + 3u) * BK, 1u);
+                    fetch_step(k_base + (s + 3u) * BK, 1u, false);
                 }
                 MULTIPLY_STEP(1u);
                 if (s + 2u < n_steps) {
@@ -392,7 +399,7 @@ void main() {
                 // Half `cur` was staged (and fenced) during the step before.
                 cur = s & 1u;
                 if (has_next) {
-                    fetch_step(k0 + BK, 0u);
+                    fetch_step(k0 + BK, 0u, true);
                 }
             }
             MULTIPLY_STEP(cur);
