@@ -69,8 +69,18 @@ const WIDE_SPLIT_MAX_WAYS: u32 = 4;
 /// value rows (128 steps) lost: llama-8b q/k/v 308 -> 363 us and wo 208 ->
 /// 251 us per layer, while the down projection's 14336-value rows (448
 /// steps, 2 ways) gained 686 -> 585 us.
+/// FISH_VK_WIDE_SPLIT_MIN_STEPS overrides the wide tiles' (16..=1024,
+/// read once), for measuring the rule.
 const SPLIT_MIN_STEPS: u32 = 4;
 const WIDE_SPLIT_MIN_STEPS: u32 = 128;
+
+/// WIDE_SPLIT_MIN_STEPS or its override.
+fn wide_split_min_steps() -> u32 {
+    static STEPS: std::sync::OnceLock<u32> = std::sync::OnceLock::new();
+    *STEPS.get_or_init(|| {
+        crate::config::env_number_in("FISH_VK_WIDE_SPLIT_MIN_STEPS", 16..=1024, WIDE_SPLIT_MIN_STEPS)
+    })
+}
 
 /// How the dispatches of a kind of tile split: the workgroups a dispatch
 /// should reach and the most workgroups per tile.
@@ -97,7 +107,7 @@ impl SplitRule {
         wide_split_target().map(|target| SplitRule {
             target,
             max_ways: WIDE_SPLIT_MAX_WAYS,
-            min_steps: WIDE_SPLIT_MIN_STEPS,
+            min_steps: wide_split_min_steps(),
         })
     }
 }
