@@ -78,7 +78,11 @@ const WIDE_SPLIT_MIN_STEPS: u32 = 128;
 fn wide_split_min_steps() -> u32 {
     static STEPS: std::sync::OnceLock<u32> = std::sync::OnceLock::new();
     *STEPS.get_or_init(|| {
-        crate::config::env_number_in("FISH_VK_WIDE_SPLIT_MIN_STEPS", 16..=1024, WIDE_SPLIT_MIN_STEPS)
+        crate::config::env_number_in(
+            "FISH_VK_WIDE_SPLIT_MIN_STEPS",
+            16..=1024,
+            WIDE_SPLIT_MIN_STEPS,
+        )
     })
 }
 
