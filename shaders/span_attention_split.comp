@@ -191,6 +191,30 @@ void write_output(uint t, uint h) {
     }
 }
 
+// A thread's place in each pass over a block of keys (main sets them):
+// key kq of the pass, word c of the key's row, and the cache word of that
+// column in the KV head (keys and values have heads of one width).
+uint kq;
+uint c;
+bool in_pass;
+uint kv_word;
+
+// Loads this thread's cached key and value words of the block of keys from
+// key0 (LPT passes of per_pass keys; keys at or past cached_end are not
+// loaded) into rk and rv.
+void load_block(inout uvec4 rk[LPT], inout uvec4 rv[LPT], uint key0, uint cached_end,
+                uint per_pass, uint row0) {
+    uint k_row4 = p.k_dim / 8u;
+    uint v_row4 = p.v_dim / 8u;
+    [[unroll]] for (uint i = 0u; i < LPT; i++) {
+        uint key = key0 + i * per_pass + kq;
+        if (in_pass && key < cached_end) {
+            rk[i] = kc4[(row0 + key) * k_row4 + kv_word];
+            rv[i] = vc4[(row0 + key) * v_row4 + kv_word];
+        }
+    }
+}
+
 void main() {
     uint h = gl_WorkGroupID.x / p.splits;
     uint s = gl_WorkGroupID.x % p.splits;
@@ -209,9 +233,9 @@ void main() {
     uint words = p.head_dim / 8u;
     uint per_pass = WG / words;
     uint bk = LPT * per_pass;
-    uint c = tid % words;
-    uint kq = tid / words;
-    bool in_pass = kq < per_pass;
+    c = tid % words;
+    kq = tid / words;
+    in_pass = kq < per_pass;
 
     // The token's splits; this workgroup takes splits s, s + p.splits, ...
     uint n_keys = end - first;
@@ -222,8 +246,7 @@ void main() {
     }
     uint k_row4 = p.k_dim / 8u;
     uint v_row4 = p.v_dim / 8u;
-    uint k_word = kv_head * words + c;
-    uint v_word = kv_head * words + c;
+    kv_word = kv_head * words + c;
     // The split holding the token's own key (the last).
     uint last = n_split - 1u;
 #if defined(ROPE_FUSED)
@@ -243,13 +266,7 @@ void main() {
 #else
         uint cached_end = k_end;
 #endif
-        [[unroll]] for (uint i = 0u; i < LPT; i++) {
-            uint key = k_begin + i * per_pass + kq;
-            if (in_pass && key < cached_end) {
-                rk[i] = kc4[(row0 + key) * k_row4 + k_word];
-                rv[i] = vc4[(row0 + key) * v_row4 + v_word];
-            }
-        }
+        load_block(rk, rv, k_begin, cached_end, per_pass, row0);
     }
 
 #if defined(ROPE_FUSED)
@@ -346,13 +363,7 @@ void main() {
         for (uint key0 = k_begin; key0 < k_end; key0 += bk) {
             uint n_block = min(bk, k_end - key0);
             if (key0 != k_begin || z != s) {
-                [[unroll]] for (uint i = 0u; i < LPT; i++) {
-                    uint key = key0 + i * per_pass + kq;
-                    if (in_pass && key < cached_end) {
-                        rk[i] = kc4[(row0 + key) * k_row4 + k_word];
-                        rv[i] = vc4[(row0 + key) * v_row4 + v_word];
-                    }
-                }
+                load_block(rk, rv, key0, cached_end, per_pass, row0);
             }
 #if defined(ROPE_FUSED)
             // The token's own row, as stored.

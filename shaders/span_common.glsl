@@ -9,9 +9,10 @@ float kv_load(uint word, uint e) {
 
 // The step buffer, written by the host before each submit so that a recorded
 // command buffer serves every position: word 0 is the forward's first
-// position, word 1 the layout. Layout 0: token t sits at position word0 + t
-// of sequence slot 0. Layout 1 (a batch of independent sequences): token t
-// sits at position words[STEP_HEADER_WORDS + 2t] of the slot whose first KV row is
+// position, word 1 the layout. Layout 0 (one sequence): token t sits at
+// position word0 + t of the slot whose first KV row is word 2 (0 for slot
+// 0). Layout 1 (a batch of independent sequences): token t sits at position
+// words[STEP_HEADER_WORDS + 2t] of the slot whose first KV row is
 // words[STEP_HEADER_WORDS + 2t + 1].
 #define STEP_HEADER_WORDS 4u
 layout(std430, binding = 4) readonly buffer Step { uint step_words[]; };
@@ -19,7 +20,7 @@ layout(std430, binding = 4) readonly buffer Step { uint step_words[]; };
 // (position, first KV row of the token's slot) of token t of the forward.
 uvec2 token_place(uint t) {
     if (step_words[1] == 0u) {
-        return uvec2(step_words[0] + t, 0u);
+        return uvec2(step_words[0] + t, step_words[2]);
     }
     uint at = STEP_HEADER_WORDS + 2u * t;
     return uvec2(step_words[at], step_words[at + 1u]);

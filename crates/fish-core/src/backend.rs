@@ -178,8 +178,9 @@ pub trait SpanBackend: ComputeBackend {
         ))
     }
 
-    /// The most rows one `span_forward_batch` takes; 0 when the backend's
-    /// device KV holds only one sequence (slot 0).
+    /// The most rows of several slots one `span_forward_batch` takes (one
+    /// slot's consecutive rows, a prompt, may be any number); 0 when the
+    /// backend's device KV holds only one sequence (slot 0).
     fn span_max_batch_rows(&self) -> usize {
         0
     }

@@ -239,9 +239,11 @@ pub fn forward_span_prompt(
     })
 }
 
-/// The span over a prompt's rows, 64 per submit; the logits of the last row
-/// (or of every row) in the submits, or from the host output where the span
-/// does not return them.
+/// The span over a prompt's rows (one slot's consecutive positions) in one
+/// forward, as a single session runs its prompt (`forward_with_span`), so
+/// that the prompt's KV and logits are a single session's at any length;
+/// the logits of the last row (or of every row) in the submit, or from the
+/// host output where the span does not return that many.
 fn prompt_rows_logits(
     model: &Model,
     span: &dyn SpanBackend,
@@ -249,30 +251,16 @@ fn prompt_rows_logits(
     rows: &[SpanRow],
     logits_for: LogitsFor,
 ) -> std::result::Result<Vec<f32>, SpanBatchError> {
-    let n_embd = model.cfg.n_embd;
-    let max_rows = span.span_max_batch_rows();
-    let n_chunks = rows.len().div_ceil(max_rows);
-    let mut logits = Vec::new();
-    for (i, (xc, rc)) in x
-        .chunks_mut(max_rows * n_embd)
-        .zip(rows.chunks(max_rows))
-        .enumerate()
-    {
-        let wanted = match logits_for {
-            LogitsFor::All => rc.len(),
-            LogitsFor::Last if i + 1 == n_chunks => 1,
-            LogitsFor::Last => 0,
-        };
-        if wanted > 0 && wanted <= span.span_max_logit_rows() {
-            logits.extend(span.span_forward_batch_logits(xc, rc, wanted)?);
-            continue;
-        }
-        span.span_forward_batch(xc, rc)?;
-        if wanted > 0 {
-            logits.extend(output_logits(model, &xc[(rc.len() - wanted) * n_embd..])?);
-        }
+    let wanted = match logits_for {
+        LogitsFor::All => rows.len(),
+        LogitsFor::Last => 1,
+    };
+    if wanted <= span.span_max_logit_rows() {
+        return Ok(span.span_forward_batch_logits(x, rows, wanted)?);
     }
-    Ok(logits)
+    span.span_forward_batch(x, rows)?;
+    let n_embd = model.cfg.n_embd;
+    Ok(output_logits(model, &x[(rows.len() - wanted) * n_embd..])?)
 }
 
 /// Makes device slot `slot` hold exactly the sequence's `p` positions:
@@ -302,12 +290,9 @@ fn sync_slot(
     // Rewrites the layers below the span with the values they already hold,
     // and yields the span's input.
     forward_layers(model, seq.cache, &mut x, held, 0..first_layer)?;
+    // One slot's consecutive rows: one forward, however many.
     let rows: Vec<SpanRow> = (held..p).map(|pos| SpanRow { slot, pos }).collect();
-    let n_embd = model.cfg.n_embd;
-    let max_rows = span.span_max_batch_rows();
-    for (xc, rc) in x.chunks_mut(max_rows * n_embd).zip(rows.chunks(max_rows)) {
-        span.span_forward_batch(xc, rc)?;
-    }
+    span.span_forward_batch(&mut x, &rows)?;
     Ok(p - held)
 }
 

@@ -52,7 +52,8 @@ impl Gpu {
     /// residual stream after the span. Every matmul serves all rows at once;
     /// RoPE, the KV store and attention use each row's own slot and position.
     /// A slot's rows must be consecutive positions, the first leaving no gap
-    /// after the slot's valid positions; at most `Span::max_batch_rows` rows.
+    /// after the slot's valid positions; at most `Span::max_batch_rows` rows
+    /// unless they are all one slot's (any number).
     /// On any error `x` is untouched.
     pub fn span_forward_rows(
         &self,

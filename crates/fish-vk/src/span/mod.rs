@@ -153,7 +153,8 @@ impl Span {
         self.kv.n_slots()
     }
 
-    /// The most rows one batched forward takes (`Gpu::span_forward_rows`).
+    /// The most rows of several slots one batched forward takes
+    /// (`Gpu::span_forward_rows`; one slot's rows may be any number).
     pub fn max_batch_rows(&self) -> usize {
         SPAN_MAX_BATCH_ROWS
     }

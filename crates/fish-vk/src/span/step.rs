@@ -1,17 +1,22 @@
 //! The step buffer: where each token of a forward sits, written by the host
 //! before every submit (shaders/span_common.glsl reads it), so that a
 //! recorded command buffer serves any positions. A plain forward puts its
-//! tokens at consecutive positions of sequence slot 0; a batched forward
-//! gives every row its own (slot, position).
+//! tokens at consecutive positions of sequence slot 0, and rows that are
+//! all one slot's consecutive positions (a batched session's prompt) go
+//! the same way with that slot's first KV row in the header, in any
+//! number; a batched forward of several slots gives every row its own
+//! (slot, position) in the per-row table.
 
 use super::kv::KvCache;
 use super::SPAN_CHUNK_TOKENS;
 use crate::error::{Result, VkError};
 
-/// Words before the per-row table: the first position and the layout.
+/// Words before the per-row table: the first position, the layout and (for
+/// the consecutive layout) the first KV row of the slot.
 const HEADER_WORDS: usize = 4;
 
-/// The most rows one batched forward takes (the per-row table's size).
+/// The most rows one batched forward of several slots takes (the per-row
+/// table's size).
 pub const SPAN_MAX_BATCH_ROWS: usize = SPAN_CHUNK_TOKENS;
 
 /// Words of the step buffer: the header, then (position, first KV row) per row.
@@ -74,26 +79,51 @@ impl Placement<'_> {
 
     /// The step buffer's words for this forward.
     pub fn words(&self, kv: &KvCache) -> Vec<u32> {
-        match *self {
-            Placement::Consecutive { pos0 } => vec![pos0 as u32, 0, 0, 0],
-            Placement::Rows(rows) => {
-                let mut w = vec![0, 1, 0, 0];
-                for r in rows {
-                    w.push(r.pos as u32);
-                    w.push(kv.first_row(r.slot) as u32);
-                }
-                w
-            }
+        let rows = match *self {
+            Placement::Consecutive { pos0 } => return consecutive_words(kv, 0, pos0),
+            Placement::Rows(rows) => rows,
+        };
+        if let Some(first) = one_slot_run(rows) {
+            return consecutive_words(kv, first.slot, first.pos);
         }
+        let mut w = vec![0, 1, 0, 0];
+        for r in rows {
+            w.push(r.pos as u32);
+            w.push(kv.first_row(r.slot) as u32);
+        }
+        w
     }
 }
 
-/// Groups rows by slot, refusing tables the step buffer cannot hold and
-/// slots whose rows are not consecutive positions in row order.
+/// The header of the consecutive layout: tokens from position `pos0` of
+/// `slot`.
+fn consecutive_words(kv: &KvCache, slot: usize, pos0: usize) -> Vec<u32> {
+    vec![pos0 as u32, 0, kv.first_row(slot) as u32, 0]
+}
+
+/// The first row of `rows` when they are all one slot's consecutive
+/// positions (the step buffer's consecutive layout takes them, however many).
+fn one_slot_run(rows: &[SpanRow]) -> Option<SpanRow> {
+    let first = *rows.first()?;
+    rows.iter()
+        .enumerate()
+        .all(|(i, r)| r.slot == first.slot && r.pos == first.pos + i)
+        .then_some(first)
+}
+
+/// Groups rows by slot, refusing tables the step buffer cannot hold (rows
+/// of several slots beyond SPAN_MAX_BATCH_ROWS) and slots whose rows are
+/// not consecutive positions in row order.
 fn rows_to_runs(rows: &[SpanRow], n_tok: usize) -> Result<Vec<SlotRun>> {
-    if rows.len() != n_tok || rows.len() > SPAN_MAX_BATCH_ROWS {
+    if rows.len() != n_tok {
         return Err(VkError::Input(format!(
-            "{} rows for a forward of {n_tok} tokens (a batch holds at most {SPAN_MAX_BATCH_ROWS})",
+            "{} rows for a forward of {n_tok} tokens",
+            rows.len()
+        )));
+    }
+    if rows.len() > SPAN_MAX_BATCH_ROWS && one_slot_run(rows).is_none() {
+        return Err(VkError::Input(format!(
+            "{} rows of several slots (a batch holds at most {SPAN_MAX_BATCH_ROWS})",
             rows.len()
         )));
     }
@@ -159,5 +189,26 @@ mod tests {
         let rows: Vec<SpanRow> = (0..=SPAN_MAX_BATCH_ROWS).map(|s| row(s, 0)).collect();
         assert!(rows_to_runs(&rows, rows.len()).is_err());
         assert!(rows_to_runs(&rows[1..], rows.len() - 1).is_ok());
+    }
+
+    #[test]
+    fn one_slots_consecutive_rows_take_the_consecutive_layout_in_any_number() {
+        let prompt: Vec<SpanRow> = (0..3 * SPAN_MAX_BATCH_ROWS)
+            .map(|p| row(2, 7 + p))
+            .collect();
+        assert_eq!(one_slot_run(&prompt), Some(row(2, 7)));
+        let runs = rows_to_runs(&prompt, prompt.len()).unwrap();
+        assert_eq!(
+            runs,
+            vec![SlotRun {
+                slot: 2,
+                first: 7,
+                end: 7 + 3 * SPAN_MAX_BATCH_ROWS
+            }]
+        );
+        // Two slots, or a gap, are not one run.
+        assert_eq!(one_slot_run(&[row(2, 7), row(3, 8)]), None);
+        assert_eq!(one_slot_run(&[row(2, 7), row(2, 9)]), None);
+        assert_eq!(one_slot_run(&[]), None);
     }
 }
