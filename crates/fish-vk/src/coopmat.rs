@@ -868,7 +868,7 @@ fn device_limits(info: &DeviceInfo) -> TileLimits {
 /// without cooperative matrices (FISH_GPU_BATCH_EMULATED=1, a test knob read
 /// at each call).
 /// FISH_GPU_PREFILL_EMULATED=1: `Gpu::prefill_kernel` (test knob).
-fn emulated_prefill_wanted() -> bool {
+pub(crate) fn emulated_prefill_wanted() -> bool {
     std::env::var("FISH_GPU_PREFILL_EMULATED").as_deref() == Ok("1")
 }
 

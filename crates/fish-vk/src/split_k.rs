@@ -191,9 +191,20 @@ impl crate::gpu::Gpu {
     pub(crate) fn span_split_need(&self) -> ScratchNeed {
         let batch = ScratchNeed::of(self.span_split_tile().as_ref(), SplitRule::batch());
         match SplitRule::wide() {
-            Some(rule) => batch.max(ScratchNeed::of(self.info.cooperative_wide.as_ref(), rule)),
+            Some(rule) => batch.max(ScratchNeed::of(self.span_wide_tile().as_ref(), rule)),
             None => batch,
         }
+    }
+
+    /// The wide prefill tile a span's chunks may take: the device's, or
+    /// with FISH_GPU_PREFILL_EMULATED=1 on a device without one the
+    /// emulated tile (whose splits need the scratch as much).
+    fn span_wide_tile(&self) -> Option<CoopMatTile> {
+        self.info.cooperative_wide.or_else(|| {
+            crate::coopmat::emulated_prefill_wanted()
+                .then(|| self.wide_tile_of(crate::kernels::Kernel::CoopMatEmulated))
+                .flatten()
+        })
     }
 
     /// The scratch a plan for `kernel` needs: none unless one of its
