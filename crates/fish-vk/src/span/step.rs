@@ -123,7 +123,7 @@ fn rows_to_runs(rows: &[SpanRow], n_tok: usize) -> Result<Vec<SlotRun>> {
     }
     if rows.len() > SPAN_MAX_BATCH_ROWS && one_slot_run(rows).is_none() {
         return Err(VkError::Input(format!(
-            "{} rows of several slots (a batch holds at most {SPAN_MAX_BATCH_ROWS})",
+            "{} rows that are not one slot's consecutive positions (a batch of several slots holds at most {SPAN_MAX_BATCH_ROWS})",
             rows.len()
         )));
     }
