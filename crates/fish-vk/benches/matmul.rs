@@ -417,16 +417,25 @@ fn bench_coopmat(c: &mut Criterion) {
         group.throughput(Throughput::Elements(flops));
         // The default tile, then the wide one (`<staging>/wide`), under every
         // staging on f32 x, and pipelined on x in f16 as span prefill chunks
-        // run them (`pipelined[/wide]/x16`).
+        // run them (`pipelined[/wide]/x16`); Q4_K and Q6_K on x in f16 also
+        // on fragments built in registers where the device runs them
+        // (`frags[/wide]/x16`, frags.rs).
         let tiles = [false, true]
             .into_iter()
             .filter(|&wide| !wide || gpu.coopmat_wide_tile().is_some());
+        let frags = gpu.prefill_frags() && matches!(ty.name(), "Q4_K" | "Q6_K");
         let inputs = CoopMatTile::STAGINGS
-            .map(|s| (s, MatmulInput::F32))
+            .map(|s| (s, MatmulInput::F32, false))
             .into_iter()
-            .chain([(Staging::Pipelined, MatmulInput::F16)]);
-        for (wide, (staging, input)) in tiles.flat_map(|w| inputs.clone().map(move |v| (w, v))) {
-            let id = format!("{staging:?}").to_ascii_lowercase();
+            .chain([(Staging::Pipelined, MatmulInput::F16, false)])
+            .chain(frags.then_some((Staging::Pipelined, MatmulInput::F16, true)));
+        for (wide, (staging, input, on_frags)) in
+            tiles.flat_map(|w| inputs.clone().map(move |v| (w, v)))
+        {
+            let id = match on_frags {
+                true => "frags".to_string(),
+                false => format!("{staging:?}").to_ascii_lowercase(),
+            };
             let suffix = if wide { "/wide" } else { "" };
             let x16 = if input == MatmulInput::F16 {
                 "/x16"
@@ -441,9 +450,12 @@ fn bench_coopmat(c: &mut Criterion) {
                 |b| {
                     b.iter_custom(|iters| {
                         gpu.with_wide_tiles(wide, || {
-                            gpu.with_coopmat_staging(staging, || {
-                                let (kernel, sync) = (Kernel::CoopMat, DispatchSync::None);
-                                gpu_time_on(gpu, &handles, TILED_TOKENS, kernel, iters, sync, input)
+                            gpu.with_prefill_frags(on_frags, || {
+                                gpu.with_coopmat_staging(staging, || {
+                                    let (kernel, sync) = (Kernel::CoopMat, DispatchSync::None);
+                                    let n_tok = TILED_TOKENS;
+                                    gpu_time_on(gpu, &handles, n_tok, kernel, iters, sync, input)
+                                })
                             })
                         })
                     })

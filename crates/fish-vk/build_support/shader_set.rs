@@ -310,6 +310,27 @@ pub const INT8_MATRIX_X16_EMULATED_MODULES: &[(&str, &str, &[&str])] = &[
     ),
 ];
 
+/// The prefill matmul on fragments built in registers (matmul_frags.comp,
+/// frags.rs) for the two types it decodes, on x in f16.
+pub const FRAGS_MODULES: &[(&str, &str, &[&str])] = &[
+    ("coopmat_frags_x16_q4_k", "matmul_frags.comp", &["TYPE_Q4_K"]),
+    ("coopmat_frags_x16_q6_k", "matmul_frags.comp", &["TYPE_Q6_K"]),
+];
+
+/// Their emulation on plain code (glslc), for tests on any device.
+pub const FRAGS_EMULATED_MODULES: &[(&str, &str, &[&str])] = &[
+    (
+        "coopmat_frags_emu_x16_q4_k",
+        "matmul_frags.comp",
+        &["TYPE_Q4_K", "EMULATE_COOPMAT"],
+    ),
+    (
+        "coopmat_frags_emu_x16_q6_k",
+        "matmul_frags.comp",
+        &["TYPE_Q6_K", "EMULATE_COOPMAT"],
+    ),
+];
+
 /// Measurement-only cooperative-matrix modules (glslangValidator) as
 /// (module name, source file in shaders/, defines).
 pub const COOPMAT_PROBE_MODULES: &[(&str, &str, &[&str])] = &[
@@ -341,6 +362,8 @@ pub fn shader_specs() -> Vec<ShaderSpec> {
         (PROBE_MODULES, ShaderCompiler::Glslc),
         (INT8_MATRIX_X16_EMULATED_MODULES, ShaderCompiler::Glslc),
         (INT8_MATRIX_X16_MODULES, ShaderCompiler::GlslangCoopMat),
+        (FRAGS_EMULATED_MODULES, ShaderCompiler::Glslc),
+        (FRAGS_MODULES, ShaderCompiler::GlslangCoopMat),
         (COOPMAT_SPAN_MODULES, ShaderCompiler::GlslangCoopMat),
         (COOPMAT_PROBE_MODULES, ShaderCompiler::GlslangCoopMat),
         (COOPMAT2_MODULES, ShaderCompiler::GlslangCoopMat2),

@@ -54,6 +54,10 @@ pub struct DeviceInfo {
     /// (int8_matrix.rs: the device's 16 x N x 32 int8 fragment width), where
     /// the device has those fragments and the prefill tile's features.
     pub int8_matrix: Option<u32>,
+    /// f16-input prefill plans of Q4_K and Q6_K run on fragments built in
+    /// registers (frags.rs): the device offers them and passed the
+    /// open-time check.
+    pub prefill_frags: bool,
     /// Pipeline statistics asked for (FISH_VK_PIPELINE_STATS=1) and offered
     /// (VK_KHR_pipeline_executable_properties; pipeline_stats.rs).
     pub pipeline_stats: bool,
@@ -232,6 +236,7 @@ fn describe_physical(
         cooperative_tensor: None,
         int8_dot,
         int8_matrix: None,
+        prefill_frags: false,
         pipeline_stats,
         full_subgroups,
     })

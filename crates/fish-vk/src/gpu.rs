@@ -112,6 +112,19 @@ impl Gpu {
                 }
             }
             info.int8_matrix = int8.ok();
+            // SAFETY: as above.
+            let props =
+                unsafe { coopmat::matrix_properties(&instance.entry, &instance.raw, physical) };
+            let f16_fragments = props
+                .map(|p| crate::int8_matrix::has_f16_fragments(&p))
+                .unwrap_or(false);
+            match crate::frags::offered(f16_fragments, info.subgroup_size) {
+                Ok(()) => info.prefill_frags = true,
+                Err(why) if config.verbose => {
+                    eprintln!("fish-vk: no prefill on fragments built in registers: {why}")
+                }
+                Err(_) => {}
+            }
         }
         // SAFETY: as above; the instance was created at instance.api_version.
         let tensor = unsafe {
@@ -205,6 +218,21 @@ impl Gpu {
             // The check's matmul left its scratch (staging, x/y, readback)
             // for reuse; a device just opened holds nothing of ours, so
             // unloading a model returns it to exactly this state.
+            gpu.release_scratch();
+        }
+        if gpu.info.prefill_frags {
+            let checked = gpu.check_prefill_frags(crate::Kernel::CoopMat);
+            if config.verbose {
+                match &checked {
+                    Ok(()) => eprintln!(
+                        "fish-vk: prefill matmuls of Q4_K / Q6_K on fragments built in registers"
+                    ),
+                    Err(why) => eprintln!(
+                        "fish-vk: no prefill on fragments built in registers (check: {why})"
+                    ),
+                }
+            }
+            gpu.info.prefill_frags = checked.is_ok();
             gpu.release_scratch();
         }
         Ok(gpu)

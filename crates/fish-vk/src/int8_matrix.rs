@@ -109,7 +109,7 @@ pub(crate) unsafe fn probe(
 
 /// Whether the device offers the f16 fragments of the form without staging
 /// rounds (Q4_K and Q6_K at 8 tokens): 16 x 8 x 16, f32 accumulators.
-fn has_f16_fragments(props: &[vk::CooperativeMatrixPropertiesKHR<'_>]) -> bool {
+pub(crate) fn has_f16_fragments(props: &[vk::CooperativeMatrixPropertiesKHR<'_>]) -> bool {
     use vk::ComponentTypeKHR as C;
     props.iter().any(|p| {
         is_subgroup_product(p, C::FLOAT16, C::FLOAT32)

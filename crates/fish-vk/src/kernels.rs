@@ -1070,9 +1070,24 @@ impl Gpu {
             let tensor = coop_tile
                 .filter(|_| input == MatmulInput::F32)
                 .and_then(|t| self.tensor_module(kernel, &t, h.ty(), h.n_out()));
+            // Q4_K / Q6_K on f16 x: the same tile and grid on fragments
+            // built in registers (frags.rs).
+            let frags = coop_tile.and_then(|t| self.frags_module(kernel, &t, h.ty(), input));
             let module = self.module_name(h.ty(), kernel, coop_tile, input);
             let pipeline = match (kernel, coop_tile, tensor) {
                 (_, _, Some((module, spec))) => self.pipelines.get(&self.device, &module, &spec)?,
+                _ if frags.is_some() => {
+                    let (module, layout) = frags.as_ref().expect("checked");
+                    match kernel {
+                        Kernel::CoopMat => self.pipelines.get_cooperative(
+                            &self.device,
+                            module,
+                            &layout.spec(),
+                            layout.threads(),
+                        )?,
+                        _ => self.pipelines.get(&self.device, module, &layout.spec())?,
+                    }
+                }
                 (Kernel::CoopMat | Kernel::CoopMatBatch, Some(tile), None) => self
                     .pipelines
                     .get_cooperative(&self.device, &module, &spec, tile.threads())?,

@@ -13,6 +13,8 @@ pub mod coopmat2;
 mod coopmat_peak;
 mod device;
 mod error;
+mod frags;
+mod frags_check;
 mod full_subgroups;
 mod gpu;
 mod grid_barrier;

@@ -1,0 +1,254 @@
+//! The prefill matmul on fragments built in registers
+//! (shaders/matmul_frags.comp): Q4_K and Q6_K weights on x in f16, each
+//! invocation decoding the weight values its own A elements hold and reading
+//! its own B elements, with no shared-memory staging and no barrier in the
+//! loop. It takes the place of the staged cooperative-matrix kernel in
+//! plans whose x arrives in f16 (span prefill chunks), on the staged plan's
+//! tile and grid, where the device passed the open-time check (`check`).
+//!
+//! On the H200 (`coopmat/<type>/4096x14336/n_tok512/pipelined[/wide]/x16`,
+//! TFLOPS, docs/BENCHMARKS.md "Fragments built in registers"): Q4_K on the
+//! 64 x 64 tile 118.9 staged against 173.7 here; on the 128 x 128 tile
+//! 160.8 staged against 179.7 with subgroups of 32 rows x 64 tokens (146.3
+//! with 64 x 64 per subgroup).
+//!
+//! The kernel assumes the element layout of the H200's 16 x 8 x 16 f16
+//! fragments (frag16.glsl). `check` multiplies weights and inputs whose
+//! products and sums are exact in f16 and f32 and compares every output with
+//! the exact value, so a device that lays its fragments out otherwise (or a
+//! driver that miscompiles the kernel) runs the staged kernel instead.
+//! `FISH_VK_FRAGS=0` turns the kernel off; plans give it Q4_K tensors, and
+//! with `FISH_VK_FRAGS=all` Q6_K ones too (`default_type`).
+
+use crate::coopmat::{CoopMatTile, Staging};
+use crate::{Gpu, Kernel, MatmulInput, WeightFormat};
+use fish_gguf::GgmlType;
+use std::cell::Cell;
+
+/// Invocations per subgroup the kernel is written for.
+const LANES: u32 = 32;
+/// Most fragments per subgroup along rows and tokens (the shader's MAX_RF,
+/// MAX_NF).
+const MAX_RF: u32 = 4;
+const MAX_NF: u32 = 8;
+
+/// The kernel's workgroup: `warps_m` x `warps_n` subgroups, each owning `rf`
+/// fragments of 16 rows and `nf` fragments of 8 tokens (specialisation
+/// constants 0-3; the workgroup size is constant 4).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct FragsTile {
+    pub warps_m: u32,
+    pub warps_n: u32,
+    pub rf: u32,
+    pub nf: u32,
+}
+
+impl FragsTile {
+    pub fn rows(&self) -> u32 {
+        self.warps_m * self.rf * 16
+    }
+
+    pub fn tokens(&self) -> u32 {
+        self.warps_n * self.nf * 8
+    }
+
+    pub fn threads(&self) -> u32 {
+        self.warps_m * self.warps_n * LANES
+    }
+
+    pub(crate) fn spec(&self) -> [u32; 5] {
+        [self.warps_m, self.warps_n, self.rf, self.nf, self.threads()]
+    }
+
+    /// Whether the shader holds it (fragment arrays) and a workgroup can
+    /// have its invocations.
+    fn holds(&self) -> bool {
+        (1..=MAX_RF).contains(&self.rf)
+            && (1..=MAX_NF).contains(&self.nf)
+            && self.warps_m >= 1
+            && self.warps_n >= 1
+            && self.threads() <= 1024
+    }
+
+    /// "wm,wn,rf,nf".
+    fn parse(text: &str) -> Option<FragsTile> {
+        let v: Vec<u32> = text
+            .split(',')
+            .map(|s| s.trim().parse().ok())
+            .collect::<Option<_>>()?;
+        let [warps_m, warps_n, rf, nf] = v[..] else {
+            return None;
+        };
+        Some(FragsTile {
+            warps_m,
+            warps_n,
+            rf,
+            nf,
+        })
+        .filter(FragsTile::holds)
+    }
+}
+
+/// The kernel's layout for a staged tile of `rows` x `tokens`: the
+/// FISH_VK_FRAGS_TILE override (wm,wn,rf,nf) where it covers that tile,
+/// else subgroups of 32 rows x 64 tokens (the fastest measured on the
+/// H200's 128 x 128 tile), or of 32 x 32 on tiles of fewer than 64 tokens
+/// (the 64 x 64 tile's measured layout); None where neither divides it.
+pub(crate) fn layout_for(rows: u32, tokens: u32) -> Option<FragsTile> {
+    let forced = std::env::var("FISH_VK_FRAGS_TILE")
+        .ok()
+        .and_then(|v| FragsTile::parse(&v))
+        .filter(|f| (f.rows(), f.tokens()) == (rows, tokens));
+    if forced.is_some() {
+        return forced;
+    }
+    let nf = if tokens >= 128 { 8 } else { 4 };
+    let (rf, sub_tokens) = (2, nf * 8);
+    if !rows.is_multiple_of(rf * 16) || !tokens.is_multiple_of(sub_tokens) {
+        return None;
+    }
+    Some(FragsTile {
+        warps_m: rows / (rf * 16),
+        warps_n: tokens / sub_tokens,
+        rf,
+        nf,
+    })
+    .filter(FragsTile::holds)
+}
+
+/// The weight types the kernel decodes.
+pub(crate) fn has_module(ty: WeightFormat) -> bool {
+    matches!(
+        ty,
+        WeightFormat::Ggml(GgmlType::Q4_K) | WeightFormat::Ggml(GgmlType::Q6_K)
+    )
+}
+
+/// The types plans give the kernel by default: Q4_K, whose kernel measured
+/// faster than the staged one on both prefill tiles of the H200;
+/// `FISH_VK_FRAGS=all` adds Q6_K, whose decode was rewritten after its
+/// first measurement (2.7x slower than staged) and is not yet re-measured.
+/// Forcing the kernel on (`Gpu::with_prefill_frags`) takes both.
+fn default_type(ty: WeightFormat) -> bool {
+    static ALL: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    let all = *ALL.get_or_init(|| std::env::var("FISH_VK_FRAGS").as_deref() == Ok("all"));
+    ty == WeightFormat::Ggml(GgmlType::Q4_K) || (all && has_module(ty))
+}
+
+thread_local! {
+    /// Tests and benches force the kernel on or off for this thread's plans.
+    static FRAGS_OVERRIDE: Cell<Option<bool>> = const { Cell::new(None) };
+}
+
+/// Puts the thread's previous override back, also when the closure panics.
+struct RestoreFrags(Option<bool>);
+
+impl Drop for RestoreFrags {
+    fn drop(&mut self) {
+        FRAGS_OVERRIDE.with(|s| s.set(self.0));
+    }
+}
+
+impl Gpu {
+    /// Whether f16-input prefill plans of Q4_K (and with FISH_VK_FRAGS=all
+    /// Q6_K) run on fragments built in registers on this device (it passed
+    /// the open-time check).
+    pub fn prefill_frags(&self) -> bool {
+        self.info.prefill_frags
+    }
+
+    /// Runs `f` with this thread's plans taking the fragments kernel
+    /// wherever it applies (`true`: also for the emulated prefill kernel,
+    /// `Kernel::CoopMatEmulated`) or never (`false`), whatever the device's
+    /// default (tests, benches). The real kernel still needs a device that
+    /// holds it.
+    pub fn with_prefill_frags<R>(&self, on: bool, f: impl FnOnce() -> R) -> R {
+        let _restore = RestoreFrags(FRAGS_OVERRIDE.with(|s| s.replace(Some(on))));
+        f()
+    }
+
+    /// The fragments kernel's module and layout for a dispatch of `kernel`
+    /// on `tile` for weights of `ty` on x arriving as `input`, where it
+    /// applies: x in f16, a Q4_K or Q6_K tensor, a plan of the staged
+    /// prefill kernel, and the device's kernel (or the emulated one where
+    /// forced on).
+    pub(crate) fn frags_module(
+        &self,
+        kernel: Kernel,
+        tile: &CoopMatTile,
+        ty: WeightFormat,
+        input: MatmulInput,
+    ) -> Option<(String, FragsTile)> {
+        let forced = FRAGS_OVERRIDE.with(Cell::get);
+        let emulated = match (kernel, forced) {
+            (Kernel::CoopMat, Some(true)) if self.info.prefill_frags => false,
+            (Kernel::CoopMat, None) if self.info.prefill_frags && default_type(ty) => false,
+            (Kernel::CoopMatEmulated, Some(true)) => true,
+            _ => return None,
+        };
+        if input != MatmulInput::F16 || !has_module(ty) || tile.staging == Staging::PerSubgroup {
+            return None;
+        }
+        let layout = layout_for(tile.rows(), tile.tokens())?;
+        let emu = if emulated { "_emu" } else { "" };
+        let name = format!("coopmat_frags{emu}_x16_{}", ty.name().to_ascii_lowercase());
+        Some((name, layout))
+    }
+}
+
+/// Whether the device offers what the kernel needs: 16 x 8 x 16 f16
+/// fragments with f32 accumulators at subgroup scope (`f16_fragments`, from
+/// the cooperative-matrix properties), 32-invocation subgroups and the
+/// prefill tile's features; FISH_VK_FRAGS=0 says no.
+pub(crate) fn offered(f16_fragments: bool, subgroup_size: u32) -> Result<(), String> {
+    if crate::config::env_switched_off("FISH_VK_FRAGS") {
+        return Err("FISH_VK_FRAGS=0".into());
+    }
+    if subgroup_size != LANES {
+        return Err(format!("subgroups of {subgroup_size}, not {LANES}"));
+    }
+    if !f16_fragments {
+        return Err("no 16x8x16 f16 x f16 -> f32 subgroup shape".into());
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn layouts_cover_the_staged_tiles() {
+        let wide = layout_for(128, 128).expect("wide tile");
+        assert_eq!((wide.warps_m, wide.warps_n, wide.rf, wide.nf), (4, 2, 2, 8));
+        assert_eq!(
+            (wide.rows(), wide.tokens(), wide.threads()),
+            (128, 128, 256)
+        );
+        let small = layout_for(64, 64).expect("64 x 64 tile");
+        assert_eq!(
+            (small.warps_m, small.warps_n, small.rf, small.nf),
+            (2, 2, 2, 4)
+        );
+        assert_eq!(small.spec(), [2, 2, 2, 4, 128]);
+        // Rows that no subgroup of 32 divides.
+        assert_eq!(layout_for(48, 64), None);
+    }
+
+    #[test]
+    fn parsed_layouts_must_fit_the_shader() {
+        assert_eq!(
+            FragsTile::parse("4, 2, 2, 8"),
+            Some(FragsTile {
+                warps_m: 4,
+                warps_n: 2,
+                rf: 2,
+                nf: 8
+            })
+        );
+        assert_eq!(FragsTile::parse("4,2,5,8"), None);
+        assert_eq!(FragsTile::parse("4,2,2,9"), None);
+        assert_eq!(FragsTile::parse("8,8,2,8"), None);
+        assert_eq!(FragsTile::parse("4,2,2"), None);
+    }
+}

@@ -1,0 +1,152 @@
+//! The open-time check of the fragments kernel (frags.rs): Q4_K and Q6_K
+//! weights and f16 inputs chosen so that every decoded weight, product and
+//! partial sum is exact in f16 and f32, multiplied on each prefill tile the
+//! plans may take, every output compared with the exact value. A wrong
+//! element layout, a mis-decoded code or a lost fragment shows as a
+//! difference; rounding cannot.
+
+use crate::{Gpu, Kernel, MatmulInput};
+use fish_gguf::GgmlType;
+
+/// Values per row: two super-blocks.
+const N_IN: usize = 512;
+
+/// x[t][k]: multiples of 1/8 in [-3/8, 3/8] (exact in f16).
+fn input(n_tok: usize) -> Vec<f32> {
+    (0..n_tok * N_IN)
+        .map(|i| {
+            let (t, k) = (i / N_IN, i % N_IN);
+            (((t * 5 + k * 3) % 7) as f32 - 3.0) * 0.125
+        })
+        .collect()
+}
+
+/// One Q4_K row with d = dmin = 1: value k is sc * q - m with q = (7 r + 3
+/// k) % 16, sub-block j's scale 1 + (r + j) % 4 and min (r + 2 j) % 4 (all
+/// below 16, so the high bits of the packed scales stay zero). Returns the
+/// GGUF bytes and the values.
+fn q4_k_row(r: usize) -> (Vec<u8>, Vec<f64>) {
+    let mut bytes = Vec::new();
+    let mut values = Vec::new();
+    for sb in 0..N_IN / 256 {
+        let q = |k: usize| ((7 * r + 3 * (256 * sb + k)) % 16) as u8;
+        let sc = |j: usize| (1 + (r + j) % 4) as u8;
+        let m = |j: usize| ((r + 2 * j) % 4) as u8;
+        bytes.extend(half::f16::from_f32(1.0).to_le_bytes());
+        bytes.extend(half::f16::from_f32(1.0).to_le_bytes());
+        let mut scales = [0u8; 12];
+        for j in 0..4 {
+            scales[j] = sc(j);
+            scales[j + 4] = m(j);
+            scales[j + 8] = sc(j + 4) | (m(j + 4) << 4);
+        }
+        bytes.extend(scales);
+        for c in 0..4 {
+            for i in 0..32 {
+                bytes.push(q(64 * c + i) | (q(64 * c + 32 + i) << 4));
+            }
+        }
+        for k in 0..256 {
+            let j = k / 32;
+            values.push(f64::from(sc(j)) * f64::from(q(k)) - f64::from(m(j)));
+        }
+    }
+    (bytes, values)
+}
+
+/// One Q6_K row with d = 1: value k is s * (code - 32) with code = (5 r +
+/// 11 k) % 64 and its 16-value scale s = 1 + (r + index) % 3.
+fn q6_k_row(r: usize) -> (Vec<u8>, Vec<f64>) {
+    let mut bytes = Vec::new();
+    let mut values = vec![0.0; N_IN];
+    for sb in 0..N_IN / 256 {
+        let code = |k: usize| ((5 * r + 11 * (256 * sb + k)) % 64) as u8;
+        let scale = |i: usize| (1 + (r + i) % 3) as i8;
+        let (mut ql, mut qh) = ([0u8; 128], [0u8; 64]);
+        for n in 0..2 {
+            for l in 0..32 {
+                let c = |quarter: usize| code(128 * n + l + 32 * quarter);
+                ql[64 * n + l] = (c(0) & 0xF) | ((c(2) & 0xF) << 4);
+                ql[64 * n + l + 32] = (c(1) & 0xF) | ((c(3) & 0xF) << 4);
+                qh[32 * n + l] =
+                    (c(0) >> 4) | ((c(1) >> 4) << 2) | ((c(2) >> 4) << 4) | ((c(3) >> 4) << 6);
+                for quarter in 0..4 {
+                    let v = 128 * n + l + 32 * quarter;
+                    let s = scale(8 * n + l / 16 + 2 * quarter);
+                    values[256 * sb + v] = f64::from(s) * (f64::from(code(v)) - 32.0);
+                }
+            }
+        }
+        bytes.extend(ql);
+        bytes.extend(qh);
+        bytes.extend((0..16).map(|i| scale(i) as u8));
+        bytes.extend(half::f16::from_f32(1.0).to_le_bytes());
+    }
+    (bytes, values)
+}
+
+impl Gpu {
+    /// Multiplies the check's weights by its inputs through the fragments
+    /// kernel of `kernel` (`Kernel::CoopMat`, or `Kernel::CoopMatEmulated`
+    /// in tests) on the prefill tile and the wide tile, Q4_K and Q6_K, each
+    /// with a partial tile of rows and of tokens, and compares every
+    /// output with the exact value. Err says what differed.
+    pub fn check_prefill_frags(&self, kernel: Kernel) -> Result<(), String> {
+        for ty in [GgmlType::Q4_K, GgmlType::Q6_K] {
+            for wide in [false, true] {
+                let tile = match wide {
+                    false => self.coopmat_tile(kernel).map_err(|e| e.to_string())?,
+                    true => self.wide_tile_of(kernel),
+                };
+                let Some(tile) = tile else { continue };
+                if crate::frags::layout_for(tile.rows(), tile.tokens()).is_none() {
+                    return Err(format!("no layout for the {} tile", tile.describe()));
+                }
+                let (rows, n_tok) = (tile.rows() as usize + 16, tile.tokens() as usize + 8);
+                self.check_one(kernel, ty, wide, rows, n_tok)?;
+            }
+        }
+        Ok(())
+    }
+
+    fn check_one(
+        &self,
+        kernel: Kernel,
+        ty: GgmlType,
+        wide: bool,
+        rows: usize,
+        n_tok: usize,
+    ) -> Result<(), String> {
+        let encode = match ty {
+            GgmlType::Q6_K => q6_k_row,
+            _ => q4_k_row,
+        };
+        let (bytes, weights): (Vec<Vec<u8>>, Vec<Vec<f64>>) = (0..rows).map(encode).unzip();
+        let x = input(n_tok);
+        let h = self
+            .upload(ty, &bytes.concat(), N_IN, rows)
+            .map_err(|e| e.to_string())?;
+        let y = self.with_prefill_frags(true, || {
+            self.with_wide_tiles(wide, || {
+                self.matmul_group_on(&[h], &x, n_tok, kernel, MatmulInput::F16)
+            })
+        });
+        let freed = self.free(h);
+        let y = y.map_err(|e| e.to_string())?;
+        freed.map_err(|e| e.to_string())?;
+        let y = y.concat();
+        for t in 0..n_tok {
+            let xt = &x[t * N_IN..(t + 1) * N_IN];
+            for (r, w) in weights.iter().enumerate() {
+                let want: f64 = w.iter().zip(xt).map(|(&a, &b)| a * f64::from(b)).sum();
+                let got = f64::from(y[t * rows + r]);
+                if got != want {
+                    return Err(format!(
+                        "{ty:?} wide={wide}: y[t={t}, r={r}] = {got}, exact {want}"
+                    ));
+                }
+            }
+        }
+        Ok(())
+    }
+}

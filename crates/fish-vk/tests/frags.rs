@@ -1,0 +1,103 @@
+//! The prefill matmul on fragments built in registers (frags.rs,
+//! shaders/matmul_frags.comp) for Q4_K and Q6_K on x in f16, emulated so
+//! that it runs on any device (lavapipe in CI), and the device's own kernel
+//! where the device runs it: exact products on both prefill tiles (the
+//! open-time check), and random weights against the CPU with steps split
+//! across workgroups.
+//!
+//! This binary sets FISH_VK_WIDE_SPLIT_MIN_STEPS before the device opens, so
+//! that wide tiles of 1024-value rows split in two.
+
+mod common;
+
+use common::*;
+use fish_gguf::GgmlType;
+use fish_vk::{Gpu, Kernel, MatmulInput};
+use std::sync::Once;
+
+fn frags_gpu() -> Option<&'static Gpu> {
+    static SET: Once = Once::new();
+    SET.call_once(|| std::env::set_var("FISH_VK_WIDE_SPLIT_MIN_STEPS", "16"));
+    gpu_or_skip()
+}
+
+/// The kernels to check on this device: the emulated one, and the real one
+/// where the device runs it.
+fn kernels(gpu: &Gpu) -> Vec<Kernel> {
+    let mut kernels = vec![Kernel::CoopMatEmulated];
+    if gpu.prefill_frags() {
+        kernels.push(Kernel::CoopMat);
+    }
+    kernels
+}
+
+#[test]
+fn fragments_give_exact_products_on_both_prefill_tiles() {
+    let Some(gpu) = frags_gpu() else { return };
+    for kernel in kernels(gpu) {
+        gpu.check_prefill_frags(kernel)
+            .unwrap_or_else(|why| panic!("{kernel:?}: {why}"));
+    }
+    assert_no_validation_messages(gpu);
+}
+
+#[test]
+fn fragments_match_the_cpu_with_split_steps() {
+    let Some(gpu) = frags_gpu() else { return };
+    // 1024 values: 32 steps, which the wide split rule (16 steps each here)
+    // shares between two workgroups per tile; 150 rows and 140 tokens leave
+    // partial tiles along both.
+    let (n_in, n_out, n_tok) = (1024, 150, 140);
+    for kernel in kernels(gpu) {
+        for (i, ty) in [GgmlType::Q4_K, GgmlType::Q6_K].into_iter().enumerate() {
+            with_uploaded(gpu, ty, (n_in, n_out), 820 + i as u64, |w, h| {
+                let x = random_values(n_in * n_tok, 830 + i as u64);
+                for wide in [false, true] {
+                    let what = format!("{ty:?} {kernel:?} wide={wide}");
+                    let y = gpu.with_prefill_frags(true, || {
+                        gpu.with_wide_tiles(wide, || {
+                            gpu.matmul_group_on(&[h], &x, n_tok, kernel, MatmulInput::F16)
+                        })
+                    });
+                    let y = y.unwrap_or_else(|e| panic!("{what}: {e}")).remove(0);
+                    check_f16_x_matrix_product(w, &x, n_tok, &y, &what);
+                }
+            });
+        }
+    }
+    assert_no_validation_messages(gpu);
+}
+
+#[test]
+fn forced_off_or_other_types_keep_the_staged_kernel() {
+    let Some(gpu) = frags_gpu() else { return };
+    // Off: the staged emulated kernel's bits, which differ from the
+    // fragments' decode in some weights.
+    let (n_in, n_out, n_tok) = (512, 64, 64);
+    with_uploaded(gpu, GgmlType::Q4_K, (n_in, n_out), 840, |w, h| {
+        let x = random_values(n_in * n_tok, 841);
+        let run = |on: bool| {
+            gpu.with_prefill_frags(on, || {
+                gpu.matmul_group_on(&[h], &x, n_tok, Kernel::CoopMatEmulated, MatmulInput::F16)
+            })
+            .expect("matmul")
+            .remove(0)
+        };
+        let (staged, frags) = (run(false), run(true));
+        check_f16_product(w, &x, n_tok, &staged, "Q4_K staged");
+        check_f16_x_matrix_product(w, &x, n_tok, &frags, "Q4_K fragments");
+        assert_ne!(staged, frags, "forcing the fragments on changed nothing");
+    });
+    // Q8_0 has no fragments module: forced on, it runs the staged kernel.
+    with_uploaded(gpu, GgmlType::Q8_0, (n_in, n_out), 842, |w, h| {
+        let x = random_values(n_in * n_tok, 843);
+        let y = gpu
+            .with_prefill_frags(true, || {
+                gpu.matmul_group_on(&[h], &x, n_tok, Kernel::CoopMatEmulated, MatmulInput::F16)
+            })
+            .expect("matmul")
+            .remove(0);
+        check_f16_product(w, &x, n_tok, &y, "Q8_0 forced on");
+    });
+    assert_no_validation_messages(gpu);
+}

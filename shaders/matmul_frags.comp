@@ -1,0 +1,256 @@
+#version 450
+// The prefill matmul of Q4_K and Q6_K weights on f16 x with every fragment
+// built in registers: no shared-memory staging, no barrier in the loop.
+//
+// The staged kernel (matmul_coopmat.comp) decodes each step's weights and
+// copies x into shared memory, behind a barrier, and then loads both as
+// fragments; on the H200 its products alone ran at 430-460 TFLOPS and the
+// whole kernel at ~150, the staging taking the rest (docs/BENCHMARKS.md,
+// "Step runs of the prefill matmul"). Here each invocation decodes the
+// weight values its own A elements hold straight from their code words, and
+// reads its B elements (x, already f16: the norm writes it so) with one
+// 16-byte load per 8 tokens and 32 values, in the fragment layout of
+// frag16.glsl (16 x 8 x 16 f16 products): an invocation holds values 8t ..
+// 8t + 7 of a 32-value block, of rows g and g + 8 in A and of token g in B,
+// permuted alike in both. Subgroups never wait for each other; the
+// subgroups of a workgroup share their tokens, so x comes from L1 after the
+// first of them.
+//
+// Same bindings and push constants as matmul_coopmat.comp, and the same
+// output tiles: a workgroup computes a BM x BN block of y (rows x tokens)
+// with WARPS_M x WARPS_N subgroups, each owning RF fragments of 16 rows and
+// NF fragments of 8 tokens, and frags.rs gives it the tile (and grid) of
+// the staged plan it replaces. With p.split > 1 the workgroups of a tile
+// share its super-blocks and the last to arrive sums the partials in split
+// order (coopmat_output.glsl), as in the staged kernel.
+//
+// The weights are decoded in f16 arithmetic (scale and min rounded to f16,
+// then q * scale - min), as the batched-decode fragments do, and the
+// products sum in f32 on the matrix units. The staged kernel decodes in f32
+// and rounds once, so the two differ in the last bits of some weights.
+#extension GL_GOOGLE_include_directive : require
+#extension GL_EXT_control_flow_attributes : enable
+#if !defined(EMULATE_COOPMAT)
+#extension GL_KHR_shader_subgroup_basic : require
+#extension GL_KHR_cooperative_matrix : require
+#extension GL_KHR_memory_scope_semantics : require
+#extension GL_EXT_shader_explicit_arithmetic_types_float16 : require
+#endif
+
+// The workgroup's subgroups along rows and tokens, and each subgroup's
+// fragments of 16 rows (RF) and of 8 tokens (NF) (frags.rs FragsTile).
+layout(constant_id = 0) const uint WARPS_M = 4u;
+layout(constant_id = 1) const uint WARPS_N = 2u;
+layout(constant_id = 2) const uint RF = 2u;
+layout(constant_id = 3) const uint NF = 8u;
+// WARPS_M * WARPS_N * 32.
+layout(local_size_x_id = 4) in;
+
+// The real kernel's accumulators stay in registers only in unrolled loops;
+// the emulation keeps its loops rolled, which lavapipe compiles in seconds
+// rather than many minutes.
+#if defined(EMULATE_COOPMAT)
+#define UNROLL [[dont_unroll]]
+#else
+#define UNROLL [[unroll]]
+#endif
+
+#include "common.glsl"
+const uint LANES = 32u;
+// Rows of an A fragment; elements of a C fragment per invocation.
+const uint TM = 16u;
+const uint ELEMS = 4u;
+const uint WARPS = WARPS_M * WARPS_N;
+const uint THREADS = WARPS * LANES;
+const uint BM = WARPS_M * RF * 16u;
+const uint BN = WARPS_N * NF * 8u;
+// Most fragments per subgroup along rows and tokens (frags.rs refuses
+// layouts with more).
+#define MAX_RF 4u
+#define MAX_NF 8u
+
+layout(std430, binding = 0) readonly buffer Weights2 { uvec2 w2[]; };
+layout(std430, binding = 0) readonly buffer Weights4 { uvec4 w4[]; };
+#include "dequant.glsl"
+layout(std430, binding = 1) readonly buffer XH { uvec4 x_h[]; };
+// q4k_scales_mins (Q4_K's scales and mins of two sub-blocks at once).
+#include "matvec_units.glsl"
+#include "frag16.glsl"
+#include "frag16_pairs.glsl"
+
+// This workgroup's token tile and split (coopmat_output.glsl reads them).
+uint tile_y;
+uint split_z;
+// Only the split path of coopmat_output.glsl: finished values leave
+// through emit, element by element.
+#define TENSOR_STORES
+#include "coopmat_output.glsl"
+
+const uint SB_VALUES = 256u;
+
+void main() {
+    uint tid = gl_LocalInvocationIndex;
+    uint warp = tid / LANES;
+    uint lane = tid % LANES;
+    uint g = lane / 4u;
+    uint t = lane % 4u;
+    uint warp_m = warp % WARPS_M;
+    uint warp_n = warp / WARPS_M;
+    uint ways = max(p.split, 1u);
+    tile_y = gl_WorkGroupID.y / ways;
+    split_z = gl_WorkGroupID.y % ways;
+#if !defined(EMULATE_COOPMAT)
+    bool layout_ok = layout_matches();
+#endif
+    uint row0 = gl_WorkGroupID.x * BM + warp_m * RF * TM;
+    uint tok0 = tile_y * BN + warp_n * NF * 8u;
+    // Rows g and g + 8 of fragment f: row_byte[2 f + h] (past the end: the
+    // last row, never written).
+    uint row_byte[2u * MAX_RF];
+    UNROLL for (uint i = 0u; i < 2u * RF; i++) {
+        uint row = row0 + TM * (i / 2u) + g + 8u * (i % 2u);
+        row_byte[i] = min(row, p.n_rows - 1u) * p.row_stride;
+    }
+    // B's token of fragment n (column g), clamped to the batch, as the
+    // uvec4 index of its first value.
+    uint x_words = p.n_in / 8u;
+    uint x_base[MAX_NF];
+    UNROLL for (uint n = 0u; n < NF; n++) {
+        x_base[n] = min(tok0 + 8u * n + g, p.n_tok - 1u) * x_words + t;
+    }
+
+    // The accumulators stay in registers only if every access names them
+    // by an index the driver can resolve: fixed-size arrays, unrolled loops.
+    C_FRAG acc[MAX_RF * MAX_NF];
+    UNROLL for (uint f = 0u; f < RF; f++) {
+        UNROLL for (uint n = 0u; n < NF; n++) {
+            acc[f * MAX_NF + n] = c_zero();
+        }
+    }
+
+    // This workgroup's super-blocks: all, or its split's consecutive share.
+    uint n_sb = p.n_in / SB_VALUES;
+    uint share = (n_sb + ways - 1u) / ways;
+    uint sb0 = min(split_z * share, n_sb);
+    uint sb_end = min(sb0 + share, n_sb);
+    for (uint sb = sb0; sb < sb_end; sb++) {
+#if defined(TYPE_Q4_K)
+        UNROLL for (uint c = 0u; c < 4u; c++) {
+            // Per row: the code bytes 8t .. 8t + 7 of the chunk's 32 (low
+            // nibbles: block 2c, high: 2c + 1), and the two blocks' scales
+            // and mins as f16 pairs.
+            uvec2 qs[2u * MAX_RF];
+            H2 scales[2u * MAX_RF];
+            H2 mins[2u * MAX_RF];
+            UNROLL for (uint h = 0u; h < 2u * RF; h++) {
+                uint base = row_byte[h] + sb * BLOCK_BYTES;
+                uvec4 head = w4[base / 16u];
+                qs[h] = w2[(base + QS_OFFSET + 32u * c) / 8u + t];
+                vec2 dd = unpackHalf2x16(head.x);
+                vec4 sm = q4k_scales_mins(head, c);
+                scales[h] = H2(h1(dd.x * sm.x), h1(dd.x * sm.y));
+                mins[h] = H2(h1(dd.y * sm.z), h1(dd.y * sm.w));
+            }
+            UNROLL for (uint hn = 0u; hn < 2u; hn++) {
+                uint blk = 8u * sb + 2u * c + hn;
+                // A of fragment f and half hf: a[2 f + hf].
+                A_FRAG a[2u * MAX_RF];
+                UNROLL for (uint f = 0u; f < RF; f++) {
+                    UNROLL for (uint hf = 0u; hf < 2u; hf++) {
+                        H2 g02;
+                        H2 g13;
+                        H2 h02;
+                        H2 h13;
+                        uint lo = 2u * f;
+                        uint hi = 2u * f + 1u;
+                        q4_pairs(qs[lo][hf], 4u * hn, H2(scales[lo][hn]), H2(mins[lo][hn]), g02, g13);
+                        q4_pairs(qs[hi][hf], 4u * hn, H2(scales[hi][hn]), H2(mins[hi][hn]), h02, h13);
+                        a[2u * f + hf] = make_a(g02, g13, h02, h13);
+                    }
+                }
+#elif defined(TYPE_Q6_K)
+        // Per row its d (the row's f16 scales follow its block bodies).
+        float d[2u * MAX_RF];
+        UNROLL for (uint h = 0u; h < 2u * RF; h++) {
+            d[h] = load_f16(row_byte[h] + Q6_BODY_BYTES * blocks_per_row() + 2u * sb);
+        }
+        // This invocation's values 8t .. 8t + 7 of a 32-value block lie in
+        // its second 16-value scale when t >= 2.
+        uint second_half = t / 2u;
+        UNROLL for (uint n6 = 0u; n6 < 2u; n6++) {
+            // Per row and half n6 of the super-block: the code bytes 8t.. of
+            // ql[64 n6 ..] and ql[64 n6 + 32 ..] (low nibbles: quarters 0
+            // and 1, high: 2 and 3) and of qh[32 n6 ..] (two bits per
+            // quarter), and the half's eight int8 scales.
+            uvec2 ql[2u * MAX_RF][2];
+            uvec2 qh[2u * MAX_RF];
+            uvec2 sc8[2u * MAX_RF];
+            UNROLL for (uint h = 0u; h < 2u * RF; h++) {
+                uint base = row_byte[h] + sb * Q6_BODY_BYTES;
+                ql[h][0] = w2[(base + 64u * n6) / 8u + t];
+                ql[h][1] = w2[(base + 64u * n6 + 32u) / 8u + t];
+                qh[h] = w2[(base + 128u + 32u * n6) / 8u + t];
+                sc8[h] = w2[(base + 192u + 8u * n6) / 8u];
+            }
+            UNROLL for (uint qq = 0u; qq < 4u; qq++) {
+                uint blk = 8u * sb + 4u * n6 + qq;
+                A_FRAG a[2u * MAX_RF];
+                UNROLL for (uint f = 0u; f < RF; f++) {
+                    H2 pairs[2][2][2];
+                    UNROLL for (uint r = 0u; r < 2u; r++) {
+                        uint h = 2u * f + r;
+                        // Scale byte 2 qq + second_half of the half's eight.
+                        uint s = 2u * qq + second_half;
+                        float sc = sbyte_float((sc8[h][s / 4u] >> (8u * (s % 4u))) & 0xFFu);
+                        H2 scale = H2(h1(d[h] * sc));
+                        UNROLL for (uint hf = 0u; hf < 2u; hf++) {
+                            uint code = ((ql[h][qq & 1u][hf] >> (4u * (qq >> 1u))) & 0x0F0F0F0Fu)
+                                | (((qh[h][hf] >> (2u * qq)) & 0x03030303u) << 4);
+                            q6_pairs(code, scale, pairs[hf][r][0], pairs[hf][r][1]);
+                        }
+                    }
+                    UNROLL for (uint hf = 0u; hf < 2u; hf++) {
+                        a[2u * f + hf] = make_a(pairs[hf][0][0], pairs[hf][0][1], pairs[hf][1][0],
+                            pairs[hf][1][1]);
+                    }
+                }
+#endif
+                // Each 8-token fragment of x meets every row fragment.
+                UNROLL for (uint n = 0u; n < NF; n++) {
+                    uvec4 xw = x_h[x_base[n] + 4u * blk];
+                    UNROLL for (uint hf = 0u; hf < 2u; hf++) {
+                        uint lo = xw[2u * hf];
+                        uint hi = xw[2u * hf + 1u];
+                        B_FRAG b = make_b(h2_bits((lo & 0xFFFFu) | (hi << 16)),
+                            h2_bits((lo >> 16) | (hi & 0xFFFF0000u)));
+                        UNROLL for (uint f = 0u; f < RF; f++) {
+                            acc[f * MAX_NF + n] = PRODUCT(a[2u * f + hf], b, acc[f * MAX_NF + n]);
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    // Element e of a C fragment is row g + 8 (e / 2), token 2t + e % 2.
+    UNROLL for (uint f = 0u; f < RF; f++) {
+        UNROLL for (uint n = 0u; n < NF; n++) {
+            UNROLL for (uint e = 0u; e < ELEMS; e++) {
+                uint row = row0 + TM * f + g + 8u * (e / 2u);
+                uint tok = tok0 + 8u * n + 2u * t + e % 2u;
+                float v = acc[f * MAX_NF + n][e];
+#if !defined(EMULATE_COOPMAT)
+                if (!layout_ok) {
+                    v = uintBitsToFloat(0x7FC00000u);
+                }
+#endif
+                if (row < p.n_rows && tok < p.n_tok) {
+                    emit(row, tok, v);
+                }
+            }
+        }
+    }
+    if (p.split > 1u) {
+        finish_split();
+    }
+}
