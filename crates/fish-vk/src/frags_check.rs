@@ -91,7 +91,12 @@ impl Gpu {
     /// in tests) on the prefill tile and the wide tile, Q4_K and Q6_K, each
     /// with a partial tile of rows and of tokens, and compares every
     /// output with the exact value. Err says what differed.
+    ///
+    /// A tile the kernel has no layout for keeps the staged kernel in
+    /// plans, so it is not checked; with no tile checked at all this is an
+    /// error (the kernel would never run).
     pub fn check_prefill_frags(&self, kernel: Kernel) -> Result<(), String> {
+        let mut checked = 0;
         for ty in [GgmlType::Q4_K, GgmlType::Q6_K] {
             for wide in [false, true] {
                 let tile = match wide {
@@ -100,13 +105,17 @@ impl Gpu {
                 };
                 let Some(tile) = tile else { continue };
                 if crate::frags::layout_for(tile.rows(), tile.tokens()).is_none() {
-                    return Err(format!("no layout for the {} tile", tile.describe()));
+                    continue;
                 }
                 let (rows, n_tok) = (tile.rows() as usize + 16, tile.tokens() as usize + 8);
                 self.check_one(kernel, ty, wide, rows, n_tok)?;
+                checked += 1;
             }
         }
-        Ok(())
+        match checked {
+            0 => Err("no prefill tile has a layout of the kernel".into()),
+            _ => Ok(()),
+        }
     }
 
     fn check_one(
