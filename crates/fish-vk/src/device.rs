@@ -54,9 +54,9 @@ pub struct DeviceInfo {
     /// (int8_matrix.rs: the device's 16 x N x 32 int8 fragment width), where
     /// the device has those fragments and the prefill tile's features.
     pub int8_matrix: Option<u32>,
-    /// f16-input prefill plans of Q4_K and Q6_K run on fragments built in
-    /// registers (frags.rs): the device offers them and passed the
-    /// open-time check.
+    /// f16-input prefill plans of Q4_K (and with FISH_VK_FRAGS=all Q6_K)
+    /// run on fragments built in registers (frags.rs): the device offers
+    /// them and passed the open-time check.
     pub prefill_frags: bool,
     /// Pipeline statistics asked for (FISH_VK_PIPELINE_STATS=1) and offered
     /// (VK_KHR_pipeline_executable_properties; pipeline_stats.rs).

@@ -225,7 +225,8 @@ impl Gpu {
             if config.verbose {
                 match &checked {
                     Ok(()) => eprintln!(
-                        "fish-vk: prefill matmuls of Q4_K / Q6_K on fragments built in registers"
+                        "fish-vk: prefill matmuls of Q4_K (Q6_K with FISH_VK_FRAGS=all) on \
+                         fragments built in registers"
                     ),
                     Err(why) => eprintln!(
                         "fish-vk: no prefill on fragments built in registers (check: {why})"

@@ -1074,24 +1074,20 @@ impl Gpu {
             // built in registers (frags.rs).
             let frags = coop_tile.and_then(|t| self.frags_module(kernel, &t, h.ty(), input));
             let module = self.module_name(h.ty(), kernel, coop_tile, input);
-            let pipeline = match (kernel, coop_tile, tensor) {
-                (_, _, Some((module, spec))) => self.pipelines.get(&self.device, &module, &spec)?,
-                _ if frags.is_some() => {
-                    let (module, layout) = frags.as_ref().expect("checked");
-                    match kernel {
-                        Kernel::CoopMat => self.pipelines.get_cooperative(
-                            &self.device,
-                            module,
-                            &layout.spec(),
-                            layout.threads(),
-                        )?,
-                        _ => self.pipelines.get(&self.device, module, &layout.spec())?,
-                    }
+            let pipeline = match (kernel, coop_tile, tensor, &frags) {
+                (_, _, Some((module, spec)), _) => {
+                    self.pipelines.get(&self.device, &module, &spec)?
                 }
-                (Kernel::CoopMat | Kernel::CoopMatBatch, Some(tile), None) => self
+                (Kernel::CoopMat, _, None, Some((module, layout))) => self
+                    .pipelines
+                    .get_cooperative(&self.device, module, &layout.spec(), layout.threads())?,
+                (_, _, None, Some((module, layout))) => {
+                    self.pipelines.get(&self.device, module, &layout.spec())?
+                }
+                (Kernel::CoopMat | Kernel::CoopMatBatch, Some(tile), None, None) => self
                     .pipelines
                     .get_cooperative(&self.device, &module, &spec, tile.threads())?,
-                (Kernel::MatvecInt8Matrix | Kernel::MatvecInt8MatrixGateUp(_), _, _) => {
+                (Kernel::MatvecInt8Matrix | Kernel::MatvecInt8MatrixGateUp(_), _, _, _) => {
                     let threads = int8_matrix.map_or(0, |s| s.threads());
                     self.pipelines
                         .get_cooperative(&self.device, &module, &spec, threads)?
