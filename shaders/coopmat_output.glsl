@@ -9,8 +9,9 @@
 // matmul_coopmat_stream.comp after their tile constants (BM, BN, FM, FN,
 // TM, TN, LANES, THREADS), common.glsl's push constants and store_y,
 // coopmat_frag.glsl and the globals tile_y and split_z. With
-// TENSOR_STORES (matmul_coopmat2.comp) only the split path is wanted: the
-// tile leaves through tensor stores, not write_fragment.
+// TENSOR_STORES only the split path is wanted: matmul_coopmat2.comp's tile
+// leaves through tensor stores and matmul_frags.comp's through emit, not
+// write_fragment.
 
 // The split scratch: arrival counters, then partial tiles, coherent so that
 // the last workgroup of a tile reads the others' writes.
