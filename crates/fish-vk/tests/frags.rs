@@ -69,6 +69,50 @@ fn fragments_match_the_cpu_with_split_steps() {
 }
 
 #[test]
+fn a_group_of_tensors_lays_its_outputs_one_after_the_other() {
+    let Some(gpu) = frags_gpu() else { return };
+    // q/k/v-like: two Q4_K tensors and a Q6_K one on the same x, each
+    // output at its offset of the group's y.
+    let (n_in, n_tok) = (512, 70);
+    let shapes = [
+        (GgmlType::Q4_K, 96),
+        (GgmlType::Q4_K, 48),
+        (GgmlType::Q6_K, 48),
+    ];
+    let weights: Vec<Vec<u8>> = shapes
+        .iter()
+        .enumerate()
+        .map(|(i, &(ty, n_out))| synthetic_weights(ty, n_in, n_out, 850 + i as u64))
+        .collect();
+    let handles: Vec<_> = shapes
+        .iter()
+        .zip(&weights)
+        .map(|(&(ty, n_out), w)| gpu.upload(ty, w, n_in, n_out).expect("upload"))
+        .collect();
+    let x = random_values(n_in * n_tok, 855);
+    for kernel in kernels(gpu) {
+        let ys = gpu
+            .with_prefill_frags(true, || {
+                gpu.matmul_group_on(&handles, &x, n_tok, kernel, MatmulInput::F16)
+            })
+            .expect("group");
+        for ((&(ty, n_out), bytes), y) in shapes.iter().zip(&weights).zip(&ys) {
+            let w = Weights {
+                ty,
+                bytes,
+                n_in,
+                n_out,
+            };
+            check_f16_x_matrix_product(&w, &x, n_tok, y, &format!("{kernel:?} group {ty:?}"));
+        }
+    }
+    for h in handles {
+        gpu.free(h).expect("free");
+    }
+    assert_no_validation_messages(gpu);
+}
+
+#[test]
 fn forced_off_or_other_types_keep_the_staged_kernel() {
     let Some(gpu) = frags_gpu() else { return };
     // Off: the staged emulated kernel's bits, which differ from the
