@@ -7,10 +7,9 @@
 
 mod common;
 
-use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use common::{assert_round_equals_one_by_one, backend, default_model};
+use common::{assert_round_equals_one_by_one, backend, default_model, requantised_copy};
 use fish_core::backend::{BackendError, ComputeBackend, SpanBackend, SpanSpec};
 use fish_core::batch::BatchSession;
 use fish_core::generate::{generate, Flow, GenerateOptions};
@@ -20,7 +19,7 @@ use fish_core::session::Session;
 use fish_core::spec_controller::DraftLength;
 use fish_core::speculative::{generate_speculative, SpeculativeOptions, SpeculativeStats};
 use fish_core::tokenizer::{EncodeOptions, Tokenizer};
-use fish_gguf::{GgmlType, Gguf, GgufWriter, TensorSpec};
+use fish_gguf::GgmlType;
 use fish_span::VulkanBackend;
 
 /// Trailing layers on the device: enough for a real span, few enough for lavapipe.
@@ -298,7 +297,12 @@ fn speculative_on_a_span_equals_plain_greedy() {
 
     // A re-quantised draft disagrees now and then: the rejected positions
     // must leave the device KV, and the output stay the same.
-    let requant_path = requantised_copy(&default_model());
+    // Every Q4_1 matrix re-quantised to Q4_0: close enough to draft well,
+    // different enough that some drafts are rejected.
+    let requant_path = requantised_copy(&default_model(), "spec-draft", |_, ty| match ty {
+        GgmlType::Q4_1 => GgmlType::Q4_0,
+        ty => ty,
+    });
     let requant = Model::load(&requant_path).expect("load draft");
     let _ = std::fs::remove_file(&requant_path);
     for policy in policies() {
@@ -381,46 +385,4 @@ fn batched_decode_on_a_gpu_placement_equals_single_runs() {
     drop(batch);
     drop(model);
     assert_eq!(gpu.gpu().validation_messages(), 0);
-}
-
-/// A copy of `src` with every Q4_1 matrix re-quantised to Q4_0: close enough
-/// to draft well, different enough that some drafts are rejected.
-fn requantised_copy(src: &Path) -> PathBuf {
-    let g = Gguf::open(src).expect("open");
-    let mut w = GgufWriter::new();
-    for (k, v) in g.metadata() {
-        w.kv(k, v.to_owned_value());
-    }
-    let new_ty = |t: GgmlType| {
-        if t == GgmlType::Q4_1 {
-            GgmlType::Q4_0
-        } else {
-            t
-        }
-    };
-    for t in g.tensors() {
-        w.tensor(TensorSpec::new(&t.name, &t.dims, new_ty(t.ty)));
-    }
-    let path =
-        std::env::temp_dir().join(format!("fish-span-spec-draft-{}.gguf", std::process::id()));
-    let file = std::fs::File::create(&path).expect("create draft file");
-    w.write(std::io::BufWriter::new(file), |i, spec, out| {
-        let info = &g.tensors()[i];
-        let data = g.tensor_data(info);
-        if spec.ty == info.ty {
-            return out.write_all(data);
-        }
-        let n = info.row_len() as usize;
-        let src_row = data.len() / info.n_rows() as usize;
-        let mut vals = vec![0f32; n];
-        let mut dst = vec![0u8; fish_quant::row_bytes(spec.ty, n).expect("row bytes")];
-        for row in data.chunks_exact(src_row) {
-            fish_quant::dequant_row(info.ty, row, &mut vals).expect("dequant");
-            fish_quant::quantize_row(spec.ty, &vals, &mut dst).expect("quantize");
-            out.write_all(&dst)?;
-        }
-        Ok(())
-    })
-    .expect("write draft");
-    path
 }

@@ -135,6 +135,15 @@ fn default_type(ty: WeightFormat) -> bool {
     ty == WeightFormat::Ggml(GgmlType::Q4_K) || (all && has_module(ty))
 }
 
+/// FISH_VK_FRAGS_EMULATED=1 (a test knob, read at each plan): plans of the
+/// emulated prefill kernel (`FISH_GPU_PREFILL_EMULATED=1`) take the
+/// emulated fragments kernel for the types plans give it, so that spans on
+/// a device without cooperative matrices run it (their plans are made
+/// where a thread-local override cannot reach them).
+fn emulated_wanted() -> bool {
+    std::env::var("FISH_VK_FRAGS_EMULATED").as_deref() == Ok("1")
+}
+
 thread_local! {
     /// Tests and benches force the kernel on or off for this thread's plans.
     static FRAGS_OVERRIDE: Cell<Option<bool>> = const { Cell::new(None) };
@@ -184,6 +193,7 @@ impl Gpu {
             (Kernel::CoopMat, Some(true)) if self.info.prefill_frags => false,
             (Kernel::CoopMat, None) if self.info.prefill_frags && default_type(ty) => false,
             (Kernel::CoopMatEmulated, Some(true)) => true,
+            (Kernel::CoopMatEmulated, None) if emulated_wanted() && default_type(ty) => true,
             _ => return None,
         };
         if input != MatmulInput::F16 || !has_module(ty) || tile.staging == Staging::PerSubgroup {

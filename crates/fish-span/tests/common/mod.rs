@@ -351,3 +351,47 @@ pub fn assert_round_equals_one_by_one(model: &Model, prompt: &[u32], round: &[u3
         );
     }
 }
+
+/// A copy of the model at `src` in the temporary folder (its name tagged
+/// with `tag` and the process id) with each tensor re-quantised to
+/// `new_ty(name, type)` where that differs from its type. The caller
+/// removes the file.
+pub fn requantised_copy(
+    src: &std::path::Path,
+    tag: &str,
+    new_ty: impl Fn(&str, fish_gguf::GgmlType) -> fish_gguf::GgmlType,
+) -> PathBuf {
+    let g = fish_gguf::Gguf::open(src).expect("open");
+    let mut w = fish_gguf::GgufWriter::new();
+    for (k, v) in g.metadata() {
+        w.kv(k, v.to_owned_value());
+    }
+    for t in g.tensors() {
+        w.tensor(fish_gguf::TensorSpec::new(
+            &t.name,
+            &t.dims,
+            new_ty(&t.name, t.ty),
+        ));
+    }
+    let path = std::env::temp_dir().join(format!("fish-span-{tag}-{}.gguf", std::process::id()));
+    let file = std::fs::File::create(&path).expect("create the copy");
+    w.write(std::io::BufWriter::new(file), |i, spec, out| {
+        let info = &g.tensors()[i];
+        let data = g.tensor_data(info);
+        if spec.ty == info.ty {
+            return out.write_all(data);
+        }
+        let n = info.row_len() as usize;
+        let src_row = data.len() / info.n_rows() as usize;
+        let mut vals = vec![0f32; n];
+        let mut dst = vec![0u8; fish_quant::row_bytes(spec.ty, n).expect("row bytes")];
+        for row in data.chunks_exact(src_row) {
+            fish_quant::dequant_row(info.ty, row, &mut vals).expect("dequant");
+            fish_quant::quantize_row(spec.ty, &vals, &mut dst).expect("quantize");
+            out.write_all(&dst)?;
+        }
+        Ok(())
+    })
+    .expect("write the copy");
+    path
+}
