@@ -4,7 +4,8 @@
 //! its own B elements, with no shared-memory staging and no barrier in the
 //! loop. It takes the place of the staged cooperative-matrix kernel in
 //! plans whose x arrives in f16 (span prefill chunks), on the staged plan's
-//! tile and grid, where the device passed the open-time check (`check`).
+//! tile and grid, where the device passed the open-time check
+//! (`Gpu::check_prefill_frags`, frags_check.rs).
 //!
 //! On the H200 (`coopmat/<type>/4096x14336/n_tok512/pipelined[/wide]/x16`,
 //! TFLOPS, docs/BENCHMARKS.md "Fragments built in registers"): Q4_K on the
@@ -13,7 +14,7 @@
 //! with 64 x 64 per subgroup).
 //!
 //! The kernel assumes the element layout of the H200's 16 x 8 x 16 f16
-//! fragments (frag16.glsl). `check` multiplies weights and inputs whose
+//! fragments (frag16.glsl). The check multiplies weights and inputs whose
 //! products and sums are exact in f16 and f32 and compares every output with
 //! the exact value, so a device that lays its fragments out otherwise (or a
 //! driver that miscompiles the kernel) runs the staged kernel instead.
@@ -92,7 +93,7 @@ impl FragsTile {
 /// The kernel's layout for a staged tile of `rows` x `tokens`: the
 /// FISH_VK_FRAGS_TILE override (wm,wn,rf,nf) where it covers that tile,
 /// else subgroups of 32 rows x 64 tokens (the fastest measured on the
-/// H200's 128 x 128 tile), or of 32 x 32 on tiles of fewer than 64 tokens
+/// H200's 128 x 128 tile), or of 32 x 32 on tiles of fewer than 128 tokens
 /// (the 64 x 64 tile's measured layout); None where neither divides it.
 pub(crate) fn layout_for(rows: u32, tokens: u32) -> Option<FragsTile> {
     let forced = std::env::var("FISH_VK_FRAGS_TILE")
@@ -127,7 +128,8 @@ pub(crate) fn has_module(ty: WeightFormat) -> bool {
 /// The types plans give the kernel by default: Q4_K, whose kernel measured
 /// faster than the staged one on both prefill tiles of the H200;
 /// `FISH_VK_FRAGS=all` adds Q6_K, whose decode was rewritten after its
-/// first measurement (2.7x slower than staged) and is not yet re-measured.
+/// first measurement (1.6x slower than staged on the 64 x 64 tile, 3.6x on
+/// the wide one) and is not yet re-measured.
 /// Forcing the kernel on (`Gpu::with_prefill_frags`) takes both.
 fn default_type(ty: WeightFormat) -> bool {
     static ALL: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
