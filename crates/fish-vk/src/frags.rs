@@ -9,10 +9,9 @@
 //!
 //! On the H200 (`coopmat/<type>/4096x14336/n_tok512/pipelined[/wide]/x16`,
 //! TFLOPS, docs/BENCHMARKS.md "Fragments built in registers for Q4_K /
-//! Q6_K prefill"): Q4_K on the
-//! 64 x 64 tile 118.9 staged against 173.7 here; on the 128 x 128 tile
-//! 160.8 staged against 179.7 with subgroups of 32 rows x 64 tokens (146.3
-//! with 64 x 64 per subgroup).
+//! Q6_K prefill"): Q4_K on the 64 x 64 tile 118.9 staged against 173.7
+//! here; on the 128 x 128 tile 160.8 staged against 179.7 with subgroups
+//! of 32 rows x 64 tokens (146.3 with 64 x 64 per subgroup).
 //!
 //! The kernel assumes the element layout of the H200's 16 x 8 x 16 f16
 //! fragments (frag16.glsl). The check multiplies weights and inputs whose
