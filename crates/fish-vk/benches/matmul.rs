@@ -423,7 +423,7 @@ fn bench_coopmat(c: &mut Criterion) {
         let tiles = [false, true]
             .into_iter()
             .filter(|&wide| !wide || gpu.coopmat_wide_tile().is_some());
-        let frags = gpu.prefill_frags() && matches!(ty.name(), "Q4_K" | "Q6_K");
+        let frags = gpu.prefill_frags() && fish_vk::prefill_frags_decodes(ty);
         let inputs = CoopMatTile::STAGINGS
             .map(|s| (s, MatmulInput::F32, false))
             .into_iter()

@@ -117,10 +117,10 @@ pub(crate) fn layout_for(rows: u32, tokens: u32) -> Option<FragsTile> {
     .filter(FragsTile::holds)
 }
 
-/// The weight types the kernel decodes.
-pub(crate) fn has_module(ty: WeightFormat) -> bool {
+/// The weight types the kernel decodes (fish_vk::prefill_frags_decodes).
+pub fn decodes(ty: impl Into<WeightFormat>) -> bool {
     matches!(
-        ty,
+        ty.into(),
         WeightFormat::Ggml(GgmlType::Q4_K) | WeightFormat::Ggml(GgmlType::Q6_K)
     )
 }
@@ -134,7 +134,7 @@ pub(crate) fn has_module(ty: WeightFormat) -> bool {
 fn default_type(ty: WeightFormat) -> bool {
     static ALL: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     let all = *ALL.get_or_init(|| std::env::var("FISH_VK_FRAGS").as_deref() == Ok("all"));
-    ty == WeightFormat::Ggml(GgmlType::Q4_K) || (all && has_module(ty))
+    ty == WeightFormat::Ggml(GgmlType::Q4_K) || (all && decodes(ty))
 }
 
 /// FISH_VK_FRAGS_EMULATED=1 (a test knob, read at each plan): plans of the
@@ -198,7 +198,7 @@ impl Gpu {
             (Kernel::CoopMatEmulated, None) if emulated_wanted() && default_type(ty) => true,
             _ => return None,
         };
-        if input != MatmulInput::F16 || !has_module(ty) || tile.staging == Staging::PerSubgroup {
+        if input != MatmulInput::F16 || !decodes(ty) || tile.staging == Staging::PerSubgroup {
             return None;
         }
         let layout = layout_for(tile.rows(), tile.tokens())?;

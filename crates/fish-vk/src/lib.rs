@@ -38,6 +38,7 @@ pub use coopmat::{CoopMatTile, Staging, WarpLayout};
 pub use coopmat_peak::{peak_flops, PeakRun, PeakShape};
 pub use device::DeviceInfo;
 pub use error::{Result, VkError};
+pub use frags::decodes as prefill_frags_decodes;
 pub use gpu::Gpu;
 pub use grid_barrier::ChainProbe;
 pub use int8_dot::{int8_activations, Int8Dot, Int8Policy, INT8_BLOCK};
