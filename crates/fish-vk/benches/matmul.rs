@@ -35,8 +35,8 @@
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
 use fish_gguf::GgmlType;
 use fish_vk::{
-    ChainProbe, CoopMatTile, DispatchSync, Gpu, Kernel, MatmulInput, PeakShape, Staging,
-    TensorHandle, WeightFormat,
+    ChainProbe, CoopMatTile, DispatchSync, Gpu, Kernel, LayerProbe, LayerRun, LayerShape,
+    MatmulInput, PeakShape, Staging, TensorHandle, WeightFormat, LAYER_PROBE_MAX_LAYERS,
 };
 use std::time::Duration;
 
@@ -667,6 +667,82 @@ fn bench_persistent_chain(c: &mut Criterion) {
     let _ = gpu.free(handle);
 }
 
+/// The Q4_K matvecs of llama decode layers (q/k/v, wo, gate/up, down) in
+/// one dispatch of resident workgroups with a grid-wide barrier between
+/// dependent phases (shaders/persistent_layer_probe.comp), one criterion
+/// iteration per layer, throughput in the layer's weight bytes, rotating
+/// over enough layer copies to stream from memory. Compare with the same
+/// four shapes as dependent dispatches: `matvec_i8x_serial` with
+/// FISH_VK_BENCH_SHAPES=4096x6144,4096x4096,4096x28672,14336x4096 (llama-8b)
+/// or 2048x3072,2048x2048,2048x16384,8192x2048 (llama-1b). Meaningless on
+/// devices that do not keep every workgroup resident (lavapipe).
+fn bench_persistent_layer(c: &mut Criterion) {
+    if !group_selected("persistent_layer") {
+        return;
+    }
+    let Some(gpu) = fish_vk::global() else { return };
+    let ty = GgmlType::Q4_K;
+    let mut group = c.benchmark_group("persistent_layer");
+    group
+        .sample_size(10)
+        .measurement_time(Duration::from_secs(1));
+    for (name, shape) in [
+        (
+            "llama-8b",
+            LayerShape {
+                n_embd: 4096,
+                n_ff: 14336,
+            },
+        ),
+        (
+            "llama-1b",
+            LayerShape {
+                n_embd: 2048,
+                n_ff: 8192,
+            },
+        ),
+    ] {
+        let layer = shape.layer_bytes() as u64;
+        let copies = rotate_bytes()
+            .div_ceil(layer)
+            .clamp(1, u32::MAX as u64 / layer) as usize;
+        let data = weight_bytes(layer as usize * copies, 145);
+        let handle = match gpu.upload(ty, &data, 256, data.len() / 144) {
+            Ok(h) => h,
+            Err(e) => {
+                eprintln!("persistent_layer {name}: skipped ({e})");
+                continue;
+            }
+        };
+        group.throughput(Throughput::Bytes(layer));
+        for (id, probe) in [
+            ("plain", LayerProbe::Plain),
+            ("ahead", LayerProbe::Ahead),
+            ("ahead_l1", LayerProbe::AheadL1),
+        ] {
+            for groups in [132u32, 264, 528] {
+                group.bench_function(format!("{id}/Q4_K/{name}/groups{groups}"), |b| {
+                    b.iter_custom(|iters| {
+                        in_runs(iters, LAYER_PROBE_MAX_LAYERS as u64, |layers| {
+                            let run = LayerRun {
+                                probe,
+                                shape,
+                                copies,
+                                layers: layers as usize,
+                                groups,
+                            };
+                            gpu.time_persistent_layers(handle, run)
+                                .expect("persistent_layer")
+                        })
+                    })
+                });
+            }
+        }
+        let _ = gpu.free(handle);
+    }
+    group.finish();
+}
+
 criterion_group!(
     benches,
     bench_matvec,
@@ -676,6 +752,7 @@ criterion_group!(
     bench_batch_tile,
     bench_coopmat_peak,
     bench_grid_barrier,
-    bench_persistent_chain
+    bench_persistent_chain,
+    bench_persistent_layer
 );
 criterion_main!(benches);

@@ -50,6 +50,17 @@ pub const PROBE_MODULES: &[(&str, &str, &[&str])] = &[
         "persistent_matvec_probe.comp",
         &["PREFETCH", "L1_X"],
     ),
+    ("persistent_layer_probe", "persistent_layer_probe.comp", &[]),
+    (
+        "persistent_layer_probe_ahead",
+        "persistent_layer_probe.comp",
+        &["AHEAD"],
+    ),
+    (
+        "persistent_layer_probe_ahead_l1",
+        "persistent_layer_probe.comp",
+        &["AHEAD", "L1_X"],
+    ),
 ];
 
 /// Arguments every glslc module is compiled with (part of the staleness hash).

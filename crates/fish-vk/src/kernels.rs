@@ -939,6 +939,62 @@ impl Gpu {
         }
     }
 
+    /// Runs `dispatches` once, without barriers between them, on `x` copied
+    /// into the x scratch, and returns the x scratch afterwards: for probes
+    /// that write their results into the buffer they read
+    /// (shaders/persistent_layer_probe.comp).
+    pub(crate) fn run_in_place(&self, dispatches: &[Dispatch], x: &[f32]) -> Result<Vec<f32>> {
+        let bytes = (x.len() * 4) as u64;
+        let mut exec = self.lock_exec();
+        self.prepare_scratch(&mut exec, bytes, bytes, ScratchNeed::NONE)?;
+        exec.staging
+            .as_mut()
+            .expect("prepared")
+            .write_f32(&self.allocator, 0, x)?;
+        let (stage, x_dev, _, readback) = scratch_handles(&exec);
+        let whole = [vk::BufferCopy {
+            src_offset: 0,
+            dst_offset: 0,
+            size: bytes,
+        }];
+        let pool = self.descriptor_pool(dispatches.len())?;
+        let result = self
+            .bind_sets(pool, dispatches, &exec, bytes, bytes)
+            .and_then(|sets| {
+                self.submit_and_wait(&exec, |cmd| unsafe {
+                    let d = &self.device;
+                    d.cmd_copy_buffer(cmd, stage, x_dev, &whole);
+                    barrier(
+                        d,
+                        cmd,
+                        vk::PipelineStageFlags::TRANSFER,
+                        vk::PipelineStageFlags::COMPUTE_SHADER,
+                    );
+                    self.record_dispatches(cmd, dispatches, &sets);
+                    barrier(
+                        d,
+                        cmd,
+                        vk::PipelineStageFlags::COMPUTE_SHADER,
+                        vk::PipelineStageFlags::TRANSFER,
+                    );
+                    d.cmd_copy_buffer(cmd, x_dev, readback, &whole);
+                    barrier(
+                        d,
+                        cmd,
+                        vk::PipelineStageFlags::TRANSFER,
+                        vk::PipelineStageFlags::HOST,
+                    );
+                })
+            });
+        // SAFETY: the submission finished (or never started); the pool is unused.
+        unsafe { self.device.destroy_descriptor_pool(pool, None) };
+        result?;
+        exec.readback
+            .as_ref()
+            .expect("prepared")
+            .read_f32_vec(&self.allocator, 0, x.len())
+    }
+
     /// The dispatches of a group of resident tensors on one input, outputs
     /// laid out one after the other (shared by stage 1 and spans).
     pub(crate) fn plan_handles(

@@ -1,0 +1,296 @@
+#version 450
+// Measurement only (the persistent_layer bench of fish-vk): the matvecs of
+// p.n_tok llama decode layers in ONE dispatch of resident workgroups, with a
+// grid-wide barrier between dependent phases, to measure what a persistent
+// span kernel would cost per layer against today's dependent dispatches.
+//
+// A layer is four Q4_K phases, each reading the output of the one before:
+// q/k/v (n_q + 2 n_q / 4 rows of n_embd values: four query heads per
+// key-value head), wo (n_embd x n_embd), gate/up (2 n_ff x n_embd) and down
+// (n_embd x n_ff). Attention and the activation are left out (wo reads the
+// first n_embd q/k/v outputs, down the first n_ff gate/up outputs), so the
+// probe holds the weight streaming and the dependencies only. Layer l uses
+// weight copy l % p.row_stride; a copy is the four matrices one after
+// another in one buffer.
+//
+// Phase g (4 l + stage) reads vector slot g and writes slot g + 1 (binding
+// 1, after the arrival counter's 64 words; p.y_stride floats apart), each
+// output scaled by 1 / sqrt(n_in) so that the chain stays finite. Every
+// slot is written once per dispatch, so its lines were never cached before
+// the phase that reads them: with L1_X the inputs come through ordinary
+// (L1-cached) loads, as a span kernel writing every phase to fresh
+// addresses could read them; without, through coherent ones.
+//
+// A phase's rows are cut into blocks; block b belongs to workgroup
+// b % p.groups_x. Each invocation holds up to MAXU units (matvec_units.glsl)
+// of a block: the units lane, lane + TPR, ... of its rows, where TPR
+// invocations share a row. The phase's input is staged into shared memory
+// as f16 pairs once per phase.
+//
+// With AHEAD the units of a workgroup's next block are loaded before its
+// current block is summed, across phases too: the first block of the next
+// phase streams in while the workgroup sums its last block, stores it and
+// waits at the grid-wide barrier. Without, each block is loaded and then
+// summed, as today's kernels do.
+#extension GL_GOOGLE_include_directive : require
+#extension GL_KHR_shader_subgroup_arithmetic : require
+#extension GL_KHR_shader_subgroup_basic : require
+
+#define TYPE_Q4_K
+layout(local_size_x = 128) in;
+const uint WG = 128u;
+// Units per invocation and block.
+const uint MAXU = 4u;
+// The longest input (n_ff) the shared x holds (llama-8b's; 28 KB as f16
+// pairs, under the 32 KB of shared memory every device offers).
+const uint MAX_IN = 14336u;
+
+#include "common.glsl"
+layout(std430, binding = 0) readonly buffer Weights4 { uvec4 w4[]; };
+#include "dequant.glsl"
+#include "matvec_units.glsl"
+
+layout(std430, binding = 1) coherent buffer Slots { float slot_c[]; };
+layout(std430, binding = 1) readonly buffer SlotsR { float slot_r[]; };
+layout(std430, binding = 1) volatile coherent buffer Arrivals { uint arrivals[]; };
+
+// Words before slot 0 (the arrival counter and padding).
+const uint SLOT0 = 64u;
+const uint SPIN_LIMIT = 1u << 22;
+
+shared uint xs[MAX_IN / 2u];
+// Per row of a block and subgroup of its invocations: partial sums.
+shared float partial[WG];
+
+// A phase: its rows, input length and first weight byte.
+struct Phase {
+    uint rows;
+    uint n_in;
+    uint byte0;
+};
+
+uint row_bytes(uint n_in) {
+    return n_in / 256u * BLOCK_BYTES;
+}
+
+Phase phase_of(uint g) {
+    uint e = p.n_in;
+    uint f = p.n_rows;
+    uint stage = g % 4u;
+    uint l = g / 4u;
+    uint qkv_rows = e + e / 2u;
+    uint copy_bytes = (qkv_rows + e + 2u * f) * row_bytes(e) + e * row_bytes(f);
+    uint base = (l % p.row_stride) * copy_bytes;
+    Phase ph;
+    if (stage == 0u) {
+        ph = Phase(qkv_rows, e, base);
+    } else if (stage == 1u) {
+        ph = Phase(e, e, base + qkv_rows * row_bytes(e));
+    } else if (stage == 2u) {
+        ph = Phase(2u * f, e, base + (qkv_rows + e) * row_bytes(e));
+    } else {
+        ph = Phase(e, f, base + (qkv_rows + e + 2u * f) * row_bytes(e));
+    }
+    return ph;
+}
+
+// How a phase's blocks are cut: invocations per row (tpr), units per row and
+// invocation (upt), rows per invocation (rpt) and rows per block (rb).
+struct Cut {
+    uint units;
+    uint tpr;
+    uint upt;
+    uint rpt;
+    uint rb;
+};
+
+Cut cut_of(uint n_in) {
+    Cut c;
+    c.units = n_in / UNIT_VALUES;
+    c.tpr = min(c.units, WG);
+    c.upt = (c.units + c.tpr - 1u) / c.tpr;
+    c.rpt = max(MAXU / c.upt, 1u);
+    c.rb = (WG / c.tpr) * c.rpt;
+    return c;
+}
+
+uint blocks_of(Phase ph, Cut c) {
+    return (ph.rows + c.rb - 1u) / c.rb;
+}
+
+// Slot k of this invocation in block b: its row (clamped into the phase)
+// and unit (clamped into the row); valid says whether it counts.
+void slot_place(Phase ph, Cut c, uint b, uint k, out uint row, out uint unit, out bool valid) {
+    uint tid = gl_LocalInvocationID.x;
+    uint rg = tid / c.tpr;
+    uint lane = tid % c.tpr;
+    uint r = b * c.rb + rg * c.rpt + k / c.upt;
+    uint u = lane + (k % c.upt) * c.tpr;
+    valid = rg < WG / c.tpr && k < c.rpt * c.upt && r < ph.rows && u < c.units;
+    row = min(r, ph.rows - 1u);
+    unit = min(u, c.units - 1u);
+}
+
+void load_block(out Unit un[MAXU], uint g, uint b) {
+    Phase ph = phase_of(g);
+    Cut c = cut_of(ph.n_in);
+    uint rb = row_bytes(ph.n_in);
+    for (uint k = 0u; k < MAXU; k++) {
+        uint row;
+        uint unit;
+        bool valid;
+        slot_place(ph, c, b, k, row, unit, valid);
+        un[k] = load_unit(ph.byte0 + row * rb, unit);
+    }
+}
+
+// The work item after (g, b) of this workgroup: the next block of phase g,
+// or its first block of a later phase (g == 4 n_tok: none).
+void next_item(inout uint g, inout uint b) {
+    b += p.groups_x;
+    while (g < 4u * p.n_tok && b >= blocks_of(phase_of(g), cut_of(phase_of(g).n_in))) {
+        g += 1u;
+        b = gl_WorkGroupID.x;
+    }
+}
+
+uint slot_word(uint g) {
+    return SLOT0 + g * p.y_stride;
+}
+
+void stage_x(uint g, uint n_in) {
+    uint base = slot_word(g);
+    for (uint i = gl_LocalInvocationID.x; i < n_in / 2u; i += WG) {
+#if defined(L1_X)
+        vec2 v = vec2(slot_r[base + 2u * i], slot_r[base + 2u * i + 1u]);
+#else
+        vec2 v = vec2(slot_c[base + 2u * i], slot_c[base + 2u * i + 1u]);
+#endif
+        xs[i] = packHalf2x16(v);
+    }
+    barrier();
+}
+
+vec4 x4(uint i) {
+    return vec4(unpackHalf2x16(xs[2u * i]), unpackHalf2x16(xs[2u * i + 1u]));
+}
+
+// Sums block b of phase g from its units and stores it into slot g + 1.
+void sum_block(Unit un[MAXU], uint g, uint b) {
+    Phase ph = phase_of(g);
+    Cut c = cut_of(ph.n_in);
+    float acc[MAXU];
+    for (uint k = 0u; k < MAXU; k++) {
+        acc[k] = 0.0;
+    }
+    for (uint k = 0u; k < MAXU; k++) {
+        uint row;
+        uint unit;
+        bool valid;
+        slot_place(ph, c, b, k, row, unit, valid);
+        if (!valid) {
+            continue;
+        }
+        for (uint run = 0u; run < RUNS; run++) {
+            uint xr = run_x4(unit, run);
+            vec4 x0 = x4(xr);
+            vec4 x1 = x4(xr + 1u);
+            vec4 x2 = x4(xr + 2u);
+            vec4 x3 = x4(xr + 3u);
+            float xsum = dot((x0 + x1) + (x2 + x3), vec4(1.0));
+            vec4 q[4];
+            float scale;
+            float minv;
+            decode_run(un[k], run, q, scale, minv);
+            float s = (dot(q[0], x0) + dot(q[1], x1)) + (dot(q[2], x2) + dot(q[3], x3));
+            acc[k / c.upt] += scale * s + minv * xsum;
+        }
+    }
+    // A row's tpr invocations are whole subgroups (tpr is a multiple of the
+    // subgroup size: the host takes rows of 1024 values or more).
+    uint tid = gl_LocalInvocationID.x;
+    uint per_row = c.tpr / gl_SubgroupSize;
+    uint rg = tid / c.tpr;
+    uint sub_in_row = (tid % c.tpr) / gl_SubgroupSize;
+    for (uint j = 0u; j < c.rpt; j++) {
+        float s = subgroupAdd(acc[j]);
+        if (subgroupElect()) {
+            partial[(rg * c.rpt + j) * per_row + sub_in_row] = s;
+        }
+    }
+    barrier();
+    if (tid < c.rb) {
+        uint row = b * c.rb + tid;
+        if (row < ph.rows) {
+            float s = 0.0;
+            for (uint j = 0u; j < per_row; j++) {
+                s += partial[tid * per_row + j];
+            }
+            slot_c[slot_word(g + 1u) + row] = s * inversesqrt(float(ph.n_in));
+        }
+    }
+    barrier();
+}
+
+// Phase g is done here: every store of it before the arrival.
+void arrive() {
+    if (gl_LocalInvocationID.x == 0u) {
+        memoryBarrierBuffer();
+        atomicAdd(arrivals[0], 1u);
+    }
+}
+
+// Waits until every workgroup has arrived after phase g - 1.
+void wait_for(uint g) {
+    if (gl_LocalInvocationID.x == 0u) {
+        uint target = g * p.groups_x;
+        for (uint spins = 0u; arrivals[0] < target && spins < SPIN_LIMIT; spins++) {
+        }
+        memoryBarrierBuffer();
+    }
+    barrier();
+}
+
+void main() {
+    uint phases = 4u * p.n_tok;
+    // This workgroup's first item.
+    uint g = 0u;
+    uint b = gl_WorkGroupID.x;
+    if (b >= blocks_of(phase_of(0u), cut_of(p.n_in))) {
+        b -= p.groups_x;
+        next_item(g, b);
+    }
+    Unit cur[MAXU];
+#if defined(AHEAD)
+    if (g < phases) {
+        load_block(cur, g, b);
+    }
+#endif
+    for (uint ph = 0u; ph < phases; ph++) {
+        if (ph > 0u) {
+            wait_for(ph);
+        }
+        if (g == ph) {
+            stage_x(ph, phase_of(ph).n_in);
+        }
+        while (g == ph) {
+            uint ng = g;
+            uint nb = b;
+            next_item(ng, nb);
+#if defined(AHEAD)
+            Unit nxt[MAXU];
+            if (ng < phases) {
+                load_block(nxt, ng, nb);
+            }
+            sum_block(cur, g, b);
+            cur = nxt;
+#else
+            load_block(cur, g, b);
+            sum_block(cur, g, b);
+#endif
+            g = ng;
+            b = nb;
+        }
+        arrive();
+    }
+}
