@@ -45,6 +45,11 @@ layout(constant_id = 2) const uint RF = 2u;
 layout(constant_id = 3) const uint NF = 8u;
 // WARPS_M * WARPS_N * 32.
 layout(local_size_x_id = 4) in;
+// 1: Q4_K code words are loaded one 64-value chunk ahead (a super-block's
+// heads one super-block ahead), so that the loads of the next chunk, the
+// next super-block's first included, are in flight while the current one
+// is multiplied; the same values in the same order, so the same bits.
+layout(constant_id = 5) const uint AHEAD = 0u;
 
 // The real kernel's accumulators stay in registers only in unrolled loops;
 // the emulation keeps its loops rolled, which lavapipe compiles in seconds
@@ -133,8 +138,25 @@ void main() {
     uint share = (n_sb + ways - 1u) / ways;
     uint sb0 = min(split_z * share, n_sb);
     uint sb_end = min(sb0 + share, n_sb);
+#if defined(TYPE_Q4_K)
+    // With AHEAD: the next chunk's code words and the next super-block's
+    // heads, loaded before the current chunk is multiplied.
+    uvec2 qs_next[2u * MAX_RF];
+    uvec4 head_next[2u * MAX_RF];
+    if (AHEAD != 0u && sb0 < sb_end) {
+        UNROLL for (uint h = 0u; h < 2u * RF; h++) {
+            uint base = row_byte[h] + sb0 * BLOCK_BYTES;
+            head_next[h] = w4[base / 16u];
+            qs_next[h] = w2[(base + QS_OFFSET) / 8u + t];
+        }
+    }
+#endif
     for (uint sb = sb0; sb < sb_end; sb++) {
 #if defined(TYPE_Q4_K)
+        uvec4 heads[2u * MAX_RF];
+        if (AHEAD != 0u) {
+            heads = head_next;
+        }
         UNROLL for (uint c = 0u; c < 4u; c++) {
             // Per row: the code bytes 8t .. 8t + 7 of the chunk's 32 (low
             // nibbles: block 2c, high: 2c + 1), and the two blocks' scales
@@ -142,10 +164,29 @@ void main() {
             uvec2 qs[2u * MAX_RF];
             H2 scales[2u * MAX_RF];
             H2 mins[2u * MAX_RF];
+            if (AHEAD != 0u) {
+                qs = qs_next;
+                // The chunk after this one: c + 1, or the next super-block's first.
+                uint nsb = c == 3u ? sb + 1u : sb;
+                if (nsb < sb_end) {
+                    UNROLL for (uint h = 0u; h < 2u * RF; h++) {
+                        uint base = row_byte[h] + nsb * BLOCK_BYTES;
+                        if (c == 3u) {
+                            head_next[h] = w4[base / 16u];
+                        }
+                        qs_next[h] = w2[(base + QS_OFFSET + 32u * ((c + 1u) % 4u)) / 8u + t];
+                    }
+                }
+            }
             UNROLL for (uint h = 0u; h < 2u * RF; h++) {
                 uint base = row_byte[h] + sb * BLOCK_BYTES;
-                uvec4 head = w4[base / 16u];
-                qs[h] = w2[(base + QS_OFFSET + 32u * c) / 8u + t];
+                uvec4 head;
+                if (AHEAD != 0u) {
+                    head = heads[h];
+                } else {
+                    head = w4[base / 16u];
+                    qs[h] = w2[(base + QS_OFFSET + 32u * c) / 8u + t];
+                }
                 vec2 dd = unpackHalf2x16(head.x);
                 vec4 sm = q4k_scales_mins(head, c);
                 scales[h] = H2(h1(dd.x * sm.x), h1(dd.x * sm.y));

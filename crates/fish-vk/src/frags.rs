@@ -35,13 +35,15 @@ const MAX_NF: u32 = 8;
 
 /// The kernel's workgroup: `warps_m` x `warps_n` subgroups, each owning `rf`
 /// fragments of 16 rows and `nf` fragments of 8 tokens (specialisation
-/// constants 0-3; the workgroup size is constant 4).
+/// constants 0-3; the workgroup size is constant 4), and whether Q4_K code
+/// words are loaded a chunk ahead (constant 5, `ahead_wanted`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct FragsTile {
     pub warps_m: u32,
     pub warps_n: u32,
     pub rf: u32,
     pub nf: u32,
+    pub ahead: bool,
 }
 
 impl FragsTile {
@@ -57,8 +59,15 @@ impl FragsTile {
         self.warps_m * self.warps_n * LANES
     }
 
-    pub(crate) fn spec(&self) -> [u32; 5] {
-        [self.warps_m, self.warps_n, self.rf, self.nf, self.threads()]
+    pub(crate) fn spec(&self) -> [u32; 6] {
+        [
+            self.warps_m,
+            self.warps_n,
+            self.rf,
+            self.nf,
+            self.threads(),
+            self.ahead as u32,
+        ]
     }
 
     /// Whether the shader holds it (fragment arrays) and a workgroup can
@@ -85,6 +94,7 @@ impl FragsTile {
             warps_n,
             rf,
             nf,
+            ahead: false,
         })
         .filter(FragsTile::holds)
     }
@@ -96,12 +106,13 @@ impl FragsTile {
 /// H200's 128 x 128 tile), or of 32 x 32 on tiles of fewer than 128 tokens
 /// (the 64 x 64 tile's measured layout); None where neither divides it.
 pub(crate) fn layout_for(rows: u32, tokens: u32) -> Option<FragsTile> {
+    let ahead = ahead_wanted();
     let forced = std::env::var("FISH_VK_FRAGS_TILE")
         .ok()
         .and_then(|v| FragsTile::parse(&v))
         .filter(|f| (f.rows(), f.tokens()) == (rows, tokens));
-    if forced.is_some() {
-        return forced;
+    if let Some(f) = forced {
+        return Some(FragsTile { ahead, ..f });
     }
     let nf = if tokens >= 128 { 8 } else { 4 };
     let (rf, sub_tokens) = (2, nf * 8);
@@ -113,8 +124,18 @@ pub(crate) fn layout_for(rows: u32, tokens: u32) -> Option<FragsTile> {
         warps_n: tokens / sub_tokens,
         rf,
         nf,
+        ahead,
     })
     .filter(FragsTile::holds)
+}
+
+/// Whether Q4_K code words are loaded one chunk ahead (the shader's AHEAD):
+/// the thread's override (`Gpu::with_frags_ahead`), else FISH_VK_FRAGS_AHEAD=1
+/// (read at each plan). Off by default: not yet measured on a device.
+fn ahead_wanted() -> bool {
+    AHEAD_OVERRIDE
+        .with(Cell::get)
+        .unwrap_or_else(|| std::env::var("FISH_VK_FRAGS_AHEAD").as_deref() == Ok("1"))
 }
 
 /// The weight types the kernel decodes (fish_vk::prefill_frags_decodes).
@@ -149,15 +170,24 @@ fn emulated_wanted() -> bool {
 thread_local! {
     /// Tests and benches force the kernel on or off for this thread's plans.
     static FRAGS_OVERRIDE: Cell<Option<bool>> = const { Cell::new(None) };
+    /// Tests force the loads ahead on or off for this thread's plans.
+    static AHEAD_OVERRIDE: Cell<Option<bool>> = const { Cell::new(None) };
 }
 
-/// Puts the thread's previous override back, also when the closure panics.
-struct RestoreFrags(Option<bool>);
+type Override = std::thread::LocalKey<Cell<Option<bool>>>;
 
-impl Drop for RestoreFrags {
+/// Puts a thread's previous override back, also when the closure panics.
+struct Restore(&'static Override, Option<bool>);
+
+impl Drop for Restore {
     fn drop(&mut self) {
-        FRAGS_OVERRIDE.with(|s| s.set(self.0));
+        self.0.with(|s| s.set(self.1));
     }
+}
+
+fn with_override<R>(key: &'static Override, on: bool, f: impl FnOnce() -> R) -> R {
+    let _restore = Restore(key, key.with(|s| s.replace(Some(on))));
+    f()
 }
 
 impl Gpu {
@@ -174,8 +204,14 @@ impl Gpu {
     /// default (tests, benches). The real kernel still needs a device that
     /// holds it.
     pub fn with_prefill_frags<R>(&self, on: bool, f: impl FnOnce() -> R) -> R {
-        let _restore = RestoreFrags(FRAGS_OVERRIDE.with(|s| s.replace(Some(on))));
-        f()
+        with_override(&FRAGS_OVERRIDE, on, f)
+    }
+
+    /// Runs `f` with this thread's plans of the fragments kernel loading
+    /// Q4_K code words a chunk ahead (`true`) or not, whatever
+    /// FISH_VK_FRAGS_AHEAD says (tests: both give the same bits).
+    pub fn with_frags_ahead<R>(&self, on: bool, f: impl FnOnce() -> R) -> R {
+        with_override(&AHEAD_OVERRIDE, on, f)
     }
 
     /// The fragments kernel's module and layout for a dispatch of `kernel`
@@ -242,7 +278,7 @@ mod tests {
             (small.warps_m, small.warps_n, small.rf, small.nf),
             (2, 2, 2, 4)
         );
-        assert_eq!(small.spec(), [2, 2, 2, 4, 128]);
+        assert_eq!(small.spec(), [2, 2, 2, 4, 128, 0]);
         // Rows that no subgroup of 32 divides.
         assert_eq!(layout_for(48, 64), None);
     }
@@ -255,7 +291,8 @@ mod tests {
                 warps_m: 4,
                 warps_n: 2,
                 rf: 2,
-                nf: 8
+                nf: 8,
+                ahead: false,
             })
         );
         assert_eq!(FragsTile::parse("4,2,5,8"), None);
