@@ -244,6 +244,13 @@ impl Gpu {
     }
 }
 
+/// FISH_VK_FRAGS_UNCHECKED=1, a measurement knob: the device's kernel is
+/// taken without the open-time check, so that timing-only variants of the
+/// module (wrong products, loaded through FISH_VK_MODULE_DIR) still run.
+pub(crate) fn unchecked() -> bool {
+    std::env::var("FISH_VK_FRAGS_UNCHECKED").as_deref() == Ok("1")
+}
+
 /// Whether the device offers what the kernel needs: 16 x 8 x 16 f16
 /// fragments with f32 accumulators at subgroup scope (`f16_fragments`, from
 /// the cooperative-matrix properties), 32-invocation subgroups and the

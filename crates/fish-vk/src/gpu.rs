@@ -220,7 +220,14 @@ impl Gpu {
             // unloading a model returns it to exactly this state.
             gpu.release_scratch();
         }
-        if gpu.info.prefill_frags {
+        if gpu.info.prefill_frags && crate::frags::unchecked() {
+            if config.verbose {
+                eprintln!(
+                    "fish-vk: prefill on fragments built in registers without the open-time \
+                     check (FISH_VK_FRAGS_UNCHECKED=1)"
+                );
+            }
+        } else if gpu.info.prefill_frags {
             let checked = gpu.check_prefill_frags(crate::Kernel::CoopMat);
             if config.verbose {
                 match &checked {
