@@ -31,7 +31,7 @@
 // current block is summed, across phases too: the first block of the next
 // phase streams in while the workgroup sums its last block, stores it and
 // waits at the grid-wide barrier. Without, each block is loaded and then
-// summed, as today's kernels do.
+// summed, as today's kernels do. WIDE_BLOCKS doubles the units of a block.
 #extension GL_GOOGLE_include_directive : require
 #extension GL_KHR_shader_subgroup_arithmetic : require
 #extension GL_KHR_shader_subgroup_basic : require
@@ -39,8 +39,13 @@
 #define TYPE_Q4_K
 layout(local_size_x = 128) in;
 const uint WG = 128u;
-// Units per invocation and block.
+// Units per invocation and block: with WIDE_BLOCKS twice as many, so twice
+// the weight bytes in flight per workgroup.
+#if defined(WIDE_BLOCKS)
+const uint MAXU = 8u;
+#else
 const uint MAXU = 4u;
+#endif
 // The longest input (n_ff) the shared x holds (llama-8b's; 28 KB as f16
 // pairs, under the 32 KB of shared memory every device offers).
 const uint MAX_IN = 14336u;
@@ -59,8 +64,10 @@ const uint SLOT0 = 64u;
 const uint SPIN_LIMIT = 1u << 22;
 
 shared uint xs[MAX_IN / 2u];
-// Per row of a block and subgroup of its invocations: partial sums.
-shared float partial[WG];
+// Per row of a block and subgroup of its invocations: partial sums (rows
+// per block x subgroups per row = WG * rows per invocation / subgroup size,
+// for subgroups of 4 or more).
+shared float partial[WG * MAXU / 4u];
 
 // A phase: its rows, input length and first weight byte.
 struct Phase {

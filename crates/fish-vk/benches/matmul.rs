@@ -719,8 +719,9 @@ fn bench_persistent_layer(c: &mut Criterion) {
             ("plain", LayerProbe::Plain),
             ("ahead", LayerProbe::Ahead),
             ("ahead_l1", LayerProbe::AheadL1),
+            ("ahead_wide", LayerProbe::AheadWide),
         ] {
-            for groups in [132u32, 264, 528] {
+            for groups in [132u32, 264, 396, 528] {
                 group.bench_function(format!("{id}/Q4_K/{name}/groups{groups}"), |b| {
                     b.iter_custom(|iters| {
                         in_runs(iters, LAYER_PROBE_MAX_LAYERS as u64, |layers| {

@@ -61,6 +61,11 @@ pub const PROBE_MODULES: &[(&str, &str, &[&str])] = &[
         "persistent_layer_probe.comp",
         &["AHEAD", "L1_X"],
     ),
+    (
+        "persistent_layer_probe_ahead_wide",
+        "persistent_layer_probe.comp",
+        &["AHEAD", "L1_X", "WIDE_BLOCKS"],
+    ),
 ];
 
 /// Arguments every glslc module is compiled with (part of the staleness hash).

@@ -28,6 +28,9 @@ pub enum LayerProbe {
     /// `Ahead` with inputs through ordinary, L1-cached loads (every phase
     /// writes fresh addresses).
     AheadL1,
+    /// `AheadL1` with blocks of twice the units: twice the weight bytes in
+    /// flight per workgroup.
+    AheadWide,
 }
 
 impl LayerProbe {
@@ -36,6 +39,7 @@ impl LayerProbe {
             LayerProbe::Plain => "persistent_layer_probe",
             LayerProbe::Ahead => "persistent_layer_probe_ahead",
             LayerProbe::AheadL1 => "persistent_layer_probe_ahead_l1",
+            LayerProbe::AheadWide => "persistent_layer_probe_ahead_wide",
         }
     }
 }

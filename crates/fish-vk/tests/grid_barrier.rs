@@ -111,7 +111,12 @@ fn the_persistent_layer_probe_computes_its_chain() {
         layers,
         groups: 1,
     };
-    for probe in [LayerProbe::Plain, LayerProbe::Ahead, LayerProbe::AheadL1] {
+    for probe in [
+        LayerProbe::Plain,
+        LayerProbe::Ahead,
+        LayerProbe::AheadL1,
+        LayerProbe::AheadWide,
+    ] {
         let vectors = gpu
             .run_persistent_layers(handle, LayerRun { probe, ..run }, &input)
             .expect("probe");
