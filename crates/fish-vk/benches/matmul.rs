@@ -35,8 +35,9 @@
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
 use fish_gguf::GgmlType;
 use fish_vk::{
-    ChainProbe, CoopMatTile, DispatchSync, Gpu, Kernel, LayerProbe, LayerRun, LayerShape,
-    MatmulInput, PeakShape, Staging, TensorHandle, WeightFormat, LAYER_PROBE_MAX_LAYERS,
+    ChainProbe, CoopMatTile, DecodeRun, DecodeShape, DispatchSync, Gpu, Kernel, LayerProbe,
+    LayerRun, LayerShape, MatmulInput, PeakShape, Staging, TensorHandle, WeightFormat,
+    DECODE_PROBE_MAX_LAYERS, LAYER_PROBE_MAX_LAYERS,
 };
 use std::time::Duration;
 
@@ -744,6 +745,72 @@ fn bench_persistent_layer(c: &mut Criterion) {
     group.finish();
 }
 
+/// Whole llama decode layers of one token at position 128 in one dispatch
+/// (shaders/persistent_decode_layer.comp: norms, q/k/v, RoPE, the f16 KV
+/// store, attention, wo, gate/up, SiLU, down, residuals; Q4_K weights), one
+/// criterion iteration per layer, throughput in the layer's weight bytes:
+/// compare with a span's decode step per layer (`FISH_GPU_PROFILE=3
+/// fish-cli bench MODEL -p 0 -n 128`). Meaningless on devices that do not
+/// keep every workgroup resident (lavapipe).
+fn bench_persistent_decode(c: &mut Criterion) {
+    if !group_selected("persistent_decode") {
+        return;
+    }
+    let Some(gpu) = fish_vk::global() else { return };
+    let mut group = c.benchmark_group("persistent_decode");
+    group
+        .sample_size(10)
+        .measurement_time(Duration::from_secs(1));
+    let llama = |n_embd, n_ff, head_dim| DecodeShape {
+        n_embd,
+        n_ff,
+        n_head: 32,
+        n_kv_heads: 8,
+        head_dim,
+        neox: false,
+        rope_base: 500000.0,
+        eps: 1e-5,
+    };
+    for (name, shape) in [
+        ("llama-8b", llama(4096, 14336, 128)),
+        ("llama-1b", llama(2048, 8192, 64)),
+    ] {
+        let layer = shape.copy_bytes() as u64;
+        let copies = rotate_bytes()
+            .div_ceil(layer)
+            .clamp(1, u32::MAX as u64 / layer) as usize;
+        let data = weight_bytes((layer as usize * copies).next_multiple_of(144), 146);
+        let handle = match gpu.upload(GgmlType::Q4_K, &data, 256, data.len() / 144) {
+            Ok(h) => h,
+            Err(e) => {
+                eprintln!("persistent_decode {name}: skipped ({e})");
+                continue;
+            }
+        };
+        group.throughput(Throughput::Bytes(layer));
+        for groups in [132u32, 264, 396, 528] {
+            group.bench_function(format!("Q4_K/{name}/pos128/groups{groups}"), |b| {
+                b.iter_custom(|iters| {
+                    in_runs(iters, DECODE_PROBE_MAX_LAYERS as u64, |layers| {
+                        let run = DecodeRun {
+                            shape,
+                            copies,
+                            layers: layers as usize,
+                            groups,
+                            pos: 128,
+                            kv_capacity: 256,
+                        };
+                        gpu.time_persistent_decode(handle, run)
+                            .expect("persistent_decode")
+                    })
+                })
+            });
+        }
+        let _ = gpu.free(handle);
+    }
+    group.finish();
+}
+
 criterion_group!(
     benches,
     bench_matvec,
@@ -754,6 +821,7 @@ criterion_group!(
     bench_coopmat_peak,
     bench_grid_barrier,
     bench_persistent_chain,
-    bench_persistent_layer
+    bench_persistent_layer,
+    bench_persistent_decode
 );
 criterion_main!(benches);

@@ -66,6 +66,7 @@ pub const PROBE_MODULES: &[(&str, &str, &[&str])] = &[
         "persistent_layer_probe.comp",
         &["AHEAD", "L1_X", "WIDE_BLOCKS"],
     ),
+    ("persistent_decode_layer", "persistent_decode_layer.comp", &[]),
 ];
 
 /// Arguments every glslc module is compiled with (part of the staleness hash).

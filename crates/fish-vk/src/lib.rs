@@ -23,6 +23,7 @@ mod int8_dot;
 mod int8_matrix;
 mod kernels;
 mod loader;
+mod persistent_decode;
 mod persistent_layer;
 mod pipeline;
 mod pipeline_stats;
@@ -46,6 +47,7 @@ pub use int8_dot::{int8_activations, Int8Dot, Int8Policy, INT8_BLOCK};
 pub use kernels::{
     supports, DispatchSync, GatedActivation, Kernel, MatmulInput, MATVEC_MAX_TOKENS,
 };
+pub use persistent_decode::{DecodeRun, DecodeShape, DECODE_PROBE_MAX_LAYERS};
 pub use persistent_layer::{LayerProbe, LayerRun, LayerShape, LAYER_PROBE_MAX_LAYERS};
 pub use pipeline::{module_bytes, COMPILED_AT_BUILD};
 pub use span::{

@@ -1,0 +1,265 @@
+//! Whole llama decode layers of one token in one dispatch
+//! (shaders/persistent_decode_layer.comp, the `persistent_decode` bench):
+//! the form a persistent span kernel would take, with a span layer's
+//! semantics (norms, q/k/v, RoPE, the f16 KV store, attention, wo and the
+//! residual, gate/up, SiLU, down and the residual) and a grid-wide barrier
+//! between dependent phases, each workgroup's next weights loaded before it
+//! sums the current ones. Q4_K weights only. Its time per layer compares
+//! with a span's decode profile; its outputs are checked against a CPU
+//! reference (tests/grid_barrier.rs). Nothing in the engine runs it yet.
+
+use crate::error::{Result, VkError};
+use crate::gpu::Gpu;
+use crate::kernels::{Dispatch, DispatchSync, Kernel};
+use crate::pipeline::Params;
+use crate::split_k::ScratchNeed;
+use crate::upload::TensorHandle;
+use crate::weight_format::WeightFormat;
+use fish_gguf::GgmlType;
+use std::time::Duration;
+
+const Q4_K_BLOCK_BYTES: usize = 144;
+/// Words before the KV region (the arrival counter, the failure word).
+const HEADER_WORDS: usize = 64;
+/// The longest staged input and the most positions (MAX_IN in the shader).
+const MAX_IN: usize = 14336;
+/// The widest head (MAX_D).
+const MAX_HEAD_DIM: usize = 128;
+/// Layers per dispatch at most.
+pub const DECODE_PROBE_MAX_LAYERS: usize = 64;
+
+/// A llama layer's shape for the kernel.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct DecodeShape {
+    pub n_embd: usize,
+    pub n_ff: usize,
+    pub n_head: usize,
+    pub n_kv_heads: usize,
+    pub head_dim: usize,
+    /// NeoX RoPE halves (i, i + head_dim / 2), else adjacent pairs.
+    pub neox: bool,
+    pub rope_base: f32,
+    pub eps: f32,
+}
+
+impl DecodeShape {
+    pub fn kv_dim(&self) -> usize {
+        self.n_kv_heads * self.head_dim
+    }
+
+    /// Rows and input length of the q/k/v, wo, gate/up and down matrices of
+    /// a layer copy, in their order in it (gate/up: the gate rows, then the
+    /// up rows).
+    pub fn matrices(&self) -> [(usize, usize); 4] {
+        let e = self.n_embd;
+        [
+            (e + 2 * self.kv_dim(), e),
+            (e, self.n_head * self.head_dim),
+            (2 * self.n_ff, e),
+            (e, self.n_ff),
+        ]
+    }
+
+    /// Bytes of one layer copy: the four Q4_K matrices, then the attention
+    /// and feed-forward norms' n_embd f32 weights.
+    pub fn copy_bytes(&self) -> usize {
+        let matrices: usize = self
+            .matrices()
+            .iter()
+            .map(|&(rows, n_in)| rows * n_in / 256 * Q4_K_BLOCK_BYTES)
+            .sum();
+        matrices + 8 * self.n_embd
+    }
+
+    /// Floats between vector slots: the longest phase output.
+    fn slot_stride(&self) -> usize {
+        self.matrices()
+            .iter()
+            .map(|&(rows, _)| rows)
+            .max()
+            .unwrap_or(0)
+    }
+
+    /// The shapes the kernel takes: widths of whole 1024-value groups up to
+    /// MAX_IN (as the layer probe), attention as wide as the n_embd, heads
+    /// of an even width up to MAX_HEAD_DIM, whole query groups.
+    fn check(&self) -> Result<()> {
+        let width = |n: usize| n >= 1024 && n.is_multiple_of(1024) && n <= MAX_IN;
+        let ok = width(self.n_embd)
+            && width(self.n_ff)
+            && self.n_kv_heads > 0
+            && self.n_head.is_multiple_of(self.n_kv_heads)
+            && self.n_head < 1 << 16
+            && self.head_dim.is_multiple_of(2)
+            && (2..=MAX_HEAD_DIM).contains(&self.head_dim)
+            && self.n_head * self.head_dim == self.n_embd;
+        if ok {
+            Ok(())
+        } else {
+            Err(VkError::Input(format!(
+                "the decode-layer kernel does not take {self:?}"
+            )))
+        }
+    }
+}
+
+/// One run of the kernel: the shape, the layer copies the weights hold, the
+/// layers to run, the workgroups, the token's position and the positions
+/// each layer's KV region holds.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct DecodeRun {
+    pub shape: DecodeShape,
+    pub copies: usize,
+    pub layers: usize,
+    pub groups: u32,
+    pub pos: usize,
+    pub kv_capacity: usize,
+}
+
+impl DecodeRun {
+    /// Words of the kernel's buffer: the header, the KV regions, the slots.
+    pub fn buffer_words(&self) -> usize {
+        self.slot_word(self.layers, 1)
+    }
+
+    /// Where layer `l`'s f16 keys (pairs packed per word, position-major,
+    /// kv_dim values per position) start; its values follow them.
+    pub fn key_word(&self, l: usize, pos: usize) -> usize {
+        HEADER_WORDS + l * self.kv_capacity * self.shape.kv_dim() + pos * self.shape.kv_dim() / 2
+    }
+
+    pub fn value_word(&self, l: usize, pos: usize) -> usize {
+        self.key_word(l, pos) + self.kv_capacity * self.shape.kv_dim() / 2
+    }
+
+    /// Slot `k` of layer `l`: 0 its input x, 1 q | k | v, 2 the attention
+    /// output, 3 x after wo, 4 gate | up; slot 0 of layer `layers` is the
+    /// output.
+    pub fn slot_word(&self, l: usize, k: usize) -> usize {
+        HEADER_WORDS
+            + self.layers * self.kv_capacity * self.shape.kv_dim()
+            + (5 * l + k) * self.shape.slot_stride()
+    }
+
+    fn check(&self) -> Result<()> {
+        self.shape.check()?;
+        if self.layers == 0
+            || self.layers > DECODE_PROBE_MAX_LAYERS
+            || self.groups == 0
+            || self.copies == 0
+            || self.pos >= self.kv_capacity
+            || self.pos >= MAX_IN
+            || self.buffer_words() > u32::MAX as usize / 4
+        {
+            return Err(VkError::Input(format!(
+                "the decode-layer kernel runs 1..={DECODE_PROBE_MAX_LAYERS} layers at a \
+                 position below the KV capacity and {MAX_IN} ({self:?})"
+            )));
+        }
+        Ok(())
+    }
+}
+
+impl Gpu {
+    fn decode_dispatch(&self, handle: TensorHandle, run: DecodeRun) -> Result<Dispatch> {
+        run.check()?;
+        let s = run.shape;
+        let total = run.copies * s.copy_bytes();
+        if handle.ty() != WeightFormat::Ggml(GgmlType::Q4_K)
+            || handle.n_in() != 256
+            || handle.n_out() * Q4_K_BLOCK_BYTES < total
+            || total > u32::MAX as usize
+        {
+            return Err(VkError::Input(format!(
+                "the decode-layer kernel takes {} copies of {s:?} as Q4_K rows of 256 values \
+                 ({:?} {}x{}), under 4 GiB",
+                run.copies,
+                handle.ty(),
+                handle.n_in(),
+                handle.n_out()
+            )));
+        }
+        let plan = self.plan_handles(&[handle], 1, Kernel::Matvec)?;
+        let [planned] = plan.as_slice() else {
+            return Err(VkError::Input(
+                "the decode-layer kernel needs one weight buffer".into(),
+            ));
+        };
+        let pipeline = self
+            .pipelines
+            .get(&self.device, "persistent_decode_layer", &[])?;
+        // The shader's push constants (`Layer`), in the order of Params' fields.
+        let params = Params {
+            n_in: s.n_embd as u32,
+            n_rows: s.n_ff as u32,
+            n_tok: run.layers as u32,
+            row_stride: run.copies as u32,
+            y_stride: s.slot_stride() as u32,
+            y_offset: run.pos as u32,
+            groups_x: run.groups,
+            accumulate: (s.n_head | s.n_kv_heads << 16) as u32,
+            norm_off: s.head_dim as u32,
+            norm_eps: s.eps,
+            part_off: run.kv_capacity as u32,
+            parts: s.rope_base.to_bits(),
+            split: s.neox as u32,
+            ..Params::default()
+        };
+        Ok(Dispatch {
+            pipeline,
+            params,
+            groups: (run.groups, 1),
+            weights: planned.weights,
+        })
+    }
+
+    /// GPU time of one step through `run.layers` layers (zeroed buffer:
+    /// the values are meaningless, the work is the same). Every workgroup
+    /// must be resident at once; on a device that runs fewer together each
+    /// wait lasts until it gives up, so only the time says so.
+    pub fn time_persistent_decode(&self, handle: TensorHandle, run: DecodeRun) -> Result<Duration> {
+        let dispatch = self.decode_dispatch(handle, run)?;
+        let bytes = (run.buffer_words() * 4) as u64;
+        self.time_dispatches(
+            &[dispatch],
+            bytes,
+            16,
+            ScratchNeed::NONE,
+            1,
+            DispatchSync::None,
+        )
+    }
+
+    /// Runs one step on `buffer` (`run.buffer_words()` words: the input x in
+    /// slot 0 of layer 0, the keys and values of positions before `run.pos`
+    /// in the KV regions, the header zero) and returns the buffer after it.
+    /// Fails when a wait gave up (the failure word).
+    pub fn run_persistent_decode(
+        &self,
+        handle: TensorHandle,
+        run: DecodeRun,
+        buffer: &[u32],
+    ) -> Result<Vec<u32>> {
+        let dispatch = self.decode_dispatch(handle, run)?;
+        if buffer.len() != run.buffer_words() {
+            return Err(VkError::Input(format!(
+                "the decode-layer buffer has {} words, not {}",
+                buffer.len(),
+                run.buffer_words()
+            )));
+        }
+        let values: Vec<f32> = buffer.iter().map(|&w| f32::from_bits(w)).collect();
+        let out: Vec<u32> = self
+            .run_in_place(&[dispatch], &values)?
+            .iter()
+            .map(|v| v.to_bits())
+            .collect();
+        if out[1] != 0 {
+            return Err(VkError::Input(
+                "a grid-wide wait of the decode-layer kernel gave up (workgroups not resident)"
+                    .into(),
+            ));
+        }
+        Ok(out)
+    }
+}

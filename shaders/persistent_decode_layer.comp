@@ -1,0 +1,542 @@
+#version 450
+// Measurement kernel (the persistent_decode bench of fish-vk): p.layers
+// whole llama decode layers of one token in ONE dispatch of resident
+// workgroups, a grid-wide barrier between dependent phases: the form a
+// persistent span kernel would take, with the semantics of a span layer so
+// that its time per layer compares with a span's decode profile, and its
+// outputs with a CPU reference (tests/grid_barrier.rs).
+//
+// A layer is five phases (g = 5 l + stage), each reading vector slots the
+// phases before it wrote (binding 1):
+//   0 q/k/v: attention norm of x (slot 0 of the layer) in the staging, then
+//     q | k | v (n_embd + 2 n_kv_heads head_dim rows) into slot 1;
+//   1 attention: one block per key-value head: RoPE on its k and on its
+//     query heads' q at p.pos, k and v stored as f16 at position p.pos of
+//     the layer's KV region, softmax(q k / sqrt(head_dim)) over positions
+//     0..p.pos, the weighted values into slot 2;
+//   2 wo: slot 1 of the layer (x) plus wo times slot 2, into slot 3;
+//   3 gate/up: feed-forward norm of slot 3 in the staging, gate | up (2 n_ff
+//     rows) into slot 4;
+//   4 down: SiLU(gate) * up formed in the staging, slot 3 plus down times
+//     it, into slot 0 of the next layer.
+// Every slot is written once per dispatch (fresh addresses, so the inputs
+// could come through L1; here they are read coherently).
+//
+// The weights are Q4_K (one type keeps the probe short: a span kernel for
+// the Q4_K_M mix needs Q6_K beside it). Layer l uses copy l % p.copies: the
+// q/k/v, wo, gate/up and down matrices one after another, then the two
+// norms' n_embd f32 weights. A matvec phase's rows are cut into blocks
+// dealt to the workgroups in turn (as in persistent_layer_probe.comp); a
+// workgroup stages the phase's input into shared memory as f16 pairs once,
+// and loads its next block's units before it sums the current one, across
+// phases too (the first weights of the next phase stream while it waits).
+// The staged inputs are rounded to f16 (shared memory holds 14336 of them
+// in 28 KB), and so are the keys and values, as in the span's KV cache.
+//
+// A wait that outlasts SPIN_LIMIT polls gives up and raises the failure
+// word (word 1 of binding 1): the results are then wrong, and the host
+// says so.
+#extension GL_GOOGLE_include_directive : require
+#extension GL_KHR_shader_subgroup_arithmetic : require
+#extension GL_KHR_shader_subgroup_basic : require
+
+#define TYPE_Q4_K
+layout(local_size_x = 128) in;
+const uint WG = 128u;
+// Units per invocation and block.
+const uint MAXU = 4u;
+// The longest staged input (llama-8b's n_ff) and the most positions.
+const uint MAX_IN = 14336u;
+// The widest head.
+const uint MAX_D = 128u;
+
+// The layer shape and the step (persistent_layer.rs `DecodeRun`); n_in is
+// n_embd, named so for dequant.glsl's macros.
+layout(push_constant) uniform Layer {
+    uint n_in;
+    uint n_ff;
+    uint layers;
+    uint copies;
+    uint slot_stride;
+    uint pos;
+    uint groups_x;
+    // n_head | n_kv_heads << 16.
+    uint heads;
+    uint head_dim;
+    float eps;
+    // Positions per layer in the KV region.
+    uint kv_capacity;
+    float rope_base;
+    // Bit 0: NeoX RoPE halves (i, i + head_dim / 2), else adjacent pairs.
+    uint flags;
+} p;
+
+layout(std430, binding = 0) readonly buffer Weights { uint w[]; };
+layout(std430, binding = 0) readonly buffer Weights4 { uvec4 w4[]; };
+#include "dequant.glsl"
+#include "matvec_units.glsl"
+
+layout(std430, binding = 1) coherent buffer Vecs { float vec_f[]; };
+layout(std430, binding = 1) coherent buffer VecsU { uint vec_u[]; };
+layout(std430, binding = 1) volatile coherent buffer Arrivals { uint arrivals[]; };
+
+// Words before the KV region: the arrival counter (word 0), the failure
+// word (1), padding.
+const uint HEADER_WORDS = 64u;
+const uint SPIN_LIMIT = 1u << 22;
+
+const uint QKV = 0u;
+const uint ATTN = 1u;
+const uint WO = 2u;
+const uint GATE_UP = 3u;
+const uint DOWN = 4u;
+
+shared uint xs[MAX_IN / 2u];
+shared float partial[WG * MAXU / 4u];
+shared float reduce_parts[WG];
+shared float kc[MAX_D];
+shared float vc[MAX_D];
+shared float qr[MAX_D];
+// The staged input's scale (the norm's factor, or 1).
+shared float stage_scale;
+
+uint n_head() {
+    return p.heads & 0xFFFFu;
+}
+uint n_kv() {
+    return p.heads >> 16;
+}
+uint kv_dim() {
+    return n_kv() * p.head_dim;
+}
+uint qkv_rows() {
+    return p.n_in + 2u * kv_dim();
+}
+uint row_bytes(uint n) {
+    return n / 256u * BLOCK_BYTES;
+}
+
+// First word of slot k of layer l, and of the layer's keys / values.
+uint slot_word(uint l, uint k) {
+    return HEADER_WORDS + p.layers * p.kv_capacity * kv_dim() + (5u * l + k) * p.slot_stride;
+}
+uint key_word(uint l, uint pos) {
+    return HEADER_WORDS + l * p.kv_capacity * kv_dim() + pos * kv_dim() / 2u;
+}
+uint value_word(uint l, uint pos) {
+    return key_word(l, pos) + p.kv_capacity * kv_dim() / 2u;
+}
+
+// Byte offsets within one layer copy.
+uint wo_byte() {
+    return qkv_rows() * row_bytes(p.n_in);
+}
+uint gate_up_byte() {
+    return wo_byte() + p.n_in * row_bytes(p.n_in);
+}
+uint down_byte() {
+    return gate_up_byte() + 2u * p.n_ff * row_bytes(p.n_in);
+}
+uint norms_byte() {
+    return down_byte() + p.n_in * row_bytes(p.n_ff);
+}
+uint copy_base(uint l) {
+    return (l % p.copies) * (norms_byte() + 8u * p.n_in);
+}
+
+struct Phase {
+    uint stage;
+    uint rows;
+    uint n_in;
+    uint byte0;
+};
+
+Phase phase_of(uint g) {
+    uint stage = g % 5u;
+    uint base = copy_base(g / 5u);
+    if (stage == QKV) {
+        return Phase(stage, qkv_rows(), p.n_in, base);
+    } else if (stage == ATTN) {
+        return Phase(stage, n_kv(), 0u, 0u);
+    } else if (stage == WO) {
+        return Phase(stage, p.n_in, n_head() * p.head_dim, base + wo_byte());
+    } else if (stage == GATE_UP) {
+        return Phase(stage, 2u * p.n_ff, p.n_in, base + gate_up_byte());
+    }
+    return Phase(stage, p.n_in, p.n_ff, base + down_byte());
+}
+
+// How a matvec phase's blocks are cut (as in persistent_layer_probe.comp).
+struct Cut {
+    uint units;
+    uint tpr;
+    uint upt;
+    uint rpt;
+    uint rb;
+};
+
+Cut cut_of(uint n_in) {
+    Cut c;
+    c.units = max(n_in / UNIT_VALUES, 1u);
+    c.tpr = min(c.units, WG);
+    c.upt = (c.units + c.tpr - 1u) / c.tpr;
+    c.rpt = max(MAXU / c.upt, 1u);
+    c.rb = (WG / c.tpr) * c.rpt;
+    return c;
+}
+
+uint blocks_of(uint g) {
+    Phase ph = phase_of(g);
+    if (ph.stage == ATTN) {
+        return ph.rows;
+    }
+    Cut c = cut_of(ph.n_in);
+    return (ph.rows + c.rb - 1u) / c.rb;
+}
+
+void slot_place(Phase ph, Cut c, uint b, uint k, out uint row, out uint unit, out bool valid) {
+    uint tid = gl_LocalInvocationID.x;
+    uint rg = tid / c.tpr;
+    uint lane = tid % c.tpr;
+    uint r = b * c.rb + rg * c.rpt + k / c.upt;
+    uint u = lane + (k % c.upt) * c.tpr;
+    valid = rg < WG / c.tpr && k < c.rpt * c.upt && r < ph.rows && u < c.units;
+    row = min(r, ph.rows - 1u);
+    unit = min(u, c.units - 1u);
+}
+
+void load_block(out Unit un[MAXU], uint g, uint b) {
+    Phase ph = phase_of(g);
+    if (ph.stage == ATTN) {
+        return;
+    }
+    Cut c = cut_of(ph.n_in);
+    uint rb = row_bytes(ph.n_in);
+    for (uint k = 0u; k < MAXU; k++) {
+        uint row;
+        uint unit;
+        bool valid;
+        slot_place(ph, c, b, k, row, unit, valid);
+        un[k] = load_unit(ph.byte0 + row * rb, unit);
+    }
+}
+
+void next_item(inout uint g, inout uint b) {
+    b += p.groups_x;
+    while (g < 5u * p.layers && b >= blocks_of(g)) {
+        g += 1u;
+        b = gl_WorkGroupID.x;
+    }
+}
+
+// The sum of every invocation's v (all invocations call it).
+float workgroup_sum(float v) {
+    float s = subgroupAdd(v);
+    if (subgroupElect()) {
+        reduce_parts[gl_SubgroupID] = s;
+    }
+    barrier();
+    float total = 0.0;
+    for (uint j = 0u; j < gl_NumSubgroups; j++) {
+        total += reduce_parts[j];
+    }
+    barrier();
+    return total;
+}
+
+float workgroup_max(float v) {
+    float s = subgroupMax(v);
+    if (subgroupElect()) {
+        reduce_parts[gl_SubgroupID] = s;
+    }
+    barrier();
+    float m = reduce_parts[0];
+    for (uint j = 1u; j < gl_NumSubgroups; j++) {
+        m = max(m, reduce_parts[j]);
+    }
+    barrier();
+    return m;
+}
+
+float silu(float v) {
+    return v / (1.0 + exp(-v));
+}
+
+// Stages phase g's input into xs (f16 pairs) and its scale into
+// stage_scale: q/k/v and gate/up the normed x (x * norm weight, the norm's
+// factor as the scale), wo the attention output, down SiLU(gate) * up.
+void stage_input(uint g) {
+    Phase ph = phase_of(g);
+    uint l = g / 5u;
+    uint src;
+    uint norm_word = 0u;
+    if (ph.stage == QKV) {
+        src = slot_word(l, 0u);
+        norm_word = (copy_base(l) + norms_byte()) / 4u;
+    } else if (ph.stage == WO) {
+        src = slot_word(l, 2u);
+    } else if (ph.stage == GATE_UP) {
+        src = slot_word(l, 3u);
+        norm_word = (copy_base(l) + norms_byte()) / 4u + p.n_in;
+    } else {
+        src = slot_word(l, 4u);
+    }
+    bool normed = ph.stage == QKV || ph.stage == GATE_UP;
+    float sumsq = 0.0;
+    for (uint i = gl_LocalInvocationID.x; i < ph.n_in / 2u; i += WG) {
+        vec2 v = vec2(vec_f[src + 2u * i], vec_f[src + 2u * i + 1u]);
+        if (normed) {
+            sumsq += dot(v, v);
+            v *= vec2(uintBitsToFloat(w[norm_word + 2u * i]), uintBitsToFloat(w[norm_word + 2u * i + 1u]));
+        } else if (ph.stage == DOWN) {
+            vec2 up = vec2(vec_f[src + p.n_ff + 2u * i], vec_f[src + p.n_ff + 2u * i + 1u]);
+            v = vec2(silu(v.x), silu(v.y)) * up;
+        }
+        xs[i] = packHalf2x16(v);
+    }
+    float total = workgroup_sum(sumsq);
+    if (gl_LocalInvocationID.x == 0u) {
+        stage_scale = normed ? inversesqrt(total / float(ph.n_in) + p.eps) : 1.0;
+    }
+    barrier();
+}
+
+vec4 x4(uint i) {
+    return vec4(unpackHalf2x16(xs[2u * i]), unpackHalf2x16(xs[2u * i + 1u]));
+}
+
+// Sums block b of matvec phase g and stores it: scaled by the staging's
+// scale, plus the residual for wo and down.
+void sum_block(Unit un[MAXU], uint g, uint b) {
+    Phase ph = phase_of(g);
+    Cut c = cut_of(ph.n_in);
+    uint l = g / 5u;
+    float acc[MAXU];
+    for (uint k = 0u; k < MAXU; k++) {
+        acc[k] = 0.0;
+    }
+    for (uint k = 0u; k < MAXU; k++) {
+        uint row;
+        uint unit;
+        bool valid;
+        slot_place(ph, c, b, k, row, unit, valid);
+        if (!valid) {
+            continue;
+        }
+        for (uint run = 0u; run < RUNS; run++) {
+            uint xr = run_x4(unit, run);
+            vec4 x0 = x4(xr);
+            vec4 x1 = x4(xr + 1u);
+            vec4 x2 = x4(xr + 2u);
+            vec4 x3 = x4(xr + 3u);
+            float xsum = dot((x0 + x1) + (x2 + x3), vec4(1.0));
+            vec4 q[4];
+            float scale;
+            float minv;
+            decode_run(un[k], run, q, scale, minv);
+            float s = (dot(q[0], x0) + dot(q[1], x1)) + (dot(q[2], x2) + dot(q[3], x3));
+            acc[k / c.upt] += scale * s + minv * xsum;
+        }
+    }
+    uint tid = gl_LocalInvocationID.x;
+    uint per_row = c.tpr / gl_SubgroupSize;
+    uint rg = tid / c.tpr;
+    uint sub_in_row = (tid % c.tpr) / gl_SubgroupSize;
+    for (uint j = 0u; j < c.rpt; j++) {
+        float s = subgroupAdd(acc[j]);
+        if (subgroupElect() && rg < WG / c.tpr) {
+            partial[(rg * c.rpt + j) * per_row + sub_in_row] = s;
+        }
+    }
+    barrier();
+    if (tid < c.rb) {
+        uint row = b * c.rb + tid;
+        if (row < ph.rows) {
+            float s = 0.0;
+            for (uint j = 0u; j < per_row; j++) {
+                s += partial[tid * per_row + j];
+            }
+            s *= stage_scale;
+            uint out_word;
+            if (ph.stage == QKV) {
+                out_word = slot_word(l, 1u);
+            } else if (ph.stage == WO) {
+                out_word = slot_word(l, 3u);
+                s += vec_f[slot_word(l, 0u) + row];
+            } else if (ph.stage == GATE_UP) {
+                out_word = slot_word(l, 4u);
+            } else {
+                out_word = slot_word(l + 1u, 0u);
+                s += vec_f[slot_word(l, 3u) + row];
+            }
+            vec_f[out_word + row] = s;
+        }
+    }
+    barrier();
+}
+
+float f16_round(float v) {
+    return unpackHalf2x16(packHalf2x16(vec2(v, 0.0))).x;
+}
+
+// The elements of RoPE pair i within a head, and its (cos, sin) at p.pos.
+uvec2 rope_pair(uint i) {
+    if ((p.flags & 1u) != 0u) {
+        return uvec2(i, i + p.head_dim / 2u);
+    }
+    return uvec2(2u * i, 2u * i + 1u);
+}
+vec2 rope_cs(uint i) {
+    float theta = float(p.pos) * pow(p.rope_base, -2.0 * float(i) / float(p.head_dim));
+    return vec2(cos(theta), sin(theta));
+}
+vec2 rotate(vec2 v, vec2 cs) {
+    return vec2(v.x * cs.x - v.y * cs.y, v.x * cs.y + v.y * cs.x);
+}
+
+// Attention of key-value head j in phase g (one workgroup): its key and
+// value at p.pos into the cache, then each of its query heads over
+// positions 0..p.pos into slot 2.
+void attention_block(uint g, uint j) {
+    uint l = g / 5u;
+    uint d_head = p.head_dim;
+    uint tid = gl_LocalInvocationID.x;
+    uint qkv = slot_word(l, 1u);
+    uint k_src = qkv + p.n_in + j * d_head;
+    uint v_src = k_src + kv_dim();
+    // This position's key, rotated, and value, both as the cache holds them.
+    for (uint i = tid; i < d_head / 2u; i += WG) {
+        uvec2 e = rope_pair(i);
+        vec2 r = rotate(vec2(vec_f[k_src + e.x], vec_f[k_src + e.y]), rope_cs(i));
+        kc[e.x] = f16_round(r.x);
+        kc[e.y] = f16_round(r.y);
+    }
+    for (uint i = tid; i < d_head; i += WG) {
+        vc[i] = f16_round(vec_f[v_src + i]);
+    }
+    barrier();
+    uint head_words = j * d_head / 2u;
+    for (uint i = tid; i < d_head / 2u; i += WG) {
+        vec_u[key_word(l, p.pos) + head_words + i] = packHalf2x16(vec2(kc[2u * i], kc[2u * i + 1u]));
+        vec_u[value_word(l, p.pos) + head_words + i] = packHalf2x16(vec2(vc[2u * i], vc[2u * i + 1u]));
+    }
+    uint group = n_head() / n_kv();
+    float inv_sqrt = inversesqrt(float(d_head));
+    for (uint hq = j * group; hq < (j + 1u) * group; hq++) {
+        uint q_src = qkv + hq * d_head;
+        for (uint i = tid; i < d_head / 2u; i += WG) {
+            uvec2 e = rope_pair(i);
+            vec2 r = rotate(vec2(vec_f[q_src + e.x], vec_f[q_src + e.y]), rope_cs(i));
+            qr[e.x] = r.x;
+            qr[e.y] = r.y;
+        }
+        barrier();
+        // Scores of positions tid, tid + WG, ... into xs (as float bits).
+        float m = -3.0e38;
+        for (uint t = tid; t <= p.pos; t += WG) {
+            float s = 0.0;
+            if (t == p.pos) {
+                for (uint d = 0u; d < d_head; d++) {
+                    s += qr[d] * kc[d];
+                }
+            } else {
+                uint kw = key_word(l, t) + head_words;
+                for (uint d2 = 0u; d2 < d_head / 2u; d2++) {
+                    vec2 k = unpackHalf2x16(vec_u[kw + d2]);
+                    s += qr[2u * d2] * k.x + qr[2u * d2 + 1u] * k.y;
+                }
+            }
+            s *= inv_sqrt;
+            xs[t] = floatBitsToUint(s);
+            m = max(m, s);
+        }
+        m = workgroup_max(m);
+        float sum = 0.0;
+        for (uint t = tid; t <= p.pos; t += WG) {
+            float e = exp(uintBitsToFloat(xs[t]) - m);
+            xs[t] = floatBitsToUint(e);
+            sum += e;
+        }
+        // Its barriers also make every weight in xs visible.
+        sum = workgroup_sum(sum);
+        for (uint d = tid; d < d_head; d += WG) {
+            float o = 0.0;
+            for (uint t = 0u; t <= p.pos; t++) {
+                float v = t == p.pos ? vc[d]
+                                     : unpackHalf2x16(vec_u[value_word(l, t) + head_words + d / 2u])[d & 1u];
+                o += uintBitsToFloat(xs[t]) * v;
+            }
+            vec_f[slot_word(l, 2u) + hq * d_head + d] = o / sum;
+        }
+        // xs and qr serve the next query head.
+        barrier();
+    }
+}
+
+// Phase g is done here: every store of it before the arrival.
+void arrive() {
+    if (gl_LocalInvocationID.x == 0u) {
+        memoryBarrierBuffer();
+        atomicAdd(arrivals[0], 1u);
+    }
+}
+
+// Waits until every workgroup has arrived after phase g - 1; a wait that
+// gives up raises the failure word.
+void wait_for(uint g) {
+    if (gl_LocalInvocationID.x == 0u) {
+        uint target = g * p.groups_x;
+        uint spins = 0u;
+        while (arrivals[0] < target && spins < SPIN_LIMIT) {
+            spins++;
+        }
+        if (spins == SPIN_LIMIT) {
+            arrivals[1] = 1u;
+        }
+        memoryBarrierBuffer();
+    }
+    barrier();
+}
+
+void main() {
+    uint phases = 5u * p.layers;
+    // This workgroup's first item.
+    uint g = 0u;
+    uint b = gl_WorkGroupID.x;
+    if (b >= blocks_of(0u)) {
+        b -= p.groups_x;
+        next_item(g, b);
+    }
+    Unit cur[MAXU];
+    if (g < phases) {
+        load_block(cur, g, b);
+    }
+    for (uint ph = 0u; ph < phases; ph++) {
+        if (ph > 0u) {
+            wait_for(ph);
+        }
+        bool matvec = ph % 5u != ATTN;
+        if (g == ph && matvec) {
+            stage_input(ph);
+        }
+        while (g == ph) {
+            uint ng = g;
+            uint nb = b;
+            next_item(ng, nb);
+            // The next block's units stream while this one is summed.
+            Unit nxt[MAXU];
+            if (ng < phases) {
+                load_block(nxt, ng, nb);
+            }
+            if (matvec) {
+                sum_block(cur, g, b);
+            } else {
+                attention_block(g, b);
+            }
+            cur = nxt;
+            g = ng;
+            b = nb;
+        }
+        arrive();
+    }
+}
