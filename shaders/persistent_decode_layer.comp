@@ -10,9 +10,10 @@
 // phases before it wrote (binding 1):
 //   0 q/k/v: attention norm of x (slot 0 of the layer) in the staging, then
 //     q | k | v (n_embd + 2 n_kv_heads head_dim rows) into slot 1;
-//   1 attention: one block per key-value head: RoPE on its k and on its
-//     query heads' q at p.pos, k and v stored as f16 at position p.pos of
-//     the layer's KV region, softmax(q k / sqrt(head_dim)) over positions
+//   1 attention: one block per query head: RoPE on its q and its key-value
+//     head's k at p.pos (the group's first query head stores k and v as f16
+//     at position p.pos of the layer's KV region; the others use their own
+//     copy for that position), softmax(q k / sqrt(head_dim)) over positions
 //     0..p.pos, the weighted values into slot 2;
 //   2 wo: slot 1 of the layer (x) plus wo times slot 2, into slot 3;
 //   3 gate/up: feed-forward norm of slot 3 in the staging, gate | up (2 n_ff
@@ -157,7 +158,7 @@ Phase phase_of(uint g) {
     if (stage == QKV) {
         return Phase(stage, qkv_rows(), p.n_in, base);
     } else if (stage == ATTN) {
-        return Phase(stage, n_kv(), 0u, 0u);
+        return Phase(stage, n_head(), 0u, 0u);
     } else if (stage == WO) {
         return Phase(stage, p.n_in, n_head() * p.head_dim, base + wo_byte());
     } else if (stage == GATE_UP) {
@@ -394,11 +395,13 @@ vec2 rotate(vec2 v, vec2 cs) {
     return vec2(v.x * cs.x - v.y * cs.y, v.x * cs.y + v.y * cs.x);
 }
 
-// Attention of key-value head j in phase g (one workgroup): its key and
-// value at p.pos into the cache, then each of its query heads over
-// positions 0..p.pos into slot 2.
-void attention_block(uint g, uint j) {
+// Attention of query head hq in phase g (one workgroup) over positions
+// 0..p.pos into slot 2; the first query head of each key-value head also
+// stores that head's key and value at p.pos.
+void attention_block(uint g, uint hq) {
     uint l = g / 5u;
+    uint group = n_head() / n_kv();
+    uint j = hq / group;
     uint d_head = p.head_dim;
     uint tid = gl_LocalInvocationID.x;
     uint qkv = slot_word(l, 1u);
@@ -416,13 +419,14 @@ void attention_block(uint g, uint j) {
     }
     barrier();
     uint head_words = j * d_head / 2u;
-    for (uint i = tid; i < d_head / 2u; i += WG) {
-        vec_u[key_word(l, p.pos) + head_words + i] = packHalf2x16(vec2(kc[2u * i], kc[2u * i + 1u]));
-        vec_u[value_word(l, p.pos) + head_words + i] = packHalf2x16(vec2(vc[2u * i], vc[2u * i + 1u]));
+    if (hq % group == 0u) {
+        for (uint i = tid; i < d_head / 2u; i += WG) {
+            vec_u[key_word(l, p.pos) + head_words + i] = packHalf2x16(vec2(kc[2u * i], kc[2u * i + 1u]));
+            vec_u[value_word(l, p.pos) + head_words + i] = packHalf2x16(vec2(vc[2u * i], vc[2u * i + 1u]));
+        }
     }
-    uint group = n_head() / n_kv();
     float inv_sqrt = inversesqrt(float(d_head));
-    for (uint hq = j * group; hq < (j + 1u) * group; hq++) {
+    {
         uint q_src = qkv + hq * d_head;
         for (uint i = tid; i < d_head / 2u; i += WG) {
             uvec2 e = rope_pair(i);
@@ -468,7 +472,7 @@ void attention_block(uint g, uint j) {
             }
             vec_f[slot_word(l, 2u) + hq * d_head + d] = o / sum;
         }
-        // xs and qr serve the next query head.
+        // xs, qr, kc and vc serve the workgroup's next block.
         barrier();
     }
 }
