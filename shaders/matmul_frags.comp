@@ -45,10 +45,11 @@ layout(constant_id = 2) const uint RF = 2u;
 layout(constant_id = 3) const uint NF = 8u;
 // WARPS_M * WARPS_N * 32.
 layout(local_size_x_id = 4) in;
-// 1: Q4_K code words are loaded one 64-value chunk ahead (a super-block's
-// heads one super-block ahead), so that the loads of the next chunk, the
-// next super-block's first included, are in flight while the current one
-// is multiplied; the same values in the same order, so the same bits.
+// 1: code words are loaded one step ahead (Q4_K: a 64-value chunk, a
+// super-block's heads one super-block ahead; Q6_K: a half super-block, its
+// d one super-block ahead), so that the next step's loads, the next
+// super-block's first included, are in flight while the current one is
+// multiplied; the same values in the same order, so the same bits.
 layout(constant_id = 5) const uint AHEAD = 0u;
 
 // The real kernel's accumulators stay in registers only in unrolled loops;
@@ -92,6 +93,29 @@ uint split_z;
 #include "coopmat_output.glsl"
 
 const uint SB_VALUES = 256u;
+
+#if defined(TYPE_Q6_K)
+// Per row, half n6 of super-block sb: the code bytes 8t.. of ql[64 n6 ..]
+// and ql[64 n6 + 32 ..] (low nibbles: quarters 0 and 1, high: 2 and 3) and
+// of qh[32 n6 ..] (two bits per quarter), and the half's eight int8 scales.
+void load_q6_half(uint row_byte[2u * MAX_RF], uint sb, uint n6, uint t, out uvec2 ql[2u * MAX_RF][2],
+    out uvec2 qh[2u * MAX_RF], out uvec2 sc8[2u * MAX_RF]) {
+    UNROLL for (uint h = 0u; h < 2u * RF; h++) {
+        uint base = row_byte[h] + sb * Q6_BODY_BYTES;
+        ql[h][0] = w2[(base + 64u * n6) / 8u + t];
+        ql[h][1] = w2[(base + 64u * n6 + 32u) / 8u + t];
+        qh[h] = w2[(base + 128u + 32u * n6) / 8u + t];
+        sc8[h] = w2[(base + 192u + 8u * n6) / 8u];
+    }
+}
+
+// Per row the d of super-block sb (the row's f16 scales follow its bodies).
+void load_q6_d(uint row_byte[2u * MAX_RF], uint sb, out float d[2u * MAX_RF]) {
+    UNROLL for (uint h = 0u; h < 2u * RF; h++) {
+        d[h] = load_f16(row_byte[h] + Q6_BODY_BYTES * blocks_per_row() + 2u * sb);
+    }
+}
+#endif
 
 void main() {
     uint tid = gl_LocalInvocationIndex;
@@ -149,6 +173,18 @@ void main() {
             head_next[h] = w4[base / 16u];
             qs_next[h] = w2[(base + QS_OFFSET) / 8u + t];
         }
+    }
+#elif defined(TYPE_Q6_K)
+    // With AHEAD: the next half super-block's code words and scales (and
+    // the next super-block's d), loaded before the current half is
+    // multiplied.
+    uvec2 ql_next[2u * MAX_RF][2];
+    uvec2 qh_next[2u * MAX_RF];
+    uvec2 sc_next[2u * MAX_RF];
+    float d_next[2u * MAX_RF];
+    if (AHEAD != 0u && sb0 < sb_end) {
+        load_q6_half(row_byte, sb0, 0u, t, ql_next, qh_next, sc_next);
+        load_q6_d(row_byte, sb0, d_next);
     }
 #endif
     for (uint sb = sb0; sb < sb_end; sb++) {
@@ -212,26 +248,33 @@ void main() {
 #elif defined(TYPE_Q6_K)
         // Per row its d (the row's f16 scales follow its block bodies).
         float d[2u * MAX_RF];
-        UNROLL for (uint h = 0u; h < 2u * RF; h++) {
-            d[h] = load_f16(row_byte[h] + Q6_BODY_BYTES * blocks_per_row() + 2u * sb);
+        if (AHEAD != 0u) {
+            d = d_next;
+        } else {
+            load_q6_d(row_byte, sb, d);
         }
         // This invocation's values 8t .. 8t + 7 of a 32-value block lie in
         // its second 16-value scale when t >= 2.
         uint second_half = t / 2u;
         UNROLL for (uint n6 = 0u; n6 < 2u; n6++) {
-            // Per row and half n6 of the super-block: the code bytes 8t.. of
-            // ql[64 n6 ..] and ql[64 n6 + 32 ..] (low nibbles: quarters 0
-            // and 1, high: 2 and 3) and of qh[32 n6 ..] (two bits per
-            // quarter), and the half's eight int8 scales.
             uvec2 ql[2u * MAX_RF][2];
             uvec2 qh[2u * MAX_RF];
             uvec2 sc8[2u * MAX_RF];
-            UNROLL for (uint h = 0u; h < 2u * RF; h++) {
-                uint base = row_byte[h] + sb * Q6_BODY_BYTES;
-                ql[h][0] = w2[(base + 64u * n6) / 8u + t];
-                ql[h][1] = w2[(base + 64u * n6 + 32u) / 8u + t];
-                qh[h] = w2[(base + 128u + 32u * n6) / 8u + t];
-                sc8[h] = w2[(base + 192u + 8u * n6) / 8u];
+            if (AHEAD != 0u) {
+                ql = ql_next;
+                qh = qh_next;
+                sc8 = sc_next;
+                // The half after this one: the other half, or the next
+                // super-block's first (with its d).
+                uint nsb = n6 == 1u ? sb + 1u : sb;
+                if (nsb < sb_end) {
+                    load_q6_half(row_byte, nsb, 1u - n6, t, ql_next, qh_next, sc_next);
+                    if (n6 == 1u) {
+                        load_q6_d(row_byte, nsb, d_next);
+                    }
+                }
+            } else {
+                load_q6_half(row_byte, sb, n6, t, ql, qh, sc8);
             }
             UNROLL for (uint qq = 0u; qq < 4u; qq++) {
                 uint blk = 8u * sb + 4u * n6 + qq;

@@ -35,8 +35,8 @@ const MAX_NF: u32 = 8;
 
 /// The kernel's workgroup: `warps_m` x `warps_n` subgroups, each owning `rf`
 /// fragments of 16 rows and `nf` fragments of 8 tokens (specialisation
-/// constants 0-3; the workgroup size is constant 4), and whether Q4_K code
-/// words are loaded a chunk ahead (constant 5, `ahead_wanted`).
+/// constants 0-3; the workgroup size is constant 4), and whether code
+/// words are loaded a step ahead (constant 5, `ahead_wanted`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct FragsTile {
     pub warps_m: u32,
@@ -129,7 +129,7 @@ pub(crate) fn layout_for(rows: u32, tokens: u32) -> Option<FragsTile> {
     .filter(FragsTile::holds)
 }
 
-/// Whether Q4_K code words are loaded one chunk ahead (the shader's AHEAD):
+/// Whether code words are loaded one step ahead (the shader's AHEAD):
 /// the thread's override (`Gpu::with_frags_ahead`), else FISH_VK_FRAGS_AHEAD=1
 /// (read at each plan). Off by default: not yet measured on a device.
 fn ahead_wanted() -> bool {
@@ -208,7 +208,7 @@ impl Gpu {
     }
 
     /// Runs `f` with this thread's plans of the fragments kernel loading
-    /// Q4_K code words a chunk ahead (`true`) or not, whatever
+    /// code words a step ahead (`true`) or not, whatever
     /// FISH_VK_FRAGS_AHEAD says (tests: both give the same bits).
     pub fn with_frags_ahead<R>(&self, on: bool, f: impl FnOnce() -> R) -> R {
         with_override(&AHEAD_OVERRIDE, on, f)

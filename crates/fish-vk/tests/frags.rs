@@ -68,7 +68,7 @@ fn fragments_match_the_cpu_with_split_steps() {
     assert_no_validation_messages(gpu);
 }
 
-/// Loading Q4_K code words a chunk ahead (FISH_VK_FRAGS_AHEAD) changes
+/// Loading code words a step ahead (FISH_VK_FRAGS_AHEAD) changes
 /// when the loads are issued, not what is summed: the same bits as without,
 /// on both tiles, split and unsplit, over several super-blocks per split
 /// (the load of each split's next super-block crosses its share's end) and
@@ -80,30 +80,32 @@ fn loads_ahead_give_the_same_bits() {
     for kernel in kernels(gpu) {
         gpu.with_frags_ahead(true, || gpu.check_prefill_frags(kernel))
             .unwrap_or_else(|why| panic!("{kernel:?} ahead: {why}"));
-        with_uploaded(gpu, GgmlType::Q4_K, (n_in, n_out), 840, |w, h| {
-            let x = random_values(n_in * n_tok, 841);
-            for wide in [false, true] {
-                let run = |ahead: bool| {
-                    gpu.with_frags_ahead(ahead, || {
-                        gpu.with_prefill_frags(true, || {
-                            gpu.with_wide_tiles(wide, || {
-                                gpu.matmul_group_on(&[h], &x, n_tok, kernel, MatmulInput::F16)
+        for ty in [GgmlType::Q4_K, GgmlType::Q6_K] {
+            with_uploaded(gpu, ty, (n_in, n_out), 840, |w, h| {
+                let x = random_values(n_in * n_tok, 841);
+                for wide in [false, true] {
+                    let run = |ahead: bool| {
+                        gpu.with_frags_ahead(ahead, || {
+                            gpu.with_prefill_frags(true, || {
+                                gpu.with_wide_tiles(wide, || {
+                                    gpu.matmul_group_on(&[h], &x, n_tok, kernel, MatmulInput::F16)
+                                })
                             })
                         })
-                    })
-                    .unwrap_or_else(|e| panic!("{kernel:?} wide={wide} ahead={ahead}: {e}"))
-                    .remove(0)
-                };
-                let (plain, ahead) = (run(false), run(true));
-                let what = format!("Q4_K {kernel:?} wide={wide} ahead");
-                check_f16_x_matrix_product(w, &x, n_tok, &ahead, &what);
-                let same = plain
-                    .iter()
-                    .zip(&ahead)
-                    .all(|(a, b)| a.to_bits() == b.to_bits());
-                assert!(same, "{what}: other bits than without the loads ahead");
-            }
-        });
+                        .unwrap_or_else(|e| panic!("{kernel:?} wide={wide} ahead={ahead}: {e}"))
+                        .remove(0)
+                    };
+                    let (plain, ahead) = (run(false), run(true));
+                    let what = format!("{ty:?} {kernel:?} wide={wide} ahead");
+                    check_f16_x_matrix_product(w, &x, n_tok, &ahead, &what);
+                    let same = plain
+                        .iter()
+                        .zip(&ahead)
+                        .all(|(a, b)| a.to_bits() == b.to_bits());
+                    assert!(same, "{what}: other bits than without the loads ahead");
+                }
+            });
+        }
     }
     assert_no_validation_messages(gpu);
 }
