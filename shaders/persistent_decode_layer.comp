@@ -70,6 +70,9 @@ layout(push_constant) uniform Layer {
     float rope_base;
     // Bit 0: NeoX RoPE halves (i, i + head_dim / 2), else adjacent pairs.
     uint flags;
+    // First word of the vector slots (after the KV regions, on a 256-byte
+    // boundary, as is every slot: no cache line holds two slots).
+    uint slots0;
 } p;
 
 layout(std430, binding = 0) readonly buffer Weights { uint w[]; };
@@ -79,6 +82,20 @@ layout(std430, binding = 0) readonly buffer Weights4 { uvec4 w4[]; };
 
 layout(std430, binding = 1) coherent buffer Vecs { float vec_f[]; };
 layout(std430, binding = 1) coherent buffer VecsU { uint vec_u[]; };
+// What the kernel reads of binding 1 (inputs, residuals, cached keys and
+// values) it never reads before it is written, nor after it is rewritten,
+// and no cache line holds both a slot and a word written later: with
+// L1_INPUTS those reads take the ordinary, L1-cached loads; without, the
+// coherent ones.
+#if defined(L1_INPUTS)
+layout(std430, binding = 1) readonly buffer VecsR { float vec_rf[]; };
+layout(std430, binding = 1) readonly buffer VecsRU { uint vec_ru[]; };
+#define IN_F(i) vec_rf[i]
+#define IN_U(i) vec_ru[i]
+#else
+#define IN_F(i) vec_f[i]
+#define IN_U(i) vec_u[i]
+#endif
 layout(std430, binding = 1) volatile coherent buffer Arrivals { uint arrivals[]; };
 
 // Words before the KV region: the arrival counter (word 0), the failure
@@ -119,7 +136,7 @@ uint row_bytes(uint n) {
 
 // First word of slot k of layer l, and of the layer's keys / values.
 uint slot_word(uint l, uint k) {
-    return HEADER_WORDS + p.layers * p.kv_capacity * kv_dim() + (5u * l + k) * p.slot_stride;
+    return p.slots0 + (5u * l + k) * p.slot_stride;
 }
 uint key_word(uint l, uint pos) {
     return HEADER_WORDS + l * p.kv_capacity * kv_dim() + pos * kv_dim() / 2u;
@@ -285,12 +302,12 @@ void stage_input(uint g) {
     bool normed = ph.stage == QKV || ph.stage == GATE_UP;
     float sumsq = 0.0;
     for (uint i = gl_LocalInvocationID.x; i < ph.n_in / 2u; i += WG) {
-        vec2 v = vec2(vec_f[src + 2u * i], vec_f[src + 2u * i + 1u]);
+        vec2 v = vec2(IN_F(src + 2u * i), IN_F(src + 2u * i + 1u));
         if (normed) {
             sumsq += dot(v, v);
             v *= vec2(uintBitsToFloat(w[norm_word + 2u * i]), uintBitsToFloat(w[norm_word + 2u * i + 1u]));
         } else if (ph.stage == DOWN) {
-            vec2 up = vec2(vec_f[src + p.n_ff + 2u * i], vec_f[src + p.n_ff + 2u * i + 1u]);
+            vec2 up = vec2(IN_F(src + p.n_ff + 2u * i), IN_F(src + p.n_ff + 2u * i + 1u));
             v = vec2(silu(v.x), silu(v.y)) * up;
         }
         xs[i] = packHalf2x16(v);
@@ -363,12 +380,12 @@ void sum_block(Unit un[MAXU], uint g, uint b) {
                 out_word = slot_word(l, 1u);
             } else if (ph.stage == WO) {
                 out_word = slot_word(l, 3u);
-                s += vec_f[slot_word(l, 0u) + row];
+                s += IN_F(slot_word(l, 0u) + row);
             } else if (ph.stage == GATE_UP) {
                 out_word = slot_word(l, 4u);
             } else {
                 out_word = slot_word(l + 1u, 0u);
-                s += vec_f[slot_word(l, 3u) + row];
+                s += IN_F(slot_word(l, 3u) + row);
             }
             vec_f[out_word + row] = s;
         }
@@ -410,12 +427,12 @@ void attention_block(uint g, uint hq) {
     // This position's key, rotated, and value, both as the cache holds them.
     for (uint i = tid; i < d_head / 2u; i += WG) {
         uvec2 e = rope_pair(i);
-        vec2 r = rotate(vec2(vec_f[k_src + e.x], vec_f[k_src + e.y]), rope_cs(i));
+        vec2 r = rotate(vec2(IN_F(k_src + e.x), IN_F(k_src + e.y)), rope_cs(i));
         kc[e.x] = f16_round(r.x);
         kc[e.y] = f16_round(r.y);
     }
     for (uint i = tid; i < d_head; i += WG) {
-        vc[i] = f16_round(vec_f[v_src + i]);
+        vc[i] = f16_round(IN_F(v_src + i));
     }
     barrier();
     uint head_words = j * d_head / 2u;
@@ -430,7 +447,7 @@ void attention_block(uint g, uint hq) {
         uint q_src = qkv + hq * d_head;
         for (uint i = tid; i < d_head / 2u; i += WG) {
             uvec2 e = rope_pair(i);
-            vec2 r = rotate(vec2(vec_f[q_src + e.x], vec_f[q_src + e.y]), rope_cs(i));
+            vec2 r = rotate(vec2(IN_F(q_src + e.x), IN_F(q_src + e.y)), rope_cs(i));
             qr[e.x] = r.x;
             qr[e.y] = r.y;
         }
@@ -446,7 +463,7 @@ void attention_block(uint g, uint hq) {
             } else {
                 uint kw = key_word(l, t) + head_words;
                 for (uint d2 = 0u; d2 < d_head / 2u; d2++) {
-                    vec2 k = unpackHalf2x16(vec_u[kw + d2]);
+                    vec2 k = unpackHalf2x16(IN_U(kw + d2));
                     s += qr[2u * d2] * k.x + qr[2u * d2 + 1u] * k.y;
                 }
             }
@@ -467,7 +484,7 @@ void attention_block(uint g, uint hq) {
             float o = 0.0;
             for (uint t = 0u; t <= p.pos; t++) {
                 float v = t == p.pos ? vc[d]
-                                     : unpackHalf2x16(vec_u[value_word(l, t) + head_words + d / 2u])[d & 1u];
+                                     : unpackHalf2x16(IN_U(value_word(l, t) + head_words + d / 2u))[d & 1u];
                 o += uintBitsToFloat(xs[t]) * v;
             }
             vec_f[slot_word(l, 2u) + hq * d_head + d] = o / sum;

@@ -788,23 +788,26 @@ fn bench_persistent_decode(c: &mut Criterion) {
             }
         };
         group.throughput(Throughput::Bytes(layer));
-        for groups in [132u32, 264, 396, 528] {
-            group.bench_function(format!("Q4_K/{name}/pos128/groups{groups}"), |b| {
-                b.iter_custom(|iters| {
-                    in_runs(iters, DECODE_PROBE_MAX_LAYERS as u64, |layers| {
-                        let run = DecodeRun {
-                            shape,
-                            copies,
-                            layers: layers as usize,
-                            groups,
-                            pos: 128,
-                            kv_capacity: 256,
-                        };
-                        gpu.time_persistent_decode(handle, run)
-                            .expect("persistent_decode")
+        for (inputs, l1_inputs) in [("coherent", false), ("l1", true)] {
+            for groups in [132u32, 264, 396, 528] {
+                group.bench_function(format!("Q4_K/{name}/pos128/{inputs}/groups{groups}"), |b| {
+                    b.iter_custom(|iters| {
+                        in_runs(iters, DECODE_PROBE_MAX_LAYERS as u64, |layers| {
+                            let run = DecodeRun {
+                                l1_inputs,
+                                shape,
+                                copies,
+                                layers: layers as usize,
+                                groups,
+                                pos: 128,
+                                kv_capacity: 256,
+                            };
+                            gpu.time_persistent_decode(handle, run)
+                                .expect("persistent_decode")
+                        })
                     })
-                })
-            });
+                });
+            }
         }
         let _ = gpu.free(handle);
     }

@@ -67,6 +67,11 @@ pub const PROBE_MODULES: &[(&str, &str, &[&str])] = &[
         &["AHEAD", "L1_X", "WIDE_BLOCKS"],
     ),
     ("persistent_decode_layer", "persistent_decode_layer.comp", &[]),
+    (
+        "persistent_decode_layer_l1",
+        "persistent_decode_layer.comp",
+        &["L1_INPUTS"],
+    ),
 ];
 
 /// Arguments every glslc module is compiled with (part of the staleness hash).

@@ -25,6 +25,8 @@ const HEADER_WORDS: usize = 64;
 const MAX_IN: usize = 14336;
 /// The widest head (MAX_D).
 const MAX_HEAD_DIM: usize = 128;
+/// Slots start and end on 256-byte boundaries (words).
+const SLOT_ALIGN: usize = 64;
 /// Layers per dispatch at most.
 pub const DECODE_PROBE_MAX_LAYERS: usize = 64;
 
@@ -71,13 +73,11 @@ impl DecodeShape {
         matrices + 8 * self.n_embd
     }
 
-    /// Floats between vector slots: the longest phase output.
+    /// Floats between vector slots: the longest phase output, in whole 256
+    /// bytes (no cache line holds two slots).
     fn slot_stride(&self) -> usize {
-        self.matrices()
-            .iter()
-            .map(|&(rows, _)| rows)
-            .max()
-            .unwrap_or(0)
+        let longest = self.matrices().iter().map(|&(rows, _)| rows).max();
+        longest.unwrap_or(0).next_multiple_of(SLOT_ALIGN)
     }
 
     /// The shapes the kernel takes: widths of whole 1024-value groups up to
@@ -105,9 +105,12 @@ impl DecodeShape {
 
 /// One run of the kernel: the shape, the layer copies the weights hold, the
 /// layers to run, the workgroups, the token's position and the positions
-/// each layer's KV region holds.
+/// each layer's KV region holds, and whether its inputs (which it never
+/// reads before they are written) come through L1-cached loads
+/// (`persistent_decode_layer_l1`) or coherent ones.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct DecodeRun {
+    pub l1_inputs: bool,
     pub shape: DecodeShape,
     pub copies: usize,
     pub layers: usize,
@@ -136,9 +139,13 @@ impl DecodeRun {
     /// output, 3 x after wo, 4 gate | up; slot 0 of layer `layers` is the
     /// output.
     pub fn slot_word(&self, l: usize, k: usize) -> usize {
-        HEADER_WORDS
-            + self.layers * self.kv_capacity * self.shape.kv_dim()
-            + (5 * l + k) * self.shape.slot_stride()
+        self.slots0() + (5 * l + k) * self.shape.slot_stride()
+    }
+
+    /// The first slot's word, after the KV regions.
+    fn slots0(&self) -> usize {
+        (HEADER_WORDS + self.layers * self.kv_capacity * self.shape.kv_dim())
+            .next_multiple_of(SLOT_ALIGN)
     }
 
     fn check(&self) -> Result<()> {
@@ -185,9 +192,12 @@ impl Gpu {
                 "the decode-layer kernel needs one weight buffer".into(),
             ));
         };
-        let pipeline = self
-            .pipelines
-            .get(&self.device, "persistent_decode_layer", &[])?;
+        let module = if run.l1_inputs {
+            "persistent_decode_layer_l1"
+        } else {
+            "persistent_decode_layer"
+        };
+        let pipeline = self.pipelines.get(&self.device, module, &[])?;
         // The shader's push constants (`Layer`), in the order of Params' fields.
         let params = Params {
             n_in: s.n_embd as u32,
@@ -203,6 +213,7 @@ impl Gpu {
             part_off: run.kv_capacity as u32,
             parts: s.rope_base.to_bits(),
             split: s.neox as u32,
+            split_count_off: run.slots0() as u32,
             ..Params::default()
         };
         Ok(Dispatch {

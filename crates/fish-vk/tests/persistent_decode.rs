@@ -90,14 +90,14 @@ fn the_decode_layer_kernel_matches_a_cpu_reference() {
         groups.push(n);
     }
     for g in groups {
-        for neox in [false, true] {
-            check_decode_layers(gpu, neox, g);
+        for (neox, l1_inputs) in [(false, false), (true, false), (false, true)] {
+            check_decode_layers(gpu, neox, l1_inputs, g);
         }
     }
     assert_eq!(gpu.validation_messages(), 0);
 }
 
-fn check_decode_layers(gpu: &fish_vk::Gpu, neox: bool, groups: u32) {
+fn check_decode_layers(gpu: &fish_vk::Gpu, neox: bool, l1_inputs: bool, groups: u32) {
     let shape = DecodeShape {
         n_embd: 1024,
         n_ff: 2048,
@@ -109,6 +109,7 @@ fn check_decode_layers(gpu: &fish_vk::Gpu, neox: bool, groups: u32) {
         eps: 1e-5,
     };
     let run = DecodeRun {
+        l1_inputs,
         shape,
         copies: 2,
         layers: 3,
@@ -269,7 +270,7 @@ fn check_decode_layers(gpu: &fish_vk::Gpu, neox: bool, groups: u32) {
                 // a staged value the other way.
                 assert!(
                     (g - w).abs() <= 2e-3 * peak,
-                    "groups={groups} neox={neox} layer {l} {}: [{i}] {g} against {w} (peak {peak})",
+                    "groups={groups} neox={neox} l1={l1_inputs} layer {l} {}: [{i}] {g} against {w} (peak {peak})",
                     names[k]
                 );
             }
