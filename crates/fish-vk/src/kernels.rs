@@ -703,59 +703,14 @@ impl Gpu {
             Some(bytes) => staging.write(&self.allocator, 0, bytes)?,
             None => staging.write_f32(&self.allocator, 0, x)?,
         }
-        let (stage, x_dev, y_dev, readback) = scratch_handles(&exec);
-        let split = split_handle(&exec);
-        let pool = self.descriptor_pool(dispatches.len())?;
-        let result = self
-            .bind_sets(pool, &dispatches, &exec, x_bytes, y_bytes)
-            .and_then(|sets| {
-                self.submit_and_wait(&exec, |cmd| unsafe {
-                    let d = &self.device;
-                    d.cmd_copy_buffer(
-                        cmd,
-                        stage,
-                        x_dev,
-                        &[vk::BufferCopy {
-                            src_offset: 0,
-                            dst_offset: 0,
-                            size: x_bytes,
-                        }],
-                    );
-                    d.cmd_fill_buffer(cmd, split, 0, need.counter_bytes, 0);
-                    barrier(
-                        d,
-                        cmd,
-                        vk::PipelineStageFlags::TRANSFER,
-                        vk::PipelineStageFlags::COMPUTE_SHADER,
-                    );
-                    self.record_dispatches(cmd, &dispatches, &sets);
-                    barrier(
-                        d,
-                        cmd,
-                        vk::PipelineStageFlags::COMPUTE_SHADER,
-                        vk::PipelineStageFlags::TRANSFER,
-                    );
-                    d.cmd_copy_buffer(
-                        cmd,
-                        y_dev,
-                        readback,
-                        &[vk::BufferCopy {
-                            src_offset: 0,
-                            dst_offset: 0,
-                            size: y_bytes,
-                        }],
-                    );
-                    barrier(
-                        d,
-                        cmd,
-                        vk::PipelineStageFlags::TRANSFER,
-                        vk::PipelineStageFlags::HOST,
-                    );
-                })
-            });
-        // SAFETY: the submission finished (or never started); the pool is unused.
-        unsafe { self.device.destroy_descriptor_pool(pool, None) };
-        result?;
+        let (_, _, y_dev, _) = scratch_handles(&exec);
+        self.submit_with_copies(
+            &exec,
+            &dispatches,
+            (x_bytes, y_bytes),
+            need,
+            (y_dev, y_bytes),
+        )?;
         let all =
             exec.readback
                 .as_ref()
@@ -852,6 +807,23 @@ impl Gpu {
         time
     }
 
+    /// GPU time of one run of `dispatch` on a zeroed scratch x of `x_bytes`
+    /// (the probes that keep their vectors and counters in x).
+    pub(crate) fn time_one_on_zeroed_x(
+        &self,
+        dispatch: Dispatch,
+        x_bytes: u64,
+    ) -> Result<Duration> {
+        self.time_dispatches(
+            &[dispatch],
+            x_bytes,
+            16,
+            ScratchNeed::NONE,
+            1,
+            DispatchSync::None,
+        )
+    }
+
     /// GPU time of `dispatches` recorded `repeats` times in one submit,
     /// separated as `sync` says, on the scratch x (zeroed first, `x_bytes`)
     /// and y (`y_bytes`). Timestamp queries where the queue has them, else
@@ -939,31 +911,35 @@ impl Gpu {
         }
     }
 
-    /// Runs `dispatches` once, without barriers between them, on `x` copied
-    /// into the x scratch, and returns the x scratch afterwards: for probes
-    /// that write their results into the buffer they read
-    /// (shaders/persistent_layer_probe.comp).
-    pub(crate) fn run_in_place(&self, dispatches: &[Dispatch], x: &[f32]) -> Result<Vec<f32>> {
-        let bytes = (x.len() * 4) as u64;
-        let mut exec = self.lock_exec();
-        self.prepare_scratch(&mut exec, bytes, bytes, ScratchNeed::NONE)?;
-        exec.staging
-            .as_mut()
-            .expect("prepared")
-            .write_f32(&self.allocator, 0, x)?;
-        let (stage, x_dev, _, readback) = scratch_handles(&exec);
-        let whole = [vk::BufferCopy {
-            src_offset: 0,
-            dst_offset: 0,
-            size: bytes,
-        }];
+    /// One submission around `dispatches` (recorded without barriers
+    /// between them, on the scratch x and y of `x_bytes`, `y_bytes`): the
+    /// staging copied into x and the split counters zeroed first, then
+    /// `out_bytes` of `out` copied into the readback buffer for the host.
+    fn submit_with_copies(
+        &self,
+        exec: &Exec,
+        dispatches: &[Dispatch],
+        (x_bytes, y_bytes): (u64, u64),
+        need: ScratchNeed,
+        (out, out_bytes): (vk::Buffer, u64),
+    ) -> Result<()> {
+        let (stage, x_dev, _, readback) = scratch_handles(exec);
+        let split = split_handle(exec);
+        let copy = |size| {
+            [vk::BufferCopy {
+                src_offset: 0,
+                dst_offset: 0,
+                size,
+            }]
+        };
         let pool = self.descriptor_pool(dispatches.len())?;
         let result = self
-            .bind_sets(pool, dispatches, &exec, bytes, bytes)
+            .bind_sets(pool, dispatches, exec, x_bytes, y_bytes)
             .and_then(|sets| {
-                self.submit_and_wait(&exec, |cmd| unsafe {
+                self.submit_and_wait(exec, |cmd| unsafe {
                     let d = &self.device;
-                    d.cmd_copy_buffer(cmd, stage, x_dev, &whole);
+                    d.cmd_copy_buffer(cmd, stage, x_dev, &copy(x_bytes));
+                    d.cmd_fill_buffer(cmd, split, 0, need.counter_bytes, 0);
                     barrier(
                         d,
                         cmd,
@@ -977,7 +953,7 @@ impl Gpu {
                         vk::PipelineStageFlags::COMPUTE_SHADER,
                         vk::PipelineStageFlags::TRANSFER,
                     );
-                    d.cmd_copy_buffer(cmd, x_dev, readback, &whole);
+                    d.cmd_copy_buffer(cmd, out, readback, &copy(out_bytes));
                     barrier(
                         d,
                         cmd,
@@ -988,7 +964,29 @@ impl Gpu {
             });
         // SAFETY: the submission finished (or never started); the pool is unused.
         unsafe { self.device.destroy_descriptor_pool(pool, None) };
-        result?;
+        result
+    }
+
+    /// Runs `dispatches` once, without barriers between them, on `x` copied
+    /// into the x scratch, and returns the x scratch afterwards: for probes
+    /// that write their results into the buffer they read
+    /// (shaders/persistent_layer_probe.comp).
+    pub(crate) fn run_in_place(&self, dispatches: &[Dispatch], x: &[f32]) -> Result<Vec<f32>> {
+        let bytes = (x.len() * 4) as u64;
+        let mut exec = self.lock_exec();
+        self.prepare_scratch(&mut exec, bytes, bytes, ScratchNeed::NONE)?;
+        exec.staging
+            .as_mut()
+            .expect("prepared")
+            .write_f32(&self.allocator, 0, x)?;
+        let (_, x_dev, _, _) = scratch_handles(&exec);
+        self.submit_with_copies(
+            &exec,
+            dispatches,
+            (bytes, bytes),
+            ScratchNeed::NONE,
+            (x_dev, bytes),
+        )?;
         exec.readback
             .as_ref()
             .expect("prepared")

@@ -10,9 +10,8 @@
 
 use crate::error::{Result, VkError};
 use crate::gpu::Gpu;
-use crate::kernels::{Dispatch, DispatchSync, Kernel};
+use crate::kernels::{Dispatch, Kernel};
 use crate::pipeline::Params;
-use crate::split_k::ScratchNeed;
 use crate::upload::TensorHandle;
 use crate::weight_format::WeightFormat;
 use fish_gguf::GgmlType;
@@ -230,15 +229,7 @@ impl Gpu {
     /// wait lasts until it gives up, so only the time says so.
     pub fn time_persistent_decode(&self, handle: TensorHandle, run: DecodeRun) -> Result<Duration> {
         let dispatch = self.decode_dispatch(handle, run)?;
-        let bytes = (run.buffer_words() * 4) as u64;
-        self.time_dispatches(
-            &[dispatch],
-            bytes,
-            16,
-            ScratchNeed::NONE,
-            1,
-            DispatchSync::None,
-        )
+        self.time_one_on_zeroed_x(dispatch, (run.buffer_words() * 4) as u64)
     }
 
     /// Runs one step on `buffer` (`run.buffer_words()` words: the input x in

@@ -9,9 +9,8 @@
 
 use crate::error::{Result, VkError};
 use crate::gpu::Gpu;
-use crate::kernels::{Dispatch, DispatchSync, Kernel};
+use crate::kernels::{Dispatch, Kernel};
 use crate::pipeline::Params;
-use crate::split_k::ScratchNeed;
 use crate::upload::TensorHandle;
 use crate::weight_format::WeightFormat;
 use fish_gguf::GgmlType;
@@ -184,15 +183,7 @@ impl Gpu {
     /// so only the time says so.
     pub fn time_persistent_layers(&self, handle: TensorHandle, run: LayerRun) -> Result<Duration> {
         let dispatch = self.layer_probe_dispatch(handle, run)?;
-        let bytes = (run.shape.vector_floats(run.layers) * 4) as u64;
-        self.time_dispatches(
-            &[dispatch],
-            bytes,
-            16,
-            ScratchNeed::NONE,
-            1,
-            DispatchSync::None,
-        )
+        self.time_one_on_zeroed_x(dispatch, (run.shape.vector_floats(run.layers) * 4) as u64)
     }
 
     /// Runs the probe once on `input` (n_embd values) and returns its vector
