@@ -90,11 +90,15 @@ layout(std430, binding = 1) coherent buffer VecsU { uint vec_u[]; };
 #if defined(L1_INPUTS)
 layout(std430, binding = 1) readonly buffer VecsR { float vec_rf[]; };
 layout(std430, binding = 1) readonly buffer VecsRU { uint vec_ru[]; };
+layout(std430, binding = 1) readonly buffer VecsRU4 { uvec4 vec_ru4[]; };
 #define IN_F(i) vec_rf[i]
 #define IN_U(i) vec_ru[i]
+#define IN_U4(i) vec_ru4[i]
 #else
+layout(std430, binding = 1) coherent buffer VecsU4 { uvec4 vec_u4[]; };
 #define IN_F(i) vec_f[i]
 #define IN_U(i) vec_u[i]
+#define IN_U4(i) vec_u4[i]
 #endif
 layout(std430, binding = 1) volatile coherent buffer Arrivals { uint arrivals[]; };
 
@@ -115,6 +119,8 @@ shared float reduce_parts[WG];
 shared float kc[MAX_D];
 shared float vc[MAX_D];
 shared float qr[MAX_D];
+// The weighted values' partial sums: two per thread.
+shared float out_parts[2u * WG];
 // The staged input's scale (the norm's factor, or 1).
 shared float stage_scale;
 
@@ -453,6 +459,9 @@ void attention_block(uint g, uint hq) {
         }
         barrier();
         // Scores of positions tid, tid + WG, ... into xs (as float bits).
+        // A cached key is read as 16-byte words, four issued together, so
+        // that a thread has several loads in flight (a loop of dependent
+        // loads would wait one memory latency per word).
         float m = -3.0e38;
         for (uint t = tid; t <= p.pos; t += WG) {
             float s = 0.0;
@@ -461,10 +470,19 @@ void attention_block(uint g, uint hq) {
                     s += qr[d] * kc[d];
                 }
             } else {
-                uint kw = key_word(l, t) + head_words;
-                for (uint d2 = 0u; d2 < d_head / 2u; d2++) {
-                    vec2 k = unpackHalf2x16(IN_U(kw + d2));
-                    s += qr[2u * d2] * k.x + qr[2u * d2 + 1u] * k.y;
+                uint kw4 = (key_word(l, t) + head_words) / 4u;
+                for (uint c = 0u; c < d_head / 8u; c += 4u) {
+                    uvec4 k4[4];
+                    for (uint u = 0u; u < 4u; u++) {
+                        k4[u] = IN_U4(kw4 + min(c + u, d_head / 8u - 1u));
+                    }
+                    for (uint u = 0u; u < 4u && c + u < d_head / 8u; u++) {
+                        uint d0 = 8u * (c + u);
+                        for (uint q = 0u; q < 4u; q++) {
+                            vec2 k = unpackHalf2x16(k4[u][q]);
+                            s += qr[d0 + 2u * q] * k.x + qr[d0 + 2u * q + 1u] * k.y;
+                        }
+                    }
                 }
             }
             s *= inv_sqrt;
@@ -480,14 +498,39 @@ void attention_block(uint g, uint hq) {
         }
         // Its barriers also make every weight in xs visible.
         sum = workgroup_sum(sum);
-        for (uint d = tid; d < d_head; d += WG) {
-            float o = 0.0;
-            for (uint t = 0u; t <= p.pos; t++) {
-                float v = t == p.pos ? vc[d]
-                                     : unpackHalf2x16(IN_U(value_word(l, t) + head_words + d / 2u))[d & 1u];
-                o += uintBitsToFloat(xs[t]) * v;
+        // The weighted values: each thread owns one word (two dimensions)
+        // and every sets-th cached position, eight loads issued together;
+        // the sets' sums meet in shared memory, and this position's value
+        // (not yet readable from the cache by other workgroups) is added
+        // from vc.
+        uint words = d_head / 2u;
+        uint sets = WG / words;
+        uint word = tid % words;
+        uint set = tid / words;
+        vec2 o = vec2(0.0);
+        if (set < sets) {
+            uint vw = value_word(l, 0u) + head_words + word;
+            uint row_words = kv_dim() / 2u;
+            for (uint t0 = set; t0 < p.pos; t0 += 8u * sets) {
+                uint v8[8];
+                for (uint u = 0u; u < 8u; u++) {
+                    uint t = min(t0 + u * sets, p.pos - 1u);
+                    v8[u] = IN_U(vw + t * row_words);
+                }
+                for (uint u = 0u; u < 8u && t0 + u * sets < p.pos; u++) {
+                    o += uintBitsToFloat(xs[t0 + u * sets]) * unpackHalf2x16(v8[u]);
+                }
             }
-            vec_f[slot_word(l, 2u) + hq * d_head + d] = o / sum;
+        }
+        out_parts[2u * tid] = o.x;
+        out_parts[2u * tid + 1u] = o.y;
+        barrier();
+        for (uint d = tid; d < d_head; d += WG) {
+            float total = uintBitsToFloat(xs[p.pos]) * vc[d];
+            for (uint k = 0u; k < sets; k++) {
+                total += out_parts[2u * (k * words + d / 2u) + (d & 1u)];
+            }
+            vec_f[slot_word(l, 2u) + hq * d_head + d] = total / sum;
         }
         // xs, qr, kc and vc serve the workgroup's next block.
         barrier();

@@ -81,7 +81,7 @@ impl DecodeShape {
 
     /// The shapes the kernel takes: widths of whole 1024-value groups up to
     /// MAX_IN (as the layer probe), attention as wide as the n_embd, heads
-    /// of an even width up to MAX_HEAD_DIM, whole query groups.
+    /// of a multiple of 8 values up to MAX_HEAD_DIM, whole query groups.
     fn check(&self) -> Result<()> {
         let width = |n: usize| n >= 1024 && n.is_multiple_of(1024) && n <= MAX_IN;
         let ok = width(self.n_embd)
@@ -89,7 +89,7 @@ impl DecodeShape {
             && self.n_kv_heads > 0
             && self.n_head.is_multiple_of(self.n_kv_heads)
             && self.n_head < 1 << 16
-            && self.head_dim.is_multiple_of(2)
+            && self.head_dim.is_multiple_of(8)
             && (2..=MAX_HEAD_DIM).contains(&self.head_dim)
             && self.n_head * self.head_dim == self.n_embd;
         if ok {

@@ -114,8 +114,9 @@ fn check_decode_layers(gpu: &fish_vk::Gpu, neox: bool, l1_inputs: bool, groups: 
         copies: 2,
         layers: 3,
         groups,
-        pos: 5,
-        kv_capacity: 8,
+        // Enough cached positions for several rounds of the value loads.
+        pos: 37,
+        kv_capacity: 40,
     };
     let (e, f, d, kvd) = (shape.n_embd, shape.n_ff, shape.head_dim, shape.kv_dim());
 
@@ -300,7 +301,7 @@ fn check_decode_layers(gpu: &fish_vk::Gpu, neox: bool, l1_inputs: bool, groups: 
 
     // A position past the KV capacity, or a shape it does not hold, is refused.
     assert!(gpu
-        .run_persistent_decode(handle, DecodeRun { pos: 8, ..run }, &buffer)
+        .run_persistent_decode(handle, DecodeRun { pos: 40, ..run }, &buffer)
         .is_err());
     let odd = DecodeShape {
         head_dim: 96,
