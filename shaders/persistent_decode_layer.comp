@@ -16,10 +16,10 @@
 //     copy for that position), softmax(q k / sqrt(head_dim)) over positions
 //     0..p.pos, the weighted values into slot 2;
 //   2 wo: slot 1 of the layer (x) plus wo times slot 2, into slot 3;
-//   3 gate/up: feed-forward norm of slot 3 in the staging, gate | up (2 n_ff
-//     rows) into slot 4;
-//   4 down: SiLU(gate) * up formed in the staging, slot 3 plus down times
-//     it, into slot 0 of the next layer.
+//   3 gate/up: feed-forward norm of slot 3 in the staging, gate and up rows
+//     alternating (2 n_ff rows), SiLU(gate) * up of each pair into slot 4
+//     (n_ff values);
+//   4 down: slot 3 plus down times slot 4, into slot 0 of the next layer.
 // Every slot is written once per dispatch (fresh addresses, so the inputs
 // could come through L1; here they are read coherently).
 //
@@ -115,6 +115,9 @@ const uint DOWN = 4u;
 
 shared uint xs[MAX_IN / 2u];
 shared float partial[WG * MAXU / 4u];
+// A gate/up block's row sums (rows per block: at most WG / 32 * MAXU for
+// rows of 1024 values or more).
+shared float row_sums[WG * MAXU / 32u];
 shared float reduce_parts[WG];
 shared float kc[MAX_D];
 shared float vc[MAX_D];
@@ -288,7 +291,8 @@ float silu(float v) {
 
 // Stages phase g's input into xs (f16 pairs) and its scale into
 // stage_scale: q/k/v and gate/up the normed x (x * norm weight, the norm's
-// factor as the scale), wo the attention output, down SiLU(gate) * up.
+// factor as the scale), wo the attention output, down the gate/up phase's
+// SiLU(gate) * up.
 void stage_input(uint g) {
     Phase ph = phase_of(g);
     uint l = g / 5u;
@@ -312,9 +316,6 @@ void stage_input(uint g) {
         if (normed) {
             sumsq += dot(v, v);
             v *= vec2(uintBitsToFloat(w[norm_word + 2u * i]), uintBitsToFloat(w[norm_word + 2u * i + 1u]));
-        } else if (ph.stage == DOWN) {
-            vec2 up = vec2(IN_F(src + p.n_ff + 2u * i), IN_F(src + p.n_ff + 2u * i + 1u));
-            v = vec2(silu(v.x), silu(v.y)) * up;
         }
         xs[i] = packHalf2x16(v);
     }
@@ -381,20 +382,23 @@ void sum_block(Unit un[MAXU], uint g, uint b) {
                 s += partial[tid * per_row + j];
             }
             s *= stage_scale;
-            uint out_word;
             if (ph.stage == QKV) {
-                out_word = slot_word(l, 1u);
+                vec_f[slot_word(l, 1u) + row] = s;
             } else if (ph.stage == WO) {
-                out_word = slot_word(l, 3u);
-                s += IN_F(slot_word(l, 0u) + row);
+                vec_f[slot_word(l, 3u) + row] = s + IN_F(slot_word(l, 0u) + row);
             } else if (ph.stage == GATE_UP) {
-                out_word = slot_word(l, 4u);
+                row_sums[tid] = s;
             } else {
-                out_word = slot_word(l + 1u, 0u);
-                s += IN_F(slot_word(l, 3u) + row);
+                vec_f[slot_word(l + 1u, 0u) + row] = s + IN_F(slot_word(l, 3u) + row);
             }
-            vec_f[out_word + row] = s;
         }
+    }
+    barrier();
+    // Gate and up rows alternate, and a block holds whole pairs (an even
+    // number of rows): SiLU(gate) * up of each pair, once, for down.
+    if (ph.stage == GATE_UP && tid < c.rb / 2u && b * c.rb + 2u * tid < ph.rows) {
+        float gate = row_sums[2u * tid];
+        vec_f[slot_word(l, 4u) + b * c.rb / 2u + tid] = silu(gate) * row_sums[2u * tid + 1u];
     }
     barrier();
 }

@@ -22,6 +22,8 @@ const Q4_K_BLOCK_BYTES: usize = 144;
 const HEADER_WORDS: usize = 64;
 /// The longest staged input and the most positions (MAX_IN in the shader).
 const MAX_IN: usize = 14336;
+/// The widest n_embd: a gate/up block then holds whole gate-up pairs.
+const MAX_EMBD: usize = 8192;
 /// The widest head (MAX_D).
 const MAX_HEAD_DIM: usize = 128;
 /// Slots start and end on 256-byte boundaries (words).
@@ -49,8 +51,8 @@ impl DecodeShape {
     }
 
     /// Rows and input length of the q/k/v, wo, gate/up and down matrices of
-    /// a layer copy, in their order in it (gate/up: the gate rows, then the
-    /// up rows).
+    /// a layer copy, in their order in it (gate/up: gate and up rows
+    /// alternating, row 2i gate i and row 2i + 1 up i).
     pub fn matrices(&self) -> [(usize, usize); 4] {
         let e = self.n_embd;
         [
@@ -80,11 +82,13 @@ impl DecodeShape {
     }
 
     /// The shapes the kernel takes: widths of whole 1024-value groups up to
-    /// MAX_IN (as the layer probe), attention as wide as the n_embd, heads
+    /// MAX_IN (as the layer probe), n_embd up to MAX_EMBD, attention as wide
+    /// as the n_embd, heads
     /// of a multiple of 8 values up to MAX_HEAD_DIM, whole query groups.
     fn check(&self) -> Result<()> {
         let width = |n: usize| n >= 1024 && n.is_multiple_of(1024) && n <= MAX_IN;
         let ok = width(self.n_embd)
+            && self.n_embd <= MAX_EMBD
             && width(self.n_ff)
             && self.n_kv_heads > 0
             && self.n_head.is_multiple_of(self.n_kv_heads)

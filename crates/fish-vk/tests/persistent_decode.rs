@@ -1,7 +1,8 @@
 //! The decode-layer kernel (shaders/persistent_decode_layer.comp) against a
 //! CPU reference of the same llama layers: every vector of every phase
-//! (q/k/v, attention, x after wo, gate/up, x after down) and the key and
-//! value it stores, over two layers with keys and values already cached.
+//! (q/k/v, attention, x after wo, SiLU(gate) * up, x after down) and the
+//! key and value it stores, over three layers (two weight copies) with 37
+//! positions already cached.
 //! One workgroup, so that it runs where workgroups run one after another;
 //! its blocks then cover every row of every phase. On a device that keeps
 //! many workgroups resident, FISH_TEST_PERSISTENT_GROUPS=N checks N of them
@@ -178,7 +179,7 @@ fn check_decode_layers(gpu: &fish_vk::Gpu, neox: bool, l1_inputs: bool, groups: 
     }
 
     // The CPU reference, every phase's vector kept: per layer (q/k/v,
-    // attention, x after wo, gate/up, x after down).
+    // attention, x after wo, SiLU(gate) * up, x after down).
     let mut expected: Vec<[Vec<f32>; 5]> = Vec::new();
     let mut x = x0.clone();
     for l in 0..run.layers {
@@ -232,18 +233,21 @@ fn check_decode_layers(gpu: &fish_vk::Gpu, neox: bool, l1_inputs: bool, groups: 
             .iter()
             .map(|&v| (v * scale2) as f32)
             .collect();
-        let h: Vec<f32> = (0..f)
+        // Gate and up rows alternate; the kernel stores the products in
+        // f32 and stages them in f16.
+        let prods: Vec<f32> = (0..f)
             .map(|i| {
-                let g = gu[i] as f64;
-                f16r((g / (1.0 + (-g).exp()) * gu[f + i] as f64) as f32)
+                let g = gu[2 * i] as f64;
+                (g / (1.0 + (-g).exp()) * gu[2 * i + 1] as f64) as f32
             })
             .collect();
+        let h: Vec<f32> = prods.iter().map(|&v| f16r(v)).collect();
         let out: Vec<f32> = matvec(&layer.mats[3], &h)
             .iter()
             .zip(&mid)
             .map(|(&o, &r)| (r as f64 + o) as f32)
             .collect();
-        expected.push([qkv, attn, mid, gu, out.clone()]);
+        expected.push([qkv, attn, mid, prods, out.clone()]);
         x = out;
     }
 
