@@ -40,6 +40,7 @@
 #extension GL_GOOGLE_include_directive : require
 #extension GL_KHR_shader_subgroup_arithmetic : require
 #extension GL_KHR_shader_subgroup_basic : require
+#extension GL_KHR_memory_scope_semantics : require
 
 #define TYPE_Q4_K
 layout(local_size_x = 128) in;
@@ -541,29 +542,34 @@ void attention_block(uint g, uint hq) {
     }
 }
 
-// Phase g is done here: every store of it before the arrival.
+// Phase g is done here: the workgroup's stores of it are made available
+// at device scope (the control barrier's release), then its one arrival is
+// counted (a release of its own).
 void arrive() {
+    controlBarrier(gl_ScopeWorkgroup, gl_ScopeDevice, gl_StorageSemanticsBuffer,
+        gl_SemanticsAcquireRelease);
     if (gl_LocalInvocationID.x == 0u) {
-        memoryBarrierBuffer();
-        atomicAdd(arrivals[0], 1u);
+        atomicAdd(arrivals[0], 1u, gl_ScopeDevice, gl_StorageSemanticsBuffer, gl_SemanticsRelease);
     }
 }
 
-// Waits until every workgroup has arrived after phase g - 1; a wait that
+// Waits until every workgroup has arrived after phase g - 1 (an acquire
+// that the control barrier passes on to the whole workgroup); a wait that
 // gives up raises the failure word.
 void wait_for(uint g) {
     if (gl_LocalInvocationID.x == 0u) {
         uint target = g * p.groups_x;
         uint spins = 0u;
-        while (arrivals[0] < target && spins < SPIN_LIMIT) {
+        while (atomicLoad(arrivals[0], gl_ScopeDevice, gl_StorageSemanticsBuffer, gl_SemanticsAcquire) < target
+            && spins < SPIN_LIMIT) {
             spins++;
         }
         if (spins == SPIN_LIMIT) {
             arrivals[1] = 1u;
         }
-        memoryBarrierBuffer();
     }
-    barrier();
+    controlBarrier(gl_ScopeWorkgroup, gl_ScopeDevice, gl_StorageSemanticsBuffer,
+        gl_SemanticsAcquireRelease);
 }
 
 void main() {
