@@ -745,9 +745,10 @@ fn bench_persistent_layer(c: &mut Criterion) {
     group.finish();
 }
 
-/// Whole llama decode layers of one token at position 128 in one dispatch
-/// (shaders/persistent_decode_layer.comp: norms, q/k/v, RoPE, the f16 KV
-/// store, attention, wo, gate/up, SiLU, down, residuals; Q4_K weights), one
+/// Whole llama decode layers of one token at position 64 (the mean of
+/// tg128) in one dispatch (shaders/persistent_decode_layer.comp: norms,
+/// q/k/v, RoPE, the f16 KV store, attention, wo, gate/up, SiLU, down,
+/// residuals; Q4_K weights), one
 /// criterion iteration per layer, throughput in the layer's weight bytes:
 /// compare with a span's decode step per layer (`FISH_GPU_PROFILE=3
 /// fish-cli bench MODEL -p 0 -n 128`). Meaningless on devices that do not
@@ -790,7 +791,7 @@ fn bench_persistent_decode(c: &mut Criterion) {
         group.throughput(Throughput::Bytes(layer));
         for (inputs, l1_inputs) in [("coherent", false), ("l1", true)] {
             for groups in [132u32, 264, 396, 528] {
-                group.bench_function(format!("Q4_K/{name}/pos128/{inputs}/groups{groups}"), |b| {
+                group.bench_function(format!("Q4_K/{name}/pos64/{inputs}/groups{groups}"), |b| {
                     b.iter_custom(|iters| {
                         in_runs(iters, DECODE_PROBE_MAX_LAYERS as u64, |layers| {
                             let run = DecodeRun {
@@ -799,7 +800,7 @@ fn bench_persistent_decode(c: &mut Criterion) {
                                 copies,
                                 layers: layers as usize,
                                 groups,
-                                pos: 128,
+                                pos: 64,
                                 kv_capacity: 256,
                             };
                             gpu.time_persistent_decode(handle, run)
