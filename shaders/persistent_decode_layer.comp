@@ -47,7 +47,8 @@ layout(local_size_x = 128) in;
 const uint WG = 128u;
 // Units per invocation and block.
 const uint MAXU = 4u;
-// The longest staged input (llama-8b's n_ff) and the most positions.
+// The longest staged input (llama-8b's n_ff); the scores of at most
+// MAX_IN / 2 positions share its shared memory.
 const uint MAX_IN = 14336u;
 // The widest head.
 const uint MAX_D = 128u;

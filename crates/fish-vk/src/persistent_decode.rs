@@ -20,8 +20,11 @@ use std::time::Duration;
 const Q4_K_BLOCK_BYTES: usize = 144;
 /// Words before the KV region (the arrival counter, the failure word).
 const HEADER_WORDS: usize = 64;
-/// The longest staged input and the most positions (MAX_IN in the shader).
+/// The longest staged input (MAX_IN in the shader).
 const MAX_IN: usize = 14336;
+/// Positions attended at most: the scores share the staged input's shared
+/// memory (MAX_IN / 2 words).
+const MAX_POSITIONS: usize = MAX_IN / 2;
 /// The widest n_embd: a gate/up block then holds whole gate-up pairs.
 const MAX_EMBD: usize = 8192;
 /// The widest head (MAX_D).
@@ -153,17 +156,18 @@ impl DecodeRun {
 
     fn check(&self) -> Result<()> {
         self.shape.check()?;
+        // The capacity first: buffer_words multiplies by it.
         if self.layers == 0
             || self.layers > DECODE_PROBE_MAX_LAYERS
             || self.groups == 0
             || self.copies == 0
+            || self.kv_capacity > MAX_POSITIONS
             || self.pos >= self.kv_capacity
-            || self.pos >= MAX_IN
             || self.buffer_words() > u32::MAX as usize / 4
         {
             return Err(VkError::Input(format!(
                 "the decode-layer kernel runs 1..={DECODE_PROBE_MAX_LAYERS} layers at a \
-                 position below the KV capacity and {MAX_IN} ({self:?})"
+                 position below a KV capacity of at most {MAX_POSITIONS} ({self:?})"
             )));
         }
         Ok(())
@@ -174,7 +178,7 @@ impl Gpu {
     fn decode_dispatch(&self, handle: TensorHandle, run: DecodeRun) -> Result<Dispatch> {
         run.check()?;
         let s = run.shape;
-        let total = run.copies * s.copy_bytes();
+        let total = run.copies.checked_mul(s.copy_bytes()).unwrap_or(usize::MAX);
         if handle.ty() != WeightFormat::Ggml(GgmlType::Q4_K)
             || handle.n_in() != 256
             || handle.n_out() * Q4_K_BLOCK_BYTES < total

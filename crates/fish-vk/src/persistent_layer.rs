@@ -133,7 +133,9 @@ impl Gpu {
             groups,
         } = run;
         shape.check()?;
-        let total = copies * shape.layer_bytes();
+        let total = copies
+            .checked_mul(shape.layer_bytes())
+            .unwrap_or(usize::MAX);
         if handle.ty() != WeightFormat::Ggml(GgmlType::Q4_K)
             || handle.n_in() != 256
             || copies == 0
