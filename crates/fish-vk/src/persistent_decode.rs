@@ -178,7 +178,7 @@ impl Gpu {
     fn decode_dispatch(&self, handle: TensorHandle, run: DecodeRun) -> Result<Dispatch> {
         run.check()?;
         let s = run.shape;
-        let total = run.copies.checked_mul(s.copy_bytes()).unwrap_or(usize::MAX);
+        let total = run.copies.saturating_mul(s.copy_bytes());
         if handle.ty() != WeightFormat::Ggml(GgmlType::Q4_K)
             || handle.n_in() != 256
             || handle.n_out() * Q4_K_BLOCK_BYTES < total

@@ -133,9 +133,7 @@ impl Gpu {
             groups,
         } = run;
         shape.check()?;
-        let total = copies
-            .checked_mul(shape.layer_bytes())
-            .unwrap_or(usize::MAX);
+        let total = copies.saturating_mul(shape.layer_bytes());
         if handle.ty() != WeightFormat::Ggml(GgmlType::Q4_K)
             || handle.n_in() != 256
             || copies == 0
