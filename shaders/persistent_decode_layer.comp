@@ -75,6 +75,10 @@ layout(push_constant) uniform Layer {
     // First word of the vector slots (after the KV regions, on a 256-byte
     // boundary, as is every slot: no cache line holds two slots).
     uint slots0;
+    // The phases this dispatch runs: first | end << 16 (0: all of them). A
+    // step recorded as one dispatch per phase, with pipeline barriers
+    // between them, runs the same code without grid-wide barriers.
+    uint phase_range;
 } p;
 
 layout(std430, binding = 0) readonly buffer Weights { uint w[]; };
@@ -250,9 +254,18 @@ void load_block(out Unit un[MAXU], uint g, uint b) {
     }
 }
 
+// The phases this dispatch runs: [first_phase(), end_phase()).
+uint first_phase() {
+    return p.phase_range & 0xFFFFu;
+}
+uint end_phase() {
+    uint end = p.phase_range >> 16;
+    return end == 0u ? 5u * p.layers : end;
+}
+
 void next_item(inout uint g, inout uint b) {
     b += p.groups_x;
-    while (g < 5u * p.layers && b >= blocks_of(g)) {
+    while (g < end_phase() && b >= blocks_of(g)) {
         g += 1u;
         b = gl_WorkGroupID.x;
     }
@@ -554,9 +567,11 @@ void arrive() {
     }
 }
 
-// Waits until every workgroup has arrived after phase g - 1 (an acquire
-// that the control barrier passes on to the whole workgroup); a wait that
-// gives up raises the failure word.
+// Waits until every workgroup has arrived g times, after this dispatch's
+// phase g - 1 (an acquire that the control barrier passes on to the whole
+// workgroup; the counter starts at zero in each submission, so a dispatch
+// of several phases comes first in it); a wait that gives up raises the
+// failure word.
 void wait_for(uint g) {
     if (gl_LocalInvocationID.x == 0u) {
         uint target = g * p.groups_x;
@@ -574,11 +589,12 @@ void wait_for(uint g) {
 }
 
 void main() {
-    uint phases = 5u * p.layers;
+    uint first = first_phase();
+    uint phases = end_phase();
     // This workgroup's first item.
-    uint g = 0u;
+    uint g = first;
     uint b = gl_WorkGroupID.x;
-    if (b >= blocks_of(0u)) {
+    if (b >= blocks_of(first)) {
         b -= p.groups_x;
         next_item(g, b);
     }
@@ -586,9 +602,9 @@ void main() {
     if (g < phases) {
         load_block(cur, g, b);
     }
-    for (uint ph = 0u; ph < phases; ph++) {
-        if (ph > 0u) {
-            wait_for(ph);
+    for (uint ph = first; ph < phases; ph++) {
+        if (ph > first) {
+            wait_for(ph - first);
         }
         bool matvec = ph % 5u != ATTN;
         if (g == ph && matvec) {

@@ -789,12 +789,21 @@ fn bench_persistent_decode(c: &mut Criterion) {
             }
         };
         group.throughput(Throughput::Bytes(layer));
-        for (inputs, l1_inputs) in [("coherent", false), ("l1", true)] {
+        // One dispatch per step, or one per phase with pipeline barriers
+        // (the same code, dependent dispatches as spans record them).
+        let variants = [
+            ("coherent", false, false),
+            ("l1", true, false),
+            ("l1/per_phase", true, true),
+        ];
+        for (inputs, l1_inputs, per_phase) in variants {
             for groups in [132u32, 264, 396, 528] {
-                group.bench_function(format!("Q4_K/{name}/pos64/{inputs}/groups{groups}"), |b| {
+                let id = format!("Q4_K/{name}/pos64/{inputs}/groups{groups}");
+                group.bench_function(id, |b| {
                     b.iter_custom(|iters| {
                         in_runs(iters, DECODE_PROBE_MAX_LAYERS as u64, |layers| {
                             let run = DecodeRun {
+                                per_phase,
                                 l1_inputs,
                                 shape,
                                 copies,

@@ -706,7 +706,7 @@ impl Gpu {
         let (_, _, y_dev, _) = scratch_handles(&exec);
         self.submit_with_copies(
             &exec,
-            &dispatches,
+            (&dispatches, DispatchSync::None),
             (x_bytes, y_bytes),
             need,
             (y_dev, y_bytes),
@@ -807,21 +807,16 @@ impl Gpu {
         time
     }
 
-    /// GPU time of one run of `dispatch` on a zeroed scratch x of `x_bytes`
-    /// (the probes that keep their vectors and counters in x).
-    pub(crate) fn time_one_on_zeroed_x(
+    /// GPU time of one run of `dispatches` (separated as `sync` says) on a
+    /// zeroed scratch x of `x_bytes` (the probes that keep their vectors and
+    /// counters in x).
+    pub(crate) fn time_on_zeroed_x(
         &self,
-        dispatch: Dispatch,
+        dispatches: &[Dispatch],
+        sync: DispatchSync,
         x_bytes: u64,
     ) -> Result<Duration> {
-        self.time_dispatches(
-            &[dispatch],
-            x_bytes,
-            16,
-            ScratchNeed::NONE,
-            1,
-            DispatchSync::None,
-        )
+        self.time_dispatches(dispatches, x_bytes, 16, ScratchNeed::NONE, 1, sync)
     }
 
     /// GPU time of `dispatches` recorded `repeats` times in one submit,
@@ -911,14 +906,14 @@ impl Gpu {
         }
     }
 
-    /// One submission around `dispatches` (recorded without barriers
-    /// between them, on the scratch x and y of `x_bytes`, `y_bytes`): the
-    /// staging copied into x and the split counters zeroed first, then
-    /// `out_bytes` of `out` copied into the readback buffer for the host.
+    /// One submission around `dispatches` (separated as `sync` says, on the
+    /// scratch x and y of `x_bytes`, `y_bytes`): the staging copied into x
+    /// and the split counters zeroed first, then `out_bytes` of `out`
+    /// copied into the readback buffer for the host.
     fn submit_with_copies(
         &self,
         exec: &Exec,
-        dispatches: &[Dispatch],
+        (dispatches, sync): (&[Dispatch], DispatchSync),
         (x_bytes, y_bytes): (u64, u64),
         need: ScratchNeed,
         (out, out_bytes): (vk::Buffer, u64),
@@ -946,7 +941,24 @@ impl Gpu {
                         vk::PipelineStageFlags::TRANSFER,
                         vk::PipelineStageFlags::COMPUTE_SHADER,
                     );
-                    self.record_dispatches(cmd, dispatches, &sets);
+                    match sync {
+                        DispatchSync::None => self.record_dispatches(cmd, dispatches, &sets),
+                        DispatchSync::EveryDispatch => {
+                            for (disp, set) in dispatches.iter().zip(&sets) {
+                                self.record_dispatches(
+                                    cmd,
+                                    std::slice::from_ref(disp),
+                                    std::slice::from_ref(set),
+                                );
+                                barrier(
+                                    d,
+                                    cmd,
+                                    vk::PipelineStageFlags::COMPUTE_SHADER,
+                                    vk::PipelineStageFlags::COMPUTE_SHADER,
+                                );
+                            }
+                        }
+                    }
                     barrier(
                         d,
                         cmd,
@@ -967,11 +979,16 @@ impl Gpu {
         result
     }
 
-    /// Runs `dispatches` once, without barriers between them, on `x` copied
-    /// into the x scratch, and returns the x scratch afterwards: for probes
-    /// that write their results into the buffer they read
+    /// Runs `dispatches` once, separated as `sync` says, on `x` copied into
+    /// the x scratch, and returns the x scratch afterwards: for probes that
+    /// write their results into the buffer they read
     /// (shaders/persistent_layer_probe.comp).
-    pub(crate) fn run_in_place(&self, dispatches: &[Dispatch], x: &[f32]) -> Result<Vec<f32>> {
+    pub(crate) fn run_in_place(
+        &self,
+        dispatches: &[Dispatch],
+        sync: DispatchSync,
+        x: &[f32],
+    ) -> Result<Vec<f32>> {
         let bytes = (x.len() * 4) as u64;
         let mut exec = self.lock_exec();
         self.prepare_scratch(&mut exec, bytes, bytes, ScratchNeed::NONE)?;
@@ -982,7 +999,7 @@ impl Gpu {
         let (_, x_dev, _, _) = scratch_handles(&exec);
         self.submit_with_copies(
             &exec,
-            dispatches,
+            (dispatches, sync),
             (bytes, bytes),
             ScratchNeed::NONE,
             (x_dev, bytes),

@@ -10,7 +10,7 @@
 
 use crate::error::{Result, VkError};
 use crate::gpu::Gpu;
-use crate::kernels::{Dispatch, Kernel};
+use crate::kernels::{Dispatch, DispatchSync, Kernel};
 use crate::pipeline::Params;
 use crate::upload::TensorHandle;
 use crate::weight_format::WeightFormat;
@@ -111,11 +111,16 @@ impl DecodeShape {
 
 /// One run of the kernel: the shape, the layer copies the weights hold, the
 /// layers to run, the workgroups, the token's position and the positions
-/// each layer's KV region holds, and whether its inputs (which it never
-/// reads before they are written) come through L1-cached loads
-/// (`persistent_decode_layer_l1`) or coherent ones.
+/// each layer's KV region holds, whether the step is one dispatch or one
+/// per phase, and whether its inputs (which it never reads before they are
+/// written) come through L1-cached loads (`persistent_decode_layer_l1`) or
+/// coherent ones.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct DecodeRun {
+    /// One dispatch per phase with pipeline barriers between them (the
+    /// same code without grid-wide barriers, as spans record stages)
+    /// instead of one dispatch for the step.
+    pub per_phase: bool,
     pub l1_inputs: bool,
     pub shape: DecodeShape,
     pub copies: usize,
@@ -175,7 +180,13 @@ impl DecodeRun {
 }
 
 impl Gpu {
-    fn decode_dispatch(&self, handle: TensorHandle, run: DecodeRun) -> Result<Dispatch> {
+    /// The step's dispatches: one, or one per phase (`run.per_phase`), and
+    /// how they are separated.
+    fn decode_dispatches(
+        &self,
+        handle: TensorHandle,
+        run: DecodeRun,
+    ) -> Result<(Vec<Dispatch>, DispatchSync)> {
         run.check()?;
         let s = run.shape;
         let total = run.copies.saturating_mul(s.copy_bytes());
@@ -223,12 +234,22 @@ impl Gpu {
             split_count_off: run.slots0() as u32,
             ..Params::default()
         };
-        Ok(Dispatch {
+        let dispatch = |phase_range: u32| Dispatch {
             pipeline,
-            params,
+            params: Params {
+                split_part_off: phase_range,
+                ..params
+            },
             groups: (run.groups, 1),
             weights: planned.weights,
-        })
+        };
+        if !run.per_phase {
+            return Ok((vec![dispatch(0)], DispatchSync::None));
+        }
+        let phases = (0..5 * run.layers as u32)
+            .map(|g| dispatch(g | (g + 1) << 16))
+            .collect();
+        Ok((phases, DispatchSync::EveryDispatch))
     }
 
     /// GPU time of one step through `run.layers` layers (zeroed buffer:
@@ -236,8 +257,8 @@ impl Gpu {
     /// must be resident at once; on a device that runs fewer together each
     /// wait lasts until it gives up, so only the time says so.
     pub fn time_persistent_decode(&self, handle: TensorHandle, run: DecodeRun) -> Result<Duration> {
-        let dispatch = self.decode_dispatch(handle, run)?;
-        self.time_one_on_zeroed_x(dispatch, (run.buffer_words() * 4) as u64)
+        let (dispatches, sync) = self.decode_dispatches(handle, run)?;
+        self.time_on_zeroed_x(&dispatches, sync, (run.buffer_words() * 4) as u64)
     }
 
     /// Runs one step on `buffer` (`run.buffer_words()` words: the input x in
@@ -250,7 +271,7 @@ impl Gpu {
         run: DecodeRun,
         buffer: &[u32],
     ) -> Result<Vec<u32>> {
-        let dispatch = self.decode_dispatch(handle, run)?;
+        let (dispatches, sync) = self.decode_dispatches(handle, run)?;
         if buffer.len() != run.buffer_words() {
             return Err(VkError::Input(format!(
                 "the decode-layer buffer has {} words, not {}",
@@ -260,7 +281,7 @@ impl Gpu {
         }
         let values: Vec<f32> = buffer.iter().map(|&w| f32::from_bits(w)).collect();
         let out: Vec<u32> = self
-            .run_in_place(&[dispatch], &values)?
+            .run_in_place(&dispatches, sync, &values)?
             .iter()
             .map(|v| v.to_bits())
             .collect();

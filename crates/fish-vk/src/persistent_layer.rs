@@ -9,7 +9,7 @@
 
 use crate::error::{Result, VkError};
 use crate::gpu::Gpu;
-use crate::kernels::{Dispatch, Kernel};
+use crate::kernels::{Dispatch, DispatchSync, Kernel};
 use crate::pipeline::Params;
 use crate::upload::TensorHandle;
 use crate::weight_format::WeightFormat;
@@ -183,7 +183,8 @@ impl Gpu {
     /// so only the time says so.
     pub fn time_persistent_layers(&self, handle: TensorHandle, run: LayerRun) -> Result<Duration> {
         let dispatch = self.layer_probe_dispatch(handle, run)?;
-        self.time_one_on_zeroed_x(dispatch, (run.shape.vector_floats(run.layers) * 4) as u64)
+        let bytes = (run.shape.vector_floats(run.layers) * 4) as u64;
+        self.time_on_zeroed_x(&[dispatch], DispatchSync::None, bytes)
     }
 
     /// Runs the probe once on `input` (n_embd values) and returns its vector
@@ -207,6 +208,6 @@ impl Gpu {
         let mut vectors = vec![0.0f32; shape.vector_floats(run.layers)];
         let at = shape.slot_offset(0);
         vectors[at..at + input.len()].copy_from_slice(input);
-        self.run_in_place(&[dispatch], &vectors)
+        self.run_in_place(&[dispatch], DispatchSync::None, &vectors)
     }
 }

@@ -4,7 +4,9 @@
 //! key and value it stores, over three layers (two weight copies) with 37
 //! positions already cached.
 //! One workgroup, so that it runs where workgroups run one after another;
-//! its blocks then cover every row of every phase. On a device that keeps
+//! its blocks then cover every row of every phase. The same step as one
+//! dispatch per phase (no grid-wide barrier) runs on three workgroups,
+//! which checks how the blocks are dealt out. On a device that keeps
 //! many workgroups resident, FISH_TEST_PERSISTENT_GROUPS=N checks N of them
 //! meeting at the grid-wide barriers as well. (Not on lavapipe: with two
 //! workgroups there the buffer read back held 27 of the 30 arrivals, each
@@ -93,13 +95,22 @@ fn the_decode_layer_kernel_matches_a_cpu_reference() {
     }
     for g in groups {
         for (neox, l1_inputs) in [(false, false), (true, false), (false, true)] {
-            check_decode_layers(gpu, neox, l1_inputs, g);
+            check_decode_layers(gpu, neox, l1_inputs, false, g);
         }
     }
+    // One dispatch per phase needs no grid-wide barrier, so three
+    // workgroups share every phase's blocks here too.
+    check_decode_layers(gpu, false, false, true, 3);
     assert_eq!(gpu.validation_messages(), 0);
 }
 
-fn check_decode_layers(gpu: &fish_vk::Gpu, neox: bool, l1_inputs: bool, groups: u32) {
+fn check_decode_layers(
+    gpu: &fish_vk::Gpu,
+    neox: bool,
+    l1_inputs: bool,
+    per_phase: bool,
+    groups: u32,
+) {
     let shape = DecodeShape {
         n_embd: 1024,
         n_ff: 2048,
@@ -111,6 +122,7 @@ fn check_decode_layers(gpu: &fish_vk::Gpu, neox: bool, l1_inputs: bool, groups: 
         eps: 1e-5,
     };
     let run = DecodeRun {
+        per_phase,
         l1_inputs,
         shape,
         copies: 2,
@@ -276,7 +288,7 @@ fn check_decode_layers(gpu: &fish_vk::Gpu, neox: bool, l1_inputs: bool, groups: 
                 // a staged value the other way.
                 assert!(
                     (g - w).abs() <= 2e-3 * peak,
-                    "groups={groups} neox={neox} l1={l1_inputs} layer {l} {}: [{i}] {g} against {w} (peak {peak})",
+                    "groups={groups} per_phase={per_phase} neox={neox} l1={l1_inputs} layer {l} {}: [{i}] {g} against {w} (peak {peak})",
                     names[k]
                 );
             }
