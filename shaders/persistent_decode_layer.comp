@@ -93,16 +93,22 @@ layout(std430, binding = 1) coherent buffer VecsU { uint vec_u[]; };
 // and no cache line holds both a slot and a word written later: with
 // L1_INPUTS those reads take the ordinary, L1-cached loads; without, the
 // coherent ones.
+// Loads of the staging a thread issues together.
+const uint STAGE_LOADS = 8u;
 #if defined(L1_INPUTS)
+layout(std430, binding = 1) readonly buffer VecsR4 { vec4 vec_rf4[]; };
 layout(std430, binding = 1) readonly buffer VecsR { float vec_rf[]; };
 layout(std430, binding = 1) readonly buffer VecsRU { uint vec_ru[]; };
 layout(std430, binding = 1) readonly buffer VecsRU4 { uvec4 vec_ru4[]; };
 #define IN_F(i) vec_rf[i]
+#define IN_F4(i) vec_rf4[i]
 #define IN_U(i) vec_ru[i]
 #define IN_U4(i) vec_ru4[i]
 #else
+layout(std430, binding = 1) coherent buffer VecsF4 { vec4 vec_f4[]; };
 layout(std430, binding = 1) coherent buffer VecsU4 { uvec4 vec_u4[]; };
 #define IN_F(i) vec_f[i]
+#define IN_F4(i) vec_f4[i]
 #define IN_U(i) vec_u[i]
 #define IN_U4(i) vec_u4[i]
 #endif
@@ -326,13 +332,26 @@ void stage_input(uint g) {
     }
     bool normed = ph.stage == QKV || ph.stage == GATE_UP;
     float sumsq = 0.0;
-    for (uint i = gl_LocalInvocationID.x; i < ph.n_in / 2u; i += WG) {
-        vec2 v = vec2(IN_F(src + 2u * i), IN_F(src + 2u * i + 1u));
-        if (normed) {
-            sumsq += dot(v, v);
-            v *= vec2(uintBitsToFloat(w[norm_word + 2u * i]), uintBitsToFloat(w[norm_word + 2u * i + 1u]));
+    // Four values per 16-byte load, STAGE_LOADS loads of a thread issued
+    // together (a loop of one load at a time would wait a latency each).
+    uint quads = ph.n_in / 4u;
+    for (uint q0 = gl_LocalInvocationID.x; q0 < quads; q0 += STAGE_LOADS * WG) {
+        vec4 v[STAGE_LOADS];
+        for (uint k = 0u; k < STAGE_LOADS; k++) {
+            v[k] = IN_F4(src / 4u + min(q0 + k * WG, quads - 1u));
         }
-        xs[i] = packHalf2x16(v);
+        for (uint k = 0u; k < STAGE_LOADS; k++) {
+            uint q = q0 + k * WG;
+            if (q < quads) {
+                vec4 x = v[k];
+                if (normed) {
+                    sumsq += dot(x, x);
+                    x *= uintBitsToFloat(w4[norm_word / 4u + q]);
+                }
+                xs[2u * q] = packHalf2x16(x.xy);
+                xs[2u * q + 1u] = packHalf2x16(x.zw);
+            }
+        }
     }
     float total = workgroup_sum(sumsq);
     if (gl_LocalInvocationID.x == 0u) {

@@ -56,7 +56,8 @@ layout(std430, binding = 0) readonly buffer Weights4 { uvec4 w4[]; };
 #include "matvec_units.glsl"
 
 layout(std430, binding = 1) coherent buffer Slots { float slot_c[]; };
-layout(std430, binding = 1) readonly buffer SlotsR { float slot_r[]; };
+layout(std430, binding = 1) coherent buffer Slots4 { vec4 slot_c4[]; };
+layout(std430, binding = 1) readonly buffer SlotsR4 { vec4 slot_r4[]; };
 layout(std430, binding = 1) volatile coherent buffer Arrivals { uint arrivals[]; };
 
 // Words before slot 0 (the arrival counter and padding).
@@ -165,15 +166,30 @@ uint slot_word(uint g) {
     return SLOT0 + g * p.y_stride;
 }
 
+// Loads of the staging a thread issues together (a loop of one load at a
+// time would wait a latency each).
+const uint STAGE_LOADS = 8u;
+
 void stage_x(uint g, uint n_in) {
-    uint base = slot_word(g);
-    for (uint i = gl_LocalInvocationID.x; i < n_in / 2u; i += WG) {
+    uint base4 = slot_word(g) / 4u;
+    uint quads = n_in / 4u;
+    for (uint q0 = gl_LocalInvocationID.x; q0 < quads; q0 += STAGE_LOADS * WG) {
+        vec4 v[STAGE_LOADS];
+        for (uint k = 0u; k < STAGE_LOADS; k++) {
+            uint q = base4 + min(q0 + k * WG, quads - 1u);
 #if defined(L1_X)
-        vec2 v = vec2(slot_r[base + 2u * i], slot_r[base + 2u * i + 1u]);
+            v[k] = slot_r4[q];
 #else
-        vec2 v = vec2(slot_c[base + 2u * i], slot_c[base + 2u * i + 1u]);
+            v[k] = slot_c4[q];
 #endif
-        xs[i] = packHalf2x16(v);
+        }
+        for (uint k = 0u; k < STAGE_LOADS; k++) {
+            uint q = q0 + k * WG;
+            if (q < quads) {
+                xs[2u * q] = packHalf2x16(v[k].xy);
+                xs[2u * q + 1u] = packHalf2x16(v[k].zw);
+            }
+        }
     }
     barrier();
 }
