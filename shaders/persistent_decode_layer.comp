@@ -594,12 +594,20 @@ void arrive() {
 void wait_for(uint g) {
     if (gl_LocalInvocationID.x == 0u) {
         uint target = g * p.groups_x;
-        uint spins = 0u;
-        while (atomicLoad(arrivals[0], gl_ScopeDevice, gl_StorageSemanticsBuffer, gl_SemanticsAcquire) < target
-            && spins < SPIN_LIMIT) {
-            spins++;
+        uint arrived = 0u;
+        for (uint spins = 0u; spins < SPIN_LIMIT; spins++) {
+            arrived = atomicLoad(arrivals[0], gl_ScopeDevice, gl_StorageSemanticsBuffer, gl_SemanticsAcquire);
+            if (arrived >= target) {
+                break;
+            }
         }
-        if (spins == SPIN_LIMIT) {
+        // Judged by the count, not by the loop. (On llvmpipe, lavapipe, a
+        // loop past 65535 iterations ends the invocation that runs it: its
+        // later stores, arrivals and this flag included, never happen, so a
+        // long wait there goes wrong silently; a wait split into nested
+        // loops made it compute later code of this SIMD row wrongly. Grid
+        // waits are for devices that keep every workgroup resident.)
+        if (arrived < target) {
             arrivals[1] = 1u;
         }
     }
