@@ -6,7 +6,10 @@
 //! between dependent phases, each workgroup's next weights loaded before it
 //! sums the current ones. Q4_K weights only. Its time per layer compares
 //! with a span's decode profile; its outputs are checked against a CPU
-//! reference (tests/grid_barrier.rs). Nothing in the engine runs it yet.
+//! reference (tests/persistent_decode.rs). Nothing in the engine runs it
+//! yet. The same step can also run as one dispatch per phase (the
+//! `per_phase` field of `DecodeRun`), so the two forms compare on identical
+//! code.
 
 use crate::error::{Result, VkError};
 use crate::gpu::Gpu;
