@@ -18,9 +18,9 @@ use std::time::Duration;
 impl Gpu {
     /// GPU time of one dispatch of `groups` workgroups meeting at `rounds`
     /// grid-wide barriers. Every workgroup must be resident at once: on a
-    /// device that runs fewer together (lavapipe runs one after another),
-    /// each barrier lasts until the probe's waits give up, so only the
-    /// time says so.
+    /// device that runs fewer together each barrier lasts until the probe's
+    /// waits give up, so only the time says so (and lavapipe ends a poller
+    /// whose loop passes 65535 iterations).
     pub fn time_grid_barrier(&self, groups: u32, rounds: u32) -> Result<Duration> {
         let pipeline = self
             .pipelines

@@ -1,6 +1,8 @@
-//! The grid-barrier probe (shaders/grid_barrier_probe.comp) runs cleanly: one
-//! workgroup meets itself at every barrier, so even a device that runs
-//! workgroups one after another (lavapipe) never waits.
+//! The grid-barrier probes (shaders/grid_barrier_probe.comp and the
+//! persistent matvec and layer probes) run cleanly, and the layer probe's
+//! chain matches the CPU: one workgroup meets itself at every barrier, so
+//! no wait is long (lavapipe ends an invocation whose loop passes 65535
+//! iterations).
 
 mod common;
 
