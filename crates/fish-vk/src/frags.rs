@@ -158,6 +158,15 @@ fn default_type(ty: WeightFormat) -> bool {
     ty == WeightFormat::Ggml(GgmlType::Q4_K) || (all && decodes(ty))
 }
 
+/// The types `default_type` gives the kernel (what the open-time check
+/// multiplies).
+pub(crate) fn default_types() -> Vec<GgmlType> {
+    [GgmlType::Q4_K, GgmlType::Q6_K]
+        .into_iter()
+        .filter(|&ty| default_type(WeightFormat::Ggml(ty)))
+        .collect()
+}
+
 /// FISH_VK_FRAGS_EMULATED=1 (a test knob, read at each plan): plans of the
 /// emulated prefill kernel (`FISH_GPU_PREFILL_EMULATED=1`) take the
 /// emulated fragments kernel for the types plans give it, so that spans on

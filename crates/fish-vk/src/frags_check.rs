@@ -96,8 +96,19 @@ impl Gpu {
     /// plans, so it is not checked; with no tile checked at all this is an
     /// error (the kernel would never run).
     pub fn check_prefill_frags(&self, kernel: Kernel) -> Result<(), String> {
+        self.check_prefill_frags_of(kernel, &[GgmlType::Q4_K, GgmlType::Q6_K])
+    }
+
+    /// `check_prefill_frags` for the weight types `types` only (at open:
+    /// those plans give the kernel, so that a type they never give it costs
+    /// no pipeline and no check).
+    pub(crate) fn check_prefill_frags_of(
+        &self,
+        kernel: Kernel,
+        types: &[GgmlType],
+    ) -> Result<(), String> {
         let mut checked = 0;
-        for ty in [GgmlType::Q4_K, GgmlType::Q6_K] {
+        for &ty in types {
             for wide in [false, true] {
                 let tile = match wide {
                     false => self.coopmat_tile(kernel).map_err(|e| e.to_string())?,

@@ -228,7 +228,8 @@ impl Gpu {
                 );
             }
         } else if gpu.info.prefill_frags {
-            let checked = gpu.check_prefill_frags(crate::Kernel::CoopMat);
+            let checked =
+                gpu.check_prefill_frags_of(crate::Kernel::CoopMat, &crate::frags::default_types());
             if config.verbose {
                 match &checked {
                     Ok(()) => eprintln!(
