@@ -205,24 +205,7 @@ Phase phase_of(uint g) {
     return Phase(stage, p.n_in, p.n_ff, base + down_byte());
 }
 
-// How a matvec phase's blocks are cut (as in persistent_layer_probe.comp).
-struct Cut {
-    uint units;
-    uint tpr;
-    uint upt;
-    uint rpt;
-    uint rb;
-};
-
-Cut cut_of(uint n_in) {
-    Cut c;
-    c.units = max(n_in / UNIT_VALUES, 1u);
-    c.tpr = min(c.units, WG);
-    c.upt = (c.units + c.tpr - 1u) / c.tpr;
-    c.rpt = max(MAXU / c.upt, 1u);
-    c.rb = (WG / c.tpr) * c.rpt;
-    return c;
-}
+#include "persistent_blocks.glsl"
 
 uint blocks_of(uint g) {
     Phase ph = phase_of(g);
@@ -231,17 +214,6 @@ uint blocks_of(uint g) {
     }
     Cut c = cut_of(ph.n_in);
     return (ph.rows + c.rb - 1u) / c.rb;
-}
-
-void slot_place(Phase ph, Cut c, uint b, uint k, out uint row, out uint unit, out bool valid) {
-    uint tid = gl_LocalInvocationID.x;
-    uint rg = tid / c.tpr;
-    uint lane = tid % c.tpr;
-    uint r = b * c.rb + rg * c.rpt + k / c.upt;
-    uint u = lane + (k % c.upt) * c.tpr;
-    valid = rg < WG / c.tpr && k < c.rpt * c.upt && r < ph.rows && u < c.units;
-    row = min(r, ph.rows - 1u);
-    unit = min(u, c.units - 1u);
 }
 
 void load_block(out Unit un[MAXU], uint g, uint b) {
@@ -360,71 +332,25 @@ void stage_input(uint g) {
     barrier();
 }
 
-vec4 x4(uint i) {
-    return vec4(unpackHalf2x16(xs[2u * i]), unpackHalf2x16(xs[2u * i + 1u]));
-}
-
 // Sums block b of matvec phase g and stores it: scaled by the staging's
 // scale, plus the residual for wo and down.
 void sum_block(Unit un[MAXU], uint g, uint b) {
     Phase ph = phase_of(g);
     Cut c = cut_of(ph.n_in);
     uint l = g / 5u;
-    float acc[MAXU];
-    for (uint k = 0u; k < MAXU; k++) {
-        acc[k] = 0.0;
-    }
-    for (uint k = 0u; k < MAXU; k++) {
-        uint row;
-        uint unit;
-        bool valid;
-        slot_place(ph, c, b, k, row, unit, valid);
-        if (!valid) {
-            continue;
-        }
-        for (uint run = 0u; run < RUNS; run++) {
-            uint xr = run_x4(unit, run);
-            vec4 x0 = x4(xr);
-            vec4 x1 = x4(xr + 1u);
-            vec4 x2 = x4(xr + 2u);
-            vec4 x3 = x4(xr + 3u);
-            float xsum = dot((x0 + x1) + (x2 + x3), vec4(1.0));
-            vec4 q[4];
-            float scale;
-            float minv;
-            decode_run(un[k], run, q, scale, minv);
-            float s = (dot(q[0], x0) + dot(q[1], x1)) + (dot(q[2], x2) + dot(q[3], x3));
-            acc[k / c.upt] += scale * s + minv * xsum;
-        }
-    }
     uint tid = gl_LocalInvocationID.x;
-    uint per_row = c.tpr / gl_SubgroupSize;
-    uint rg = tid / c.tpr;
-    uint sub_in_row = (tid % c.tpr) / gl_SubgroupSize;
-    for (uint j = 0u; j < c.rpt; j++) {
-        float s = subgroupAdd(acc[j]);
-        if (subgroupElect() && rg < WG / c.tpr) {
-            partial[(rg * c.rpt + j) * per_row + sub_in_row] = s;
-        }
-    }
-    barrier();
-    if (tid < c.rb) {
-        uint row = b * c.rb + tid;
-        if (row < ph.rows) {
-            float s = 0.0;
-            for (uint j = 0u; j < per_row; j++) {
-                s += partial[tid * per_row + j];
-            }
-            s *= stage_scale;
-            if (ph.stage == QKV) {
-                vec_f[slot_word(l, 1u) + row] = s;
-            } else if (ph.stage == WO) {
-                vec_f[slot_word(l, 3u) + row] = s + IN_F(slot_word(l, 0u) + row);
-            } else if (ph.stage == GATE_UP) {
-                row_sums[tid] = s;
-            } else {
-                vec_f[slot_word(l + 1u, 0u) + row] = s + IN_F(slot_word(l, 3u) + row);
-            }
+    uint row;
+    float s;
+    if (block_sum(un, ph, b, row, s)) {
+        s *= stage_scale;
+        if (ph.stage == QKV) {
+            vec_f[slot_word(l, 1u) + row] = s;
+        } else if (ph.stage == WO) {
+            vec_f[slot_word(l, 3u) + row] = s + IN_F(slot_word(l, 0u) + row);
+        } else if (ph.stage == GATE_UP) {
+            row_sums[tid] = s;
+        } else {
+            vec_f[slot_word(l + 1u, 0u) + row] = s + IN_F(slot_word(l, 3u) + row);
         }
     }
     barrier();
@@ -573,46 +499,6 @@ void attention_block(uint g, uint hq) {
         // xs, qr, kc and vc serve the workgroup's next block.
         barrier();
     }
-}
-
-// Phase g is done here: the workgroup's stores of it are made available
-// at device scope (the control barrier's release), then its one arrival is
-// counted (a release of its own).
-void arrive() {
-    controlBarrier(gl_ScopeWorkgroup, gl_ScopeDevice, gl_StorageSemanticsBuffer,
-        gl_SemanticsAcquireRelease);
-    if (gl_LocalInvocationID.x == 0u) {
-        atomicAdd(arrivals[0], 1u, gl_ScopeDevice, gl_StorageSemanticsBuffer, gl_SemanticsRelease);
-    }
-}
-
-// Waits until every workgroup has arrived g times, after this dispatch's
-// phase g - 1 (an acquire that the control barrier passes on to the whole
-// workgroup; the counter starts at zero in each submission, so a dispatch
-// of several phases comes first in it); a wait that gives up raises the
-// failure word.
-void wait_for(uint g) {
-    if (gl_LocalInvocationID.x == 0u) {
-        uint target = g * p.groups_x;
-        uint arrived = 0u;
-        for (uint spins = 0u; spins < SPIN_LIMIT; spins++) {
-            arrived = atomicLoad(arrivals[0], gl_ScopeDevice, gl_StorageSemanticsBuffer, gl_SemanticsAcquire);
-            if (arrived >= target) {
-                break;
-            }
-        }
-        // Judged by the count, not by the loop. (On llvmpipe, lavapipe, a
-        // loop past 65535 iterations ends the invocation that runs it: its
-        // later stores, arrivals and this flag included, never happen, so a
-        // long wait there goes wrong silently; a wait split into nested
-        // loops made it compute later code of this SIMD row wrongly. Grid
-        // waits are for devices that keep every workgroup resident.)
-        if (arrived < target) {
-            arrivals[1] = 1u;
-        }
-    }
-    controlBarrier(gl_ScopeWorkgroup, gl_ScopeDevice, gl_StorageSemanticsBuffer,
-        gl_SemanticsAcquireRelease);
 }
 
 void main() {

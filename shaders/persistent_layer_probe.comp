@@ -35,6 +35,7 @@
 #extension GL_GOOGLE_include_directive : require
 #extension GL_KHR_shader_subgroup_arithmetic : require
 #extension GL_KHR_shader_subgroup_basic : require
+#extension GL_KHR_memory_scope_semantics : require
 
 #define TYPE_Q4_K
 layout(local_size_x = 128) in;
@@ -102,41 +103,10 @@ Phase phase_of(uint g) {
     return ph;
 }
 
-// How a phase's blocks are cut: invocations per row (tpr), units per row and
-// invocation (upt), rows per invocation (rpt) and rows per block (rb).
-struct Cut {
-    uint units;
-    uint tpr;
-    uint upt;
-    uint rpt;
-    uint rb;
-};
-
-Cut cut_of(uint n_in) {
-    Cut c;
-    c.units = n_in / UNIT_VALUES;
-    c.tpr = min(c.units, WG);
-    c.upt = (c.units + c.tpr - 1u) / c.tpr;
-    c.rpt = max(MAXU / c.upt, 1u);
-    c.rb = (WG / c.tpr) * c.rpt;
-    return c;
-}
+#include "persistent_blocks.glsl"
 
 uint blocks_of(Phase ph, Cut c) {
     return (ph.rows + c.rb - 1u) / c.rb;
-}
-
-// Slot k of this invocation in block b: its row (clamped into the phase)
-// and unit (clamped into the row); valid says whether it counts.
-void slot_place(Phase ph, Cut c, uint b, uint k, out uint row, out uint unit, out bool valid) {
-    uint tid = gl_LocalInvocationID.x;
-    uint rg = tid / c.tpr;
-    uint lane = tid % c.tpr;
-    uint r = b * c.rb + rg * c.rpt + k / c.upt;
-    uint u = lane + (k % c.upt) * c.tpr;
-    valid = rg < WG / c.tpr && k < c.rpt * c.upt && r < ph.rows && u < c.units;
-    row = min(r, ph.rows - 1u);
-    unit = min(u, c.units - 1u);
 }
 
 void load_block(out Unit un[MAXU], uint g, uint b) {
@@ -194,82 +164,13 @@ void stage_x(uint g, uint n_in) {
     barrier();
 }
 
-vec4 x4(uint i) {
-    return vec4(unpackHalf2x16(xs[2u * i]), unpackHalf2x16(xs[2u * i + 1u]));
-}
-
 // Sums block b of phase g from its units and stores it into slot g + 1.
 void sum_block(Unit un[MAXU], uint g, uint b) {
     Phase ph = phase_of(g);
-    Cut c = cut_of(ph.n_in);
-    float acc[MAXU];
-    for (uint k = 0u; k < MAXU; k++) {
-        acc[k] = 0.0;
-    }
-    for (uint k = 0u; k < MAXU; k++) {
-        uint row;
-        uint unit;
-        bool valid;
-        slot_place(ph, c, b, k, row, unit, valid);
-        if (!valid) {
-            continue;
-        }
-        for (uint run = 0u; run < RUNS; run++) {
-            uint xr = run_x4(unit, run);
-            vec4 x0 = x4(xr);
-            vec4 x1 = x4(xr + 1u);
-            vec4 x2 = x4(xr + 2u);
-            vec4 x3 = x4(xr + 3u);
-            float xsum = dot((x0 + x1) + (x2 + x3), vec4(1.0));
-            vec4 q[4];
-            float scale;
-            float minv;
-            decode_run(un[k], run, q, scale, minv);
-            float s = (dot(q[0], x0) + dot(q[1], x1)) + (dot(q[2], x2) + dot(q[3], x3));
-            acc[k / c.upt] += scale * s + minv * xsum;
-        }
-    }
-    // A row's tpr invocations are whole subgroups (tpr is a multiple of the
-    // subgroup size: the host takes rows of 1024 values or more).
-    uint tid = gl_LocalInvocationID.x;
-    uint per_row = c.tpr / gl_SubgroupSize;
-    uint rg = tid / c.tpr;
-    uint sub_in_row = (tid % c.tpr) / gl_SubgroupSize;
-    for (uint j = 0u; j < c.rpt; j++) {
-        float s = subgroupAdd(acc[j]);
-        if (subgroupElect()) {
-            partial[(rg * c.rpt + j) * per_row + sub_in_row] = s;
-        }
-    }
-    barrier();
-    if (tid < c.rb) {
-        uint row = b * c.rb + tid;
-        if (row < ph.rows) {
-            float s = 0.0;
-            for (uint j = 0u; j < per_row; j++) {
-                s += partial[tid * per_row + j];
-            }
-            slot_c[slot_word(g + 1u) + row] = s * inversesqrt(float(ph.n_in));
-        }
-    }
-    barrier();
-}
-
-// Phase g is done here: every store of it before the arrival.
-void arrive() {
-    if (gl_LocalInvocationID.x == 0u) {
-        memoryBarrierBuffer();
-        atomicAdd(arrivals[0], 1u);
-    }
-}
-
-// Waits until every workgroup has arrived after phase g - 1.
-void wait_for(uint g) {
-    if (gl_LocalInvocationID.x == 0u) {
-        uint target = g * p.groups_x;
-        for (uint spins = 0u; arrivals[0] < target && spins < SPIN_LIMIT; spins++) {
-        }
-        memoryBarrierBuffer();
+    uint row;
+    float s;
+    if (block_sum(un, ph, b, row, s)) {
+        slot_c[slot_word(g + 1u) + row] = s * inversesqrt(float(ph.n_in));
     }
     barrier();
 }
