@@ -1010,6 +1010,16 @@ impl Gpu {
             .read_f32_vec(&self.allocator, 0, x.len())
     }
 
+    /// The one buffer that holds the resident tensor `handle`, for the
+    /// measurement probes that address its bytes themselves; `what` names
+    /// the probe in the error when the tensor is split over several.
+    pub(crate) fn probe_weights(&self, handle: TensorHandle, what: &str) -> Result<vk::Buffer> {
+        match self.plan_handles(&[handle], 1, Kernel::Matvec)?.as_slice() {
+            [planned] => Ok(planned.weights),
+            _ => Err(VkError::Input(format!("{what} needs one weight buffer"))),
+        }
+    }
+
     /// The dispatches of a group of resident tensors on one input, outputs
     /// laid out one after the other (shared by stage 1 and spans).
     pub(crate) fn plan_handles(

@@ -13,14 +13,14 @@
 
 use crate::error::{Result, VkError};
 use crate::gpu::Gpu;
-use crate::kernels::{Dispatch, DispatchSync, Kernel};
+use crate::kernels::{Dispatch, DispatchSync};
+use crate::persistent_layer::q4_k_bytes;
 use crate::pipeline::Params;
 use crate::upload::TensorHandle;
 use crate::weight_format::WeightFormat;
 use fish_gguf::GgmlType;
 use std::time::Duration;
 
-const Q4_K_BLOCK_BYTES: usize = 144;
 /// Words before the KV region (the arrival counter, the failure word).
 const HEADER_WORDS: usize = 64;
 /// The longest staged input (MAX_IN in the shader).
@@ -75,7 +75,7 @@ impl DecodeShape {
         let matrices: usize = self
             .matrices()
             .iter()
-            .map(|&(rows, n_in)| rows * n_in / 256 * Q4_K_BLOCK_BYTES)
+            .map(|&(rows, n_in)| q4_k_bytes(rows, n_in))
             .sum();
         matrices + 8 * self.n_embd
     }
@@ -195,7 +195,7 @@ impl Gpu {
         let total = run.copies.saturating_mul(s.copy_bytes());
         if handle.ty() != WeightFormat::Ggml(GgmlType::Q4_K)
             || handle.n_in() != 256
-            || handle.n_out() * Q4_K_BLOCK_BYTES < total
+            || q4_k_bytes(handle.n_out(), 256) < total
             || total > u32::MAX as usize
         {
             return Err(VkError::Input(format!(
@@ -207,12 +207,7 @@ impl Gpu {
                 handle.n_out()
             )));
         }
-        let plan = self.plan_handles(&[handle], 1, Kernel::Matvec)?;
-        let [planned] = plan.as_slice() else {
-            return Err(VkError::Input(
-                "the decode-layer kernel needs one weight buffer".into(),
-            ));
-        };
+        let weights = self.probe_weights(handle, "the decode-layer kernel")?;
         let module = if run.l1_inputs {
             "persistent_decode_layer_l1"
         } else {
@@ -244,7 +239,7 @@ impl Gpu {
                 ..params
             },
             groups: (run.groups, 1),
-            weights: planned.weights,
+            weights,
         };
         if !run.per_phase {
             return Ok((vec![dispatch(0)], DispatchSync::None));

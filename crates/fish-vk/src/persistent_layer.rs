@@ -9,7 +9,7 @@
 
 use crate::error::{Result, VkError};
 use crate::gpu::Gpu;
-use crate::kernels::{Dispatch, DispatchSync, Kernel};
+use crate::kernels::{Dispatch, DispatchSync};
 use crate::pipeline::Params;
 use crate::upload::TensorHandle;
 use crate::weight_format::WeightFormat;
@@ -68,7 +68,13 @@ const SLOT0: usize = 64;
 const MAX_IN: usize = 14336;
 /// Layers per dispatch at most (the slots are sized for them).
 pub const LAYER_PROBE_MAX_LAYERS: usize = 64;
-const Q4_K_BLOCK_BYTES: usize = 144;
+
+/// Bytes of `rows` Q4_K rows of `n_in` values (the persistent kernels'
+/// weights, uploaded as rows of 256 values: one block each).
+pub(crate) fn q4_k_bytes(rows: usize, n_in: usize) -> usize {
+    let ty = WeightFormat::Ggml(GgmlType::Q4_K);
+    rows * n_in / ty.block_size() * ty.block_bytes()
+}
 
 impl LayerShape {
     /// Rows and input length of each phase of a layer, in order.
@@ -81,7 +87,7 @@ impl LayerShape {
     pub fn layer_bytes(self) -> usize {
         self.phases()
             .iter()
-            .map(|&(rows, n_in)| rows * n_in / 256 * Q4_K_BLOCK_BYTES)
+            .map(|&(rows, n_in)| q4_k_bytes(rows, n_in))
             .sum()
     }
 
@@ -137,7 +143,7 @@ impl Gpu {
         if handle.ty() != WeightFormat::Ggml(GgmlType::Q4_K)
             || handle.n_in() != 256
             || copies == 0
-            || handle.n_out() * Q4_K_BLOCK_BYTES != total
+            || q4_k_bytes(handle.n_out(), 256) != total
             || total > u32::MAX as usize
         {
             return Err(VkError::Input(format!(
@@ -154,12 +160,7 @@ impl Gpu {
                  ({layers} on {groups})"
             )));
         }
-        let plan = self.plan_handles(&[handle], 1, Kernel::Matvec)?;
-        let [planned] = plan.as_slice() else {
-            return Err(VkError::Input(
-                "the layer probe needs one weight buffer".into(),
-            ));
-        };
+        let weights = self.probe_weights(handle, "the layer probe")?;
         let pipeline = self.pipelines.get(&self.device, probe.module(), &[])?;
         Ok(Dispatch {
             pipeline,
@@ -173,7 +174,7 @@ impl Gpu {
                 ..Params::default()
             },
             groups: (groups, 1),
-            weights: planned.weights,
+            weights,
         })
     }
 
