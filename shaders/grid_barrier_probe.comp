@@ -11,7 +11,7 @@
 layout(local_size_x = 64) in;
 
 // The matmul layout's binding 1 (x), zeroed before the timed dispatch.
-layout(std430, binding = 1) volatile coherent buffer Arrivals { uint arrived[]; };
+layout(std430, binding = 1) volatile buffer Arrivals { uint arrived[]; };
 
 // Read through the matmul kernels' push constants: n_in, then groups_x.
 layout(push_constant) uniform Probe {

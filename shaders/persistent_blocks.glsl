@@ -10,7 +10,23 @@
 // `n_in`, the shared `xs[]` and `partial[WG * MAXU / 4u]`, the binding
 // `arrivals[]` (word 0 the arrival counter, word 1 the failure word), the
 // push constant `p.groups_x`, and includes matvec_units.glsl and
-// GL_KHR_memory_scope_semantics first.
+// GL_KHR_memory_scope_semantics first. It may name other words of
+// `arrivals` for the counter and the failure word (COUNTER_WORD,
+// FAILURE_WORD), and a unit type of its own (BLOCK_UNIT, with
+// decode_run for it and UNIT_X4(un, unit, run) for its runs' x).
+
+#ifndef COUNTER_WORD
+#define COUNTER_WORD 0u
+#endif
+#ifndef FAILURE_WORD
+#define FAILURE_WORD 1u
+#endif
+#ifndef BLOCK_UNIT
+#define BLOCK_UNIT Unit
+#endif
+#ifndef UNIT_X4
+#define UNIT_X4(un, unit, run) run_x4(unit, run)
+#endif
 
 // How a phase's blocks are cut: invocations per row (tpr), units per row and
 // invocation (upt), rows per invocation (rpt) and rows per block (rb).
@@ -53,7 +69,7 @@ vec4 x4(uint i) {
 // at byte0 by load_block) and the staged input; every invocation calls it.
 // Invocation tid < rb gets row b * rb + tid and its sum (true when that row
 // is in the phase).
-bool block_sum(Unit un[MAXU], Phase ph, uint b, out uint out_row, out float out_sum) {
+bool block_sum(BLOCK_UNIT un[MAXU], Phase ph, uint b, out uint out_row, out float out_sum) {
     Cut c = cut_of(ph.n_in);
     float acc[MAXU];
     for (uint k = 0u; k < MAXU; k++) {
@@ -68,7 +84,7 @@ bool block_sum(Unit un[MAXU], Phase ph, uint b, out uint out_row, out float out_
             continue;
         }
         for (uint run = 0u; run < RUNS; run++) {
-            uint xr = run_x4(unit, run);
+            uint xr = UNIT_X4(un[k], unit, run);
             vec4 x0 = x4(xr);
             vec4 x1 = x4(xr + 1u);
             vec4 x2 = x4(xr + 2u);
@@ -113,7 +129,7 @@ void arrive() {
     controlBarrier(gl_ScopeWorkgroup, gl_ScopeDevice, gl_StorageSemanticsBuffer,
         gl_SemanticsAcquireRelease);
     if (gl_LocalInvocationID.x == 0u) {
-        atomicAdd(arrivals[0], 1u, gl_ScopeDevice, gl_StorageSemanticsBuffer, gl_SemanticsRelease);
+        atomicAdd(arrivals[COUNTER_WORD], 1u, gl_ScopeDevice, gl_StorageSemanticsBuffer, gl_SemanticsRelease);
     }
 }
 
@@ -127,7 +143,7 @@ void wait_for(uint g) {
         uint target = g * p.groups_x;
         uint arrived = 0u;
         for (uint spins = 0u; spins < SPIN_LIMIT; spins++) {
-            arrived = atomicLoad(arrivals[0], gl_ScopeDevice, gl_StorageSemanticsBuffer, gl_SemanticsAcquire);
+            arrived = atomicLoad(arrivals[COUNTER_WORD], gl_ScopeDevice, gl_StorageSemanticsBuffer, gl_SemanticsAcquire);
             if (arrived >= target) {
                 break;
             }
@@ -139,7 +155,7 @@ void wait_for(uint g) {
         // loops made it compute later code of this SIMD row wrongly. Grid
         // waits are for devices that keep every workgroup resident.)
         if (arrived < target) {
-            arrivals[1] = 1u;
+            arrivals[FAILURE_WORD] = 1u;
         }
     }
     controlBarrier(gl_ScopeWorkgroup, gl_ScopeDevice, gl_StorageSemanticsBuffer,

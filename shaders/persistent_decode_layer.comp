@@ -112,7 +112,7 @@ layout(std430, binding = 1) coherent buffer VecsU4 { uvec4 vec_u4[]; };
 #define IN_U(i) vec_u[i]
 #define IN_U4(i) vec_u4[i]
 #endif
-layout(std430, binding = 1) volatile coherent buffer Arrivals { uint arrivals[]; };
+layout(std430, binding = 1) volatile buffer Arrivals { uint arrivals[]; };
 
 // Words before the KV region: the arrival counter (word 0), the failure
 // word (1), padding.

@@ -59,7 +59,7 @@ layout(std430, binding = 0) readonly buffer Weights4 { uvec4 w4[]; };
 layout(std430, binding = 1) coherent buffer Slots { float slot_c[]; };
 layout(std430, binding = 1) coherent buffer Slots4 { vec4 slot_c4[]; };
 layout(std430, binding = 1) readonly buffer SlotsR4 { vec4 slot_r4[]; };
-layout(std430, binding = 1) volatile coherent buffer Arrivals { uint arrivals[]; };
+layout(std430, binding = 1) volatile buffer Arrivals { uint arrivals[]; };
 
 // Words before slot 0 (the arrival counter and padding).
 const uint SLOT0 = 64u;

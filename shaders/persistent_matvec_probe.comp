@@ -38,7 +38,7 @@ layout(std430, binding = 0) readonly buffer Weights4 { uvec4 w4[]; };
 
 layout(std430, binding = 1) coherent buffer VecA { vec4 a4[]; };
 layout(std430, binding = 1) coherent buffer VecA1 { float a1[]; };
-layout(std430, binding = 1) volatile coherent buffer Arrivals { uint arrivals[]; };
+layout(std430, binding = 1) volatile buffer Arrivals { uint arrivals[]; };
 layout(std430, binding = 2) coherent buffer VecB { vec4 b4[]; };
 layout(std430, binding = 2) coherent buffer VecB1 { float b1[]; };
 

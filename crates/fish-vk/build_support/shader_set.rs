@@ -32,6 +32,8 @@ pub const SPAN_MODULES: &[(&str, &str, &[&str])] = &[
     ("span_attention_tiled", "span_attention_tiled.comp", &[]),
     ("span_attention_split", "span_attention_split.comp", &[]),
     ("span_attention_split_rope", "span_attention_split.comp", &["ROPE_FUSED"]),
+    // On a layout of its own (span/persistent.rs).
+    ("span_persistent_layer", "span_persistent_layer.comp", &[]),
     // Spans record it with the matmul bindings (shaders/common.glsl).
     ("l2_prefetch", "l2_prefetch.comp", &[]),
 ];

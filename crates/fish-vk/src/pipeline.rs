@@ -129,6 +129,16 @@ pub(crate) struct Pipelines {
 
 /// A descriptor set layout of `n` storage buffers at bindings 0..n for a
 /// compute stage (the matmul kernels' and the span kernels' sets).
+/// The embedded module `name` as a shader module.
+pub(crate) fn shader_module(device: &ash::Device, name: &str) -> Result<vk::ShaderModule> {
+    let bytes = module_bytes(name).ok_or_else(|| VkError::Shader(name.to_string()))?;
+    let code = ash::util::read_spv(&mut std::io::Cursor::new(bytes))
+        .map_err(|_| VkError::Shader(name.to_string()))?;
+    let info = vk::ShaderModuleCreateInfo::default().code(&code);
+    // SAFETY: embedded SPIR-V compiled for the interface of its includers.
+    unsafe { device.create_shader_module(&info, None) }.call("vkCreateShaderModule")
+}
+
 pub(crate) fn storage_set_layout(device: &ash::Device, n: u32) -> Result<vk::DescriptorSetLayout> {
     let bindings: Vec<_> = (0..n)
         .map(|b| {
@@ -216,13 +226,7 @@ impl Pipelines {
         if let Some((_, p)) = built.get(&key) {
             return Ok(*p);
         }
-        let bytes = module_bytes(name).ok_or_else(|| VkError::Shader(name.to_string()))?;
-        let code = ash::util::read_spv(&mut std::io::Cursor::new(bytes))
-            .map_err(|_| VkError::Shader(name.to_string()))?;
-        let info = vk::ShaderModuleCreateInfo::default().code(&code);
-        // SAFETY: the code is SPIR-V produced by glslc for this interface.
-        let module =
-            unsafe { device.create_shader_module(&info, None) }.call("vkCreateShaderModule")?;
+        let module = shader_module(device, name)?;
         let entries: Vec<vk::SpecializationMapEntry> = (0..spec.len())
             .map(|i| vk::SpecializationMapEntry {
                 constant_id: i as u32,

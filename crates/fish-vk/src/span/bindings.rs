@@ -6,6 +6,7 @@ use super::desc::LayerTensors;
 use super::kv::KvCache;
 use super::output::SpanOutput;
 use super::params::Params;
+use super::persistent::{layer_tensors, single_buffer, Persistent, PERSISTENT_BINDINGS};
 use super::pipelines::{SpanPipelines, SPAN_BINDINGS};
 use super::record::NormedGroup;
 use crate::error::{Result, VkCall};
@@ -128,6 +129,9 @@ pub(crate) struct Bindings {
     pub output_int8: Option<MatmulSets>,
     /// The same with the output norm fused in (x, parameters at binding 3).
     pub output_norm: Option<MatmulSets>,
+    /// Per layer, the persistent kernel's set (span/persistent.rs); empty
+    /// where the span runs staged layers only.
+    pub persistent: Vec<vk::DescriptorSet>,
 }
 
 /// The span's buffers, for writing the sets.
@@ -136,6 +140,7 @@ pub(crate) struct SpanBuffers<'a> {
     pub kv: &'a KvCache,
     pub params: &'a Params,
     pub output: Option<&'a SpanOutput>,
+    pub persistent: Option<&'a Persistent>,
 }
 
 impl Bindings {
@@ -195,6 +200,12 @@ impl Bindings {
             .iter()
             .map(|w| w[2].len() + 2 * w[2].len().div_ceil(2) + w[3].len())
             .sum();
+        // The persistent kernel's sets, one per layer, of their own layout.
+        let n_persistent = if bufs.persistent.is_some() {
+            layers.len()
+        } else {
+            0
+        };
         // The output's plain sets, and its fused-norm and int8 copies.
         let pool = create_pool(
             gpu,
@@ -205,6 +216,7 @@ impl Bindings {
                 + n_residual
                 + n_gate_up_act
                 + n_span,
+            n_persistent,
         )?;
         let built = Self::write(
             gpu,
@@ -214,7 +226,13 @@ impl Bindings {
             &weights,
             &output_weights,
             bufs,
-        );
+        )
+        .and_then(|mut b| {
+            if let Some(p) = bufs.persistent {
+                b.persistent = persistent_sets(gpu, pool, p, layers, bufs)?;
+            }
+            Ok(b)
+        });
         if built.is_err() {
             // SAFETY: no set of this pool was used.
             unsafe { gpu.device.destroy_descriptor_pool(pool, None) };
@@ -453,6 +471,7 @@ impl Bindings {
             act: span_set([a.gate_up.raw, a.xn_int8.raw, a.gate_up.raw, a.gate_up.raw])?,
             act_f16: span_set([a.gate_up.raw, a.h16.raw, a.gate_up.raw, a.gate_up.raw])?,
             layers,
+            persistent: Vec::new(),
         })
     }
 
@@ -510,13 +529,48 @@ fn deferred_norm_wanted(gpu: &Gpu) -> bool {
     gpu.info.subgroup_arithmetic && std::env::var("FISH_GPU_DEFER_NORM").as_deref() != Ok("0")
 }
 
-fn create_pool(gpu: &Gpu, n_sets: usize) -> Result<vk::DescriptorPool> {
+/// Per layer the persistent kernel's set: the layer's seven matrices, x,
+/// its keys and values, the parameters, the scratch, the step buffer.
+fn persistent_sets(
+    gpu: &Gpu,
+    pool: vk::DescriptorPool,
+    p: &Persistent,
+    layers: &[LayerTensors],
+    bufs: &SpanBuffers<'_>,
+) -> Result<Vec<vk::DescriptorSet>> {
+    let a = bufs.arena;
+    layers
+        .iter()
+        .enumerate()
+        .map(|(il, l)| {
+            let mut buffers = layer_tensors(l)
+                .iter()
+                .map(|&h| single_buffer(gpu, h))
+                .collect::<Result<Vec<_>>>()?;
+            buffers.extend([
+                a.x.raw,
+                bufs.kv.k[il].raw,
+                bufs.kv.v[il].raw,
+                bufs.params.buffer.raw,
+                p.scratch.raw,
+                a.step.raw,
+            ]);
+            debug_assert_eq!(buffers.len(), PERSISTENT_BINDINGS as usize);
+            let set = allocate(gpu, pool, p.pipeline.set_layout)?;
+            write_set(gpu, set, &buffers);
+            Ok(set)
+        })
+        .collect()
+}
+
+/// A pool for `n_sets` span sets and `n_persistent` persistent-kernel sets.
+fn create_pool(gpu: &Gpu, n_sets: usize, n_persistent: usize) -> Result<vk::DescriptorPool> {
     let sizes = [vk::DescriptorPoolSize {
         ty: vk::DescriptorType::STORAGE_BUFFER,
-        descriptor_count: SPAN_BINDINGS * n_sets as u32,
+        descriptor_count: SPAN_BINDINGS * n_sets as u32 + PERSISTENT_BINDINGS * n_persistent as u32,
     }];
     let info = vk::DescriptorPoolCreateInfo::default()
-        .max_sets(n_sets as u32)
+        .max_sets((n_sets + n_persistent) as u32)
         .pool_sizes(&sizes);
     // SAFETY: valid create info on a live device.
     unsafe { gpu.device.create_descriptor_pool(&info, None) }.call("vkCreateDescriptorPool")

@@ -3,6 +3,7 @@
 
 use super::bindings::{Bindings, SpanBuffers};
 use super::output::SpanOutput;
+use super::persistent::{Persistent, PersistentRecording};
 use super::profile::Profiler;
 use super::record::{
     max_timestamps, output_kernel, output_takes_int8, plan_chunks, OutputInput, OutputRecording,
@@ -118,6 +119,7 @@ impl Gpu {
                 kv: &span.kv,
                 params: &span.params,
                 output: span.output.as_ref(),
+                persistent: span.persistent.as_ref(),
             };
             span.bindings = Some(Bindings::build(self, &span.pipelines, &span.layers, &bufs)?);
         }
@@ -140,6 +142,7 @@ impl Gpu {
                 span.arena.attn_split.raw,
                 span.arena.attn_split_counter_bytes,
             ),
+            persistent: None,
             result: match (logit_rows, span.output.as_ref()) {
                 (Some(rows), Some(o)) => (
                     o.logits.raw,
@@ -151,7 +154,17 @@ impl Gpu {
         };
         let result_bytes = copies.result.2;
         let layout = token_layout(&placement, &runs);
-        let key = (n_tok, logit_rows, layout);
+        let consecutive = layout == TokenLayout::Consecutive;
+        let persistent = span
+            .persistent
+            .as_ref()
+            .filter(|_| Persistent::takes(n_tok, consecutive, runs[0].first));
+        let copies = Copies {
+            persistent: persistent.map(|p| (p.scratch.raw, p.header_bytes(), p.failure.raw)),
+            ..copies
+        };
+        let persistent_on = persistent.is_some();
+        let key = (n_tok, logit_rows, layout, persistent_on);
         let submit_start;
         let submitted = match span.recorded.get(key) {
             // The common case of decode: the same shape as an earlier forward,
@@ -175,14 +188,18 @@ impl Gpu {
                     )?),
                     None => None,
                 };
-                let chunks = plan_chunks(
-                    self,
-                    &span.shape,
-                    bindings,
-                    n_tok,
-                    span_chunk_tokens(),
-                    layout,
-                )?;
+                // Persistent layers record no stages.
+                let chunks = match persistent {
+                    Some(_) => Vec::new(),
+                    None => plan_chunks(
+                        self,
+                        &span.shape,
+                        bindings,
+                        n_tok,
+                        span_chunk_tokens(),
+                        layout,
+                    )?,
+                };
                 if let Some(p) = span.profiler.as_mut() {
                     p.ensure(
                         &self.device,
@@ -198,6 +215,10 @@ impl Gpu {
                     bindings,
                     chunks: &chunks,
                     output,
+                    persistent: persistent.map(|p| PersistentRecording {
+                        persistent: p,
+                        sets: &bindings.persistent,
+                    }),
                 };
                 submit_start = std::time::Instant::now();
                 let exec = self.lock_exec();
@@ -224,6 +245,23 @@ impl Gpu {
             }
         };
         let read_start = std::time::Instant::now();
+        // A wait of the persistent kernel that gave up leaves wrong results:
+        // the span goes back to staged layers and runs the forward again
+        // (x is uploaded afresh; the KV rows it wrote are rewritten).
+        if let (Ok(()), Some(p)) = (&submitted, span.persistent.as_ref()) {
+            if persistent_on && !p.held(self)? {
+                eprintln!(
+                    "fish-vk: a grid-wide wait of the persistent decode layers gave up ({} \
+                     workgroups are not resident at once on this device): staged layers from now on",
+                    p.mode.groups
+                );
+                for r in &runs {
+                    span.kv.truncate(r.slot, r.first);
+                }
+                self.span_set_persistent(span, None)?;
+                return self.span_run(span, x, n_tok, placement, logit_rows);
+            }
+        }
         if let Err(e) = submitted {
             // Each slot's positions from its first row on may hold partial writes.
             for r in &runs {
@@ -270,6 +308,9 @@ struct Copies {
     split: (vk::Buffer, u64),
     /// The key-split attention's scratch and the bytes of its counters.
     attn_split: (vk::Buffer, u64),
+    /// The persistent layers' scratch, the bytes of its failure word and
+    /// counters (zeroed first), and the failure word's host copy.
+    persistent: Option<(vk::Buffer, u64, vk::Buffer)>,
     result: (vk::Buffer, vk::Buffer, u64),
 }
 
@@ -368,6 +409,9 @@ unsafe fn record_forward(
     d.cmd_copy_buffer(cmd, c.step_upload, c.step, &region(STEP_BYTES));
     d.cmd_fill_buffer(cmd, c.split.0, 0, c.split.1, 0);
     d.cmd_fill_buffer(cmd, c.attn_split.0, 0, c.attn_split.1, 0);
+    if let Some((scratch, header, _)) = c.persistent {
+        d.cmd_fill_buffer(cmd, scratch, 0, header, 0);
+    }
     barrier(
         d,
         cmd,
@@ -395,6 +439,10 @@ unsafe fn record_forward(
     );
     let (src, dst, bytes) = c.result;
     d.cmd_copy_buffer(cmd, src, dst, &region(bytes));
+    if let Some((scratch, _, failure)) = c.persistent {
+        // The failure word (scratch word 0).
+        d.cmd_copy_buffer(cmd, scratch, failure, &region(4));
+    }
     barrier(
         d,
         cmd,

@@ -16,6 +16,7 @@ mod forward;
 mod kv;
 mod output;
 mod params;
+mod persistent;
 mod pipelines;
 mod prefetch;
 mod profile;
@@ -24,6 +25,7 @@ mod recorded;
 mod step;
 
 pub use desc::{SpanActivation, SpanDesc, SpanLayerDesc, SpanOutputDesc, SpanRope, SpanShape};
+pub use persistent::{PersistentMode, PERSISTENT_MAX_POSITIONS};
 pub use profile::SpanStage;
 pub use step::{SpanRow, SPAN_MAX_BATCH_ROWS};
 
@@ -34,6 +36,7 @@ use bindings::Bindings;
 use kv::KvCache;
 use output::SpanOutput;
 use params::Params;
+use persistent::Persistent;
 use pipelines::SpanPipelines;
 use profile::Profiler;
 use recorded::Recorded;
@@ -119,6 +122,9 @@ pub struct Span {
     bindings: Option<Bindings>,
     /// Command buffers of earlier forwards, reused for the same shape.
     recorded: Recorded,
+    /// Single-token forwards run each layer as one dispatch, where asked
+    /// for (`Gpu::span_set_persistent`).
+    persistent: Option<Persistent>,
     profiler: Option<Profiler>,
 }
 
@@ -167,7 +173,8 @@ impl Span {
     /// Device bytes the span holds (parameters, arena, KV and logits).
     pub fn device_bytes(&self) -> u64 {
         let logits = self.output.as_ref().map_or(0, SpanOutput::bytes);
-        self.params.bytes() + self.arena.bytes() + self.kv.bytes() + logits
+        let persistent = self.persistent.as_ref().map_or(0, |p| p.scratch.size);
+        self.params.bytes() + self.arena.bytes() + self.kv.bytes() + logits + persistent
     }
 
     /// The most rows of logits one forward can return
@@ -178,6 +185,12 @@ impl Span {
         } else {
             0
         }
+    }
+
+    /// How single-token forwards run their layers: None the staged
+    /// recording, else one dispatch per layer (`Gpu::span_set_persistent`).
+    pub fn persistent(&self) -> Option<PersistentMode> {
+        self.persistent.as_ref().map(|p| p.mode)
     }
 
     /// Device bytes of the KV cache alone.
@@ -266,7 +279,7 @@ impl Gpu {
         } else {
             None
         };
-        Ok(Span {
+        let mut span = Span {
             shape: desc.shape.clone(),
             layers,
             params,
@@ -276,8 +289,49 @@ impl Gpu {
             pipelines,
             bindings: None,
             recorded: Recorded::default(),
+            persistent: None,
             profiler,
-        })
+        };
+        if let Some(mode) = PersistentMode::from_env() {
+            // Asked for by name: say why it is not taken, and go on without.
+            if let Err(e) = self.span_set_persistent(&mut span, Some(mode)) {
+                eprintln!("fish-vk: FISH_GPU_PERSISTENT: staged decode layers ({e})");
+            } else if self.config.verbose {
+                eprintln!(
+                    "fish-vk: decode layers as one dispatch each on {} workgroups{}",
+                    mode.groups,
+                    if mode.per_phase {
+                        " (one dispatch per stage)"
+                    } else {
+                        ""
+                    }
+                );
+            }
+        }
+        Ok(span)
+    }
+
+    /// Runs the layers of single-token forwards below
+    /// `PERSISTENT_MAX_POSITIONS` as one dispatch each on `mode.groups`
+    /// workgroups (shaders/span_persistent_layer.comp), or (None) as staged
+    /// dispatches. Every workgroup must be resident at once: where they are
+    /// not, a wait gives up, and the span returns to staged layers and runs
+    /// that forward again. Refused, leaving the span staged, where the
+    /// kernel does not take its layers.
+    pub fn span_set_persistent(&self, span: &mut Span, mode: Option<PersistentMode>) -> Result<()> {
+        // Recordings and sets bind the old state.
+        span.recorded.clear(self);
+        if let Some(b) = span.bindings.take() {
+            b.destroy(&self.device);
+        }
+        if let Some(p) = span.persistent.take() {
+            p.release(self);
+        }
+        if let Some(mode) = mode {
+            span.persistent =
+                Some(self.persistent_new(mode, &span.shape, &span.layers, &span.params)?);
+        }
+        Ok(())
     }
 
     /// Parameters, arena and initial KV; on failure nothing stays allocated.
@@ -360,6 +414,9 @@ impl Gpu {
             p.destroy(&self.device);
         }
         span.pipelines.destroy(&self.device);
+        if let Some(p) = span.persistent {
+            p.release(self);
+        }
         span.params.release(self);
         span.arena.release(self);
         span.kv.release(self);

@@ -2,7 +2,7 @@
 //! PUSH_WORDS words of push constants) shared by every span module.
 
 use crate::error::{Result, VkCall, VkError};
-use crate::pipeline::{module_bytes, storage_set_layout};
+use crate::pipeline::{shader_module, storage_set_layout};
 use crate::pipeline_stats::PipelineStats;
 use ash::vk;
 
@@ -129,22 +129,11 @@ impl SpanPipelines {
             pipelines: Vec::new(),
             built: Vec::new(),
         };
-        let ranges = [vk::PushConstantRange::default()
-            .stage_flags(vk::ShaderStageFlags::COMPUTE)
-            .size((PUSH_WORDS * 4) as u32)];
-        let set_layouts = [set_layout];
-        let info = vk::PipelineLayoutCreateInfo::default()
-            .set_layouts(&set_layouts)
-            .push_constant_ranges(&ranges);
-        // SAFETY: as above.
-        match unsafe { device.create_pipeline_layout(&info, None) } {
+        match push_layout(device, set_layout, PUSH_WORDS) {
             Ok(l) => out.layout = l,
-            Err(result) => {
+            Err(e) => {
                 out.destroy(device);
-                return Err(VkError::Vulkan {
-                    call: "vkCreatePipelineLayout",
-                    result,
-                });
+                return Err(e);
             }
         }
         for k in SpanKernel::ALL {
@@ -173,38 +162,8 @@ impl SpanPipelines {
         kernel: SpanKernel,
         stats: Option<&PipelineStats>,
     ) -> Result<()> {
-        let name = kernel.module();
-        let bytes = module_bytes(name).ok_or_else(|| VkError::Shader(name.to_string()))?;
-        let code = ash::util::read_spv(&mut std::io::Cursor::new(bytes))
-            .map_err(|_| VkError::Shader(name.to_string()))?;
-        let info = vk::ShaderModuleCreateInfo::default().code(&code);
-        // SAFETY: embedded SPIR-V compiled for this layout.
-        let module =
-            unsafe { device.create_shader_module(&info, None) }.call("vkCreateShaderModule")?;
+        let (module, pipeline) = module_pipeline(device, self.layout, kernel.module(), stats)?;
         self.modules.push(module);
-        let stage = vk::PipelineShaderStageCreateInfo::default()
-            .stage(vk::ShaderStageFlags::COMPUTE)
-            .module(module)
-            .name(c"main");
-        let flags = if stats.is_some() {
-            vk::PipelineCreateFlags::CAPTURE_STATISTICS_KHR
-        } else {
-            vk::PipelineCreateFlags::empty()
-        };
-        let create = [vk::ComputePipelineCreateInfo::default()
-            .flags(flags)
-            .stage(stage)
-            .layout(self.layout)];
-        // SAFETY: as above.
-        let pipeline =
-            unsafe { device.create_compute_pipelines(vk::PipelineCache::null(), &create, None) }
-                .map_err(|(_, result)| VkError::Vulkan {
-                    call: "vkCreateComputePipelines",
-                    result,
-                })?[0];
-        if let Some(stats) = stats {
-            stats.capture(pipeline, name, &[]);
-        }
         self.pipelines.push(pipeline);
         Ok(())
     }
@@ -258,6 +217,64 @@ impl SpanPipelines {
                 device.destroy_pipeline_layout(self.layout, None);
             }
             device.destroy_descriptor_set_layout(self.set_layout, None);
+        }
+    }
+}
+
+/// A pipeline layout of one set and `push_words` words of push constants.
+pub(crate) fn push_layout(
+    device: &ash::Device,
+    set_layout: vk::DescriptorSetLayout,
+    push_words: usize,
+) -> Result<vk::PipelineLayout> {
+    let ranges = [vk::PushConstantRange::default()
+        .stage_flags(vk::ShaderStageFlags::COMPUTE)
+        .size((push_words * 4) as u32)];
+    let set_layouts = [set_layout];
+    let info = vk::PipelineLayoutCreateInfo::default()
+        .set_layouts(&set_layouts)
+        .push_constant_ranges(&ranges);
+    // SAFETY: valid create info on a live device.
+    unsafe { device.create_pipeline_layout(&info, None) }.call("vkCreatePipelineLayout")
+}
+
+/// The embedded module `name` and its compute pipeline on `layout` (with
+/// `stats`, its statistics captured); on failure nothing stays created.
+pub(crate) fn module_pipeline(
+    device: &ash::Device,
+    layout: vk::PipelineLayout,
+    name: &str,
+    stats: Option<&PipelineStats>,
+) -> Result<(vk::ShaderModule, vk::Pipeline)> {
+    let module = shader_module(device, name)?;
+    let stage = vk::PipelineShaderStageCreateInfo::default()
+        .stage(vk::ShaderStageFlags::COMPUTE)
+        .module(module)
+        .name(c"main");
+    let flags = if stats.is_some() {
+        vk::PipelineCreateFlags::CAPTURE_STATISTICS_KHR
+    } else {
+        vk::PipelineCreateFlags::empty()
+    };
+    let create = [vk::ComputePipelineCreateInfo::default()
+        .flags(flags)
+        .stage(stage)
+        .layout(layout)];
+    // SAFETY: as above.
+    match unsafe { device.create_compute_pipelines(vk::PipelineCache::null(), &create, None) } {
+        Ok(p) => {
+            if let Some(stats) = stats {
+                stats.capture(p[0], name, &[]);
+            }
+            Ok((module, p[0]))
+        }
+        Err((_, result)) => {
+            // SAFETY: the module is unused.
+            unsafe { device.destroy_shader_module(module, None) };
+            Err(VkError::Vulkan {
+                call: "vkCreateComputePipelines",
+                result,
+            })
         }
     }
 }

@@ -19,16 +19,19 @@ pub enum SpanStage {
     Add,
     /// RoPE and the KV store run as one fused kernel.
     RopeKvStore,
+    /// A whole layer in one dispatch (span/persistent.rs).
+    PersistentLayer,
 }
 
 impl SpanStage {
-    const ALL: [SpanStage; 6] = [
+    const ALL: [SpanStage; 7] = [
         SpanStage::Matvec,
         SpanStage::RmsNorm,
         SpanStage::Attention,
         SpanStage::ActMul,
         SpanStage::Add,
         SpanStage::RopeKvStore,
+        SpanStage::PersistentLayer,
     ];
 
     pub fn label(self) -> &'static str {
@@ -39,6 +42,7 @@ impl SpanStage {
             SpanStage::ActMul => "act*mul",
             SpanStage::Add => "add",
             SpanStage::RopeKvStore => "RoPE+KV store",
+            SpanStage::PersistentLayer => "persistent layer",
         }
     }
 }

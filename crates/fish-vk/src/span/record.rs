@@ -7,6 +7,7 @@ use super::attention_split::{attention_splits, split_attention_fits};
 use super::bindings::{Bindings, MatmulSets};
 use super::desc::{LayerTensors, SpanActivation, SpanRope, SpanShape};
 use super::params::{LayerParams, Params};
+use super::persistent::PersistentRecording;
 use super::pipelines::{
     SpanKernel, SpanPipelines, COOPMAT_ATTENTION_QUERIES, PUSH_WORDS, TILED_ATTENTION_QUERIES,
 };
@@ -898,6 +899,9 @@ pub(crate) struct Recording<'a> {
     pub bindings: &'a Bindings,
     pub chunks: &'a [Chunk],
     pub output: Option<OutputRecording<'a>>,
+    /// Each layer as one dispatch (or one per stage) of the persistent
+    /// kernel instead of the chunks' stages.
+    pub persistent: Option<PersistentRecording<'a>>,
 }
 
 /// Records stages, ending each with a barrier (and a timestamp when profiling).
@@ -917,28 +921,32 @@ impl Recorder<'_> {
         groups: (u32, u32),
     ) {
         debug_assert!(push.len() <= PUSH_WORDS);
+        let pipeline = self.pipelines.get(kernel);
+        self.dispatch_on(pipeline, self.pipelines.layout, set, push, groups);
+    }
+
+    /// A dispatch of `pipeline` on its `layout` (the span kernels', or the
+    /// persistent kernel's own).
+    unsafe fn dispatch_on(
+        &self,
+        pipeline: vk::Pipeline,
+        layout: vk::PipelineLayout,
+        set: vk::DescriptorSet,
+        push: &[u32],
+        groups: (u32, u32),
+    ) {
         let bytes: Vec<u8> = push.iter().flat_map(|w| w.to_le_bytes()).collect();
         let d = self.d;
-        d.cmd_bind_pipeline(
-            self.cmd,
-            vk::PipelineBindPoint::COMPUTE,
-            self.pipelines.get(kernel),
-        );
+        d.cmd_bind_pipeline(self.cmd, vk::PipelineBindPoint::COMPUTE, pipeline);
         d.cmd_bind_descriptor_sets(
             self.cmd,
             vk::PipelineBindPoint::COMPUTE,
-            self.pipelines.layout,
+            layout,
             0,
             &[set],
             &[],
         );
-        d.cmd_push_constants(
-            self.cmd,
-            self.pipelines.layout,
-            vk::ShaderStageFlags::COMPUTE,
-            0,
-            &bytes,
-        );
+        d.cmd_push_constants(self.cmd, layout, vk::ShaderStageFlags::COMPUTE, 0, &bytes);
         d.cmd_dispatch(self.cmd, groups.0, groups.1, 1);
     }
 
@@ -1022,6 +1030,28 @@ impl Recording<'_> {
             p.layer_starts.clear();
         }
         for (il, layer) in self.layers.iter().enumerate() {
+            if let Some(pr) = &self.persistent {
+                if let Some(p) = r.profiler.as_deref_mut() {
+                    p.layer_starts.push(p.marks.len());
+                }
+                let layout = pr.persistent.pipeline.layout;
+                let groups = pr.persistent.mode.groups;
+                for (push, attention) in pr.dispatches(il) {
+                    r.dispatch_on(
+                        pr.persistent.pipeline.pipeline,
+                        layout,
+                        pr.sets[il],
+                        &push,
+                        (groups, 1),
+                    );
+                    r.end(match (pr.persistent.mode.per_phase, attention) {
+                        (false, _) => SpanStage::PersistentLayer,
+                        (true, true) => SpanStage::Attention,
+                        (true, false) => SpanStage::Matvec,
+                    });
+                }
+                continue;
+            }
             for chunk in self.chunks {
                 if let Some(p) = r.profiler.as_deref_mut() {
                     p.layer_starts.push(p.marks.len());

@@ -1,0 +1,269 @@
+//! Persistent decode layers (span/persistent.rs,
+//! shaders/span_persistent_layer.comp) against the same span's staged
+//! layers: two llama layers, one all Q4_K and one mixing Q6_K into q, v,
+//! gate/up and down (so a block straddles the q/k boundary between two
+//! types), decoded token by token from position 0, with adjacent and NeoX
+//! RoPE. Each step's change to x must match the staged span's within 1%
+//! of its largest value (half the seeds' bound; lavapipe gave 0.05%, and a
+//! wrong Q6_K scale, a dropped current value or swapped stored key halves
+//! 39-125%); since every step attends over
+//! the keys and values the earlier steps stored, a wrong KV store fails
+//! the later steps too.
+//! The persistent form runs on one workgroup (its blocks then cover every
+//! row of every stage, in order; lavapipe ends a poller whose wait runs
+//! past 65535 iterations, so grid-wide waits among several workgroups are
+//! checked on devices that keep them resident: FISH_TEST_PERSISTENT_GROUPS=N),
+//! and one dispatch per stage on three, which checks how blocks are dealt.
+
+mod common;
+
+use common::{assert_no_validation_messages, gpu_or_skip, random_values};
+use fish_gguf::GgmlType;
+use fish_vk::{
+    Gpu, PersistentMode, SpanActivation, SpanDesc, SpanLayerDesc, SpanRope, SpanShape, TensorHandle,
+};
+
+const N_EMBD: usize = 1024;
+const N_FF: usize = 2048;
+const N_HEAD: usize = 8;
+const N_KV: usize = 2;
+const HEAD_DIM: usize = 128;
+const N_CTX: usize = 64;
+const STEPS: usize = 40;
+
+/// Rows of `n_in` random values scaled by 1 / sqrt(n_in), quantised as `ty`.
+fn matrix(gpu: &Gpu, ty: GgmlType, rows: usize, n_in: usize, seed: u64) -> TensorHandle {
+    let scale = 1.0 / (n_in as f32).sqrt();
+    let row = n_in / ty.block_size() * ty.block_bytes();
+    let mut bytes = vec![0u8; rows * row];
+    for (src, dst) in random_values(rows * n_in, seed)
+        .chunks_exact(n_in)
+        .zip(bytes.chunks_exact_mut(row))
+    {
+        let src: Vec<f32> = src.iter().map(|v| v * scale).collect();
+        fish_quant::quantize_row(ty, &src, dst).expect("quantise");
+    }
+    gpu.upload(ty, &bytes, n_in, rows).expect("upload")
+}
+
+struct Weights {
+    /// Per layer q, k, v, wo, gate, up, down.
+    mats: Vec<[TensorHandle; 7]>,
+    norms: Vec<[Vec<f32>; 2]>,
+    rope: Vec<f32>,
+}
+
+impl Weights {
+    /// Layer 0 all Q4_K; layer 1 with Q6_K q, v, gate/up and down (or
+    /// `odd`, a type the kernel does not take, as its down).
+    fn new(gpu: &Gpu, odd: Option<GgmlType>) -> Weights {
+        use GgmlType::{Q4_K as K4, Q6_K as K6};
+        let kv = N_KV * HEAD_DIM;
+        let types = [[K4; 7], [K6, K4, K6, K4, K6, K6, odd.unwrap_or(K6)]];
+        let shapes = [
+            (N_EMBD, N_EMBD),
+            (kv, N_EMBD),
+            (kv, N_EMBD),
+            (N_EMBD, N_EMBD),
+            (N_FF, N_EMBD),
+            (N_FF, N_EMBD),
+            (N_EMBD, N_FF),
+        ];
+        let mats = types
+            .iter()
+            .enumerate()
+            .map(|(il, tys)| {
+                std::array::from_fn(|t| {
+                    let (rows, n_in) = shapes[t];
+                    matrix(gpu, tys[t], rows, n_in, (100 * il + t) as u64)
+                })
+            })
+            .collect();
+        let norm = |seed| -> Vec<f32> {
+            random_values(N_EMBD, seed)
+                .iter()
+                .map(|v| 1.0 + 0.5 * v)
+                .collect()
+        };
+        let norms = (0..2).map(|il| [norm(900 + il), norm(950 + il)]).collect();
+        // Per position HEAD_DIM / 2 (cos, sin) pairs, base 10000.
+        let rope = (0..N_CTX)
+            .flat_map(|pos| {
+                (0..HEAD_DIM / 2).flat_map(move |i| {
+                    let theta = pos as f32 * 10000f32.powf(-2.0 * i as f32 / HEAD_DIM as f32);
+                    [theta.cos(), theta.sin()]
+                })
+            })
+            .collect();
+        Weights { mats, norms, rope }
+    }
+
+    fn desc(&self, rope: SpanRope) -> SpanDesc<'_> {
+        let shape = SpanShape {
+            n_embd: N_EMBD,
+            n_head: N_HEAD,
+            n_head_kv: N_KV,
+            head_dim: HEAD_DIM,
+            head_dim_v: HEAD_DIM,
+            n_rot: HEAD_DIM,
+            rope,
+            activation: SpanActivation::SwiGlu,
+            rms_eps: 1e-5,
+            attn_scale: 1.0 / (HEAD_DIM as f32).sqrt(),
+            n_ctx: N_CTX,
+        };
+        let layers = self
+            .mats
+            .iter()
+            .zip(&self.norms)
+            .map(|(m, [attn_norm, ffn_norm])| SpanLayerDesc {
+                qkv: [m[0], m[1], m[2]],
+                wo: m[3],
+                gate_up: [m[4], m[5]],
+                down: m[6],
+                attn_norm,
+                bq: None,
+                bk: None,
+                bv: None,
+                q_norm: None,
+                k_norm: None,
+                post_attn_norm: None,
+                ffn_norm,
+                post_ffn_norm: None,
+                rope_table: 0,
+                window: 0,
+            })
+            .collect();
+        SpanDesc {
+            shape,
+            layers,
+            output: None,
+            rope_tables: vec![&self.rope],
+        }
+    }
+
+    fn free(self, gpu: &Gpu) {
+        for h in self.mats.iter().flatten() {
+            gpu.free(*h).expect("free");
+        }
+    }
+}
+
+/// Inputs of the decode steps: residual streams of a llama's scale.
+fn inputs() -> Vec<Vec<f32>> {
+    (0..STEPS)
+        .map(|s| {
+            random_values(N_EMBD, 5000 + s as u64)
+                .iter()
+                .map(|v| 2.0 * v)
+                .collect()
+        })
+        .collect()
+}
+
+/// What each decode step adds to x, on a span run as `mode`.
+fn decode_deltas(gpu: &Gpu, desc: &SpanDesc<'_>, mode: Option<PersistentMode>) -> Vec<Vec<f32>> {
+    let mut span = gpu.span_create(desc, false).expect("span");
+    gpu.span_set_persistent(&mut span, mode)
+        .expect("persistent");
+    assert_eq!(span.persistent(), mode);
+    let deltas = inputs()
+        .iter()
+        .enumerate()
+        .map(|(pos, x0)| {
+            let mut x = x0.clone();
+            gpu.span_forward(&mut span, &mut x, 1, pos)
+                .unwrap_or_else(|e| panic!("{mode:?} step {pos}: {e}"));
+            x.iter().zip(x0).map(|(a, b)| a - b).collect()
+        })
+        .collect();
+    // Still persistent: no wait gave up.
+    assert_eq!(span.persistent(), mode);
+    gpu.span_destroy(span);
+    deltas
+}
+
+/// Per step, max |a - b| / max |b|; the worst step.
+fn worst_relative(a: &[Vec<f32>], b: &[Vec<f32>]) -> (usize, f32) {
+    a.iter()
+        .zip(b)
+        .map(|(a, b)| {
+            let diff = a
+                .iter()
+                .zip(b)
+                .map(|(x, y)| (x - y).abs())
+                .fold(0f32, f32::max);
+            let scale = b.iter().map(|v| v.abs()).fold(0f32, f32::max);
+            diff / scale
+        })
+        .enumerate()
+        .fold((0, 0f32), |w, (s, r)| if r > w.1 { (s, r) } else { w })
+}
+
+#[test]
+fn persistent_decode_layers_match_the_staged_span() {
+    let Some(gpu) = gpu_or_skip() else {
+        return;
+    };
+    gpu.release_scratch();
+    let mark = gpu.allocation_count();
+    let weights = Weights::new(gpu, None);
+    let extra: Option<u32> = std::env::var("FISH_TEST_PERSISTENT_GROUPS")
+        .ok()
+        .and_then(|v| v.parse().ok());
+    let mut modes = vec![
+        PersistentMode {
+            groups: 1,
+            per_phase: false,
+        },
+        PersistentMode {
+            groups: 3,
+            per_phase: true,
+        },
+    ];
+    modes.extend(extra.map(|groups| PersistentMode {
+        groups,
+        per_phase: false,
+    }));
+    for rope in [SpanRope::Adjacent, SpanRope::Neox] {
+        let desc = weights.desc(rope);
+        let staged = decode_deltas(gpu, &desc, None);
+        for &mode in &modes {
+            let persistent = decode_deltas(gpu, &desc, Some(mode));
+            let (step, worst) = worst_relative(&persistent, &staged);
+            eprintln!("{rope:?} {mode:?}: worst step {step}, max |dx| {worst:.5} of max |x|");
+            assert!(
+                worst <= 0.01,
+                "{rope:?} {mode:?}: step {step} differs by {worst} of its largest value"
+            );
+        }
+    }
+    weights.free(gpu);
+    gpu.release_scratch();
+    assert_eq!(gpu.allocation_count(), mark, "device memory returned");
+    assert_no_validation_messages(gpu);
+}
+
+#[test]
+fn a_span_the_kernel_does_not_take_stays_staged() {
+    let Some(gpu) = gpu_or_skip() else {
+        return;
+    };
+    let weights = Weights::new(gpu, Some(GgmlType::Q8_0));
+    let desc = weights.desc(SpanRope::Neox);
+    let mut span = gpu.span_create(&desc, false).expect("span");
+    let mode = PersistentMode {
+        groups: 1,
+        per_phase: false,
+    };
+    let err = gpu
+        .span_set_persistent(&mut span, Some(mode))
+        .expect_err("a Q8_0 matrix");
+    assert!(err.to_string().contains("Q8_0"), "{err}");
+    assert_eq!(span.persistent(), None);
+    let mut x = inputs()[0].clone();
+    gpu.span_forward(&mut span, &mut x, 1, 0)
+        .expect("staged forward");
+    gpu.span_destroy(span);
+    weights.free(gpu);
+}
