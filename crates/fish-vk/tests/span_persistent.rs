@@ -326,3 +326,30 @@ fn a_span_the_kernel_does_not_take_stays_staged() {
     gpu.span_destroy(span);
     weights.free(gpu);
 }
+
+#[test]
+fn a_profiled_span_times_its_persistent_layers() {
+    let Some(gpu) = gpu_or_skip() else {
+        return;
+    };
+    let weights = Weights::new(gpu, SMALL, None);
+    let desc = weights.desc(SpanRope::Adjacent);
+    for (mode, stages) in [
+        (one_dispatch(1), &["persistent layer"][..]),
+        (per_phase(2), &["matvec", "attention"][..]),
+    ] {
+        let mut span = gpu.span_create(&desc, true).expect("span");
+        gpu.span_set_persistent(&mut span, Some(mode))
+            .expect("persistent");
+        let mut x = inputs(SMALL)[0].clone();
+        gpu.span_forward(&mut span, &mut x, 1, 0).expect("forward");
+        // Without timestamps (a queue without them) there is no profile.
+        if let Some(profile) = span.profile() {
+            for stage in stages {
+                assert!(profile.contains(stage), "{mode:?}: {profile}");
+            }
+        }
+        gpu.span_destroy(span);
+    }
+    weights.free(gpu);
+}

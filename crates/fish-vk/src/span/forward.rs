@@ -200,10 +200,11 @@ impl Gpu {
                         layout,
                     )?,
                 };
+                // (Persistent layers: no chunks, at most 5 stages a layer.)
                 if let Some(p) = span.profiler.as_mut() {
                     p.ensure(
                         &self.device,
-                        max_timestamps(span.layers.len(), chunks.len()),
+                        max_timestamps(span.layers.len(), chunks.len().max(1)),
                     )?;
                 }
                 let recording = Recording {

@@ -180,8 +180,10 @@ impl Profiler {
         if total <= 0.0 {
             return None;
         }
+        // The persistent layer only where it ran (staged forwards never do).
         let parts: Vec<String> = stages
             .iter()
+            .filter(|&&(s, ns)| s != SpanStage::PersistentLayer || ns > 0.0)
             .map(|(s, ns)| format!("{} {:.1}%", s.label(), 100.0 * ns / total))
             .collect();
         let [prepare, execute, read] = self.host_ns.map(|ns| ns as f64 / 1e6);
