@@ -25,6 +25,14 @@ use fish_vk::{
 
 const N_CTX: usize = 64;
 
+/// The tests share the process's device: one at a time, so that the
+/// allocation count before and after one test is its own.
+static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner())
+}
+
 /// A span's dimensions and the decode steps it runs.
 #[derive(Clone, Copy, Debug)]
 struct Dims {
@@ -281,6 +289,7 @@ fn per_phase(groups: u32) -> PersistentMode {
 
 #[test]
 fn persistent_decode_layers_match_the_staged_span() {
+    let _serial = serial();
     let Some(gpu) = gpu_or_skip() else {
         return;
     };
@@ -309,6 +318,7 @@ fn persistent_decode_layers_match_the_staged_span() {
 
 #[test]
 fn a_span_the_kernel_does_not_take_stays_staged() {
+    let _serial = serial();
     let Some(gpu) = gpu_or_skip() else {
         return;
     };
@@ -329,6 +339,7 @@ fn a_span_the_kernel_does_not_take_stays_staged() {
 
 #[test]
 fn a_profiled_span_times_its_persistent_layers() {
+    let _serial = serial();
     let Some(gpu) = gpu_or_skip() else {
         return;
     };
