@@ -22,6 +22,7 @@
 //! with `FISH_VK_FRAGS=all` Q6_K ones too (`default_type`).
 
 use crate::coopmat::{CoopMatTile, Staging};
+use crate::thread_override::with_override;
 use crate::{Gpu, Kernel, MatmulInput, WeightFormat};
 use fish_gguf::GgmlType;
 use std::cell::Cell;
@@ -181,22 +182,6 @@ thread_local! {
     static FRAGS_OVERRIDE: Cell<Option<bool>> = const { Cell::new(None) };
     /// Tests force the loads ahead on or off for this thread's plans.
     static AHEAD_OVERRIDE: Cell<Option<bool>> = const { Cell::new(None) };
-}
-
-type Override = std::thread::LocalKey<Cell<Option<bool>>>;
-
-/// Puts a thread's previous override back, also when the closure panics.
-struct Restore(&'static Override, Option<bool>);
-
-impl Drop for Restore {
-    fn drop(&mut self) {
-        self.0.with(|s| s.set(self.1));
-    }
-}
-
-fn with_override<R>(key: &'static Override, on: bool, f: impl FnOnce() -> R) -> R {
-    let _restore = Restore(key, key.with(|s| s.replace(Some(on))));
-    f()
 }
 
 impl Gpu {

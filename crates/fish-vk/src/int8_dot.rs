@@ -9,10 +9,12 @@
 //! asked for by name.
 
 use crate::instance::has_extension;
+use crate::thread_override::with_override;
 use crate::weight_format::WeightFormat;
 use ash::khr;
 use ash::vk;
 use fish_gguf::GgmlType;
+use std::cell::Cell;
 
 /// What the device offers.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
@@ -42,6 +44,22 @@ pub enum Int8Policy {
     /// `FISH_VK_INT8=1`: every quantised type, whenever the device has the
     /// products (tests on lavapipe, measurements).
     WhenSupported,
+}
+
+thread_local! {
+    /// Tests turn int8 activations off for this thread's spans and calls.
+    static INT8_OVERRIDE: Cell<Option<bool>> = const { Cell::new(None) };
+}
+
+/// This thread's override of the policy (`Gpu::with_int8_matvecs`).
+pub(crate) fn int8_override() -> Option<bool> {
+    INT8_OVERRIDE.with(Cell::get)
+}
+
+/// Runs `f` with this thread's matvecs on int8 activations as the policy
+/// says (`true`) or never (`false`).
+pub(crate) fn with_int8_override<R>(on: bool, f: impl FnOnce() -> R) -> R {
+    with_override(&INT8_OVERRIDE, on, f)
 }
 
 impl Int8Policy {

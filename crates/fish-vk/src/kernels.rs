@@ -1515,11 +1515,21 @@ impl Gpu {
     /// Whether matvecs of weights of type `ty` (span decode steps, lone
     /// matvecs up to MATVEC_MAX_TOKENS tokens) run on int8 activations.
     pub fn int8_matvec(&self, ty: impl Into<WeightFormat>) -> bool {
-        self.info.subgroup_arithmetic
+        crate::int8_dot::int8_override() != Some(false)
+            && self.info.subgroup_arithmetic
             && self
                 .config
                 .int8_matvec
                 .allows(self.info.int8_dot, ty.into())
+    }
+
+    /// Runs `f` with this thread's spans and lone matvecs on int8
+    /// activations where the policy allows them (`true`) or on float ones
+    /// (`false`), whatever FISH_VK_INT8 says: tests compare kernels that
+    /// read float inputs against a float reference on any device. Spans
+    /// keep the choice they were created and recorded with.
+    pub fn with_int8_matvecs<R>(&self, on: bool, f: impl FnOnce() -> R) -> R {
+        crate::int8_dot::with_int8_override(on, f)
     }
 
     /// The kernel of a lone call on `handles`: `Auto` at up to

@@ -30,6 +30,7 @@ mod pipeline_stats;
 pub mod span;
 mod split_k;
 mod status;
+mod thread_override;
 mod tile_padding;
 mod upload;
 mod weight_format;
