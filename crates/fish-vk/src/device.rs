@@ -58,6 +58,11 @@ pub struct DeviceInfo {
     /// run on fragments built in registers (frags.rs): the device offers
     /// them and passed the open-time check.
     pub prefill_frags: bool,
+    /// The device offers what the fragments kernel needs (16 x 8 x 16 f16
+    /// fragments with f32 accumulators, subgroups of 32), whether or not it
+    /// passed the open-time check: tests run the real kernel wherever this
+    /// holds, so that a failing check fails them instead of skipping them.
+    pub prefill_frags_offered: bool,
     /// Pipeline statistics asked for (FISH_VK_PIPELINE_STATS=1) and offered
     /// (VK_KHR_pipeline_executable_properties; pipeline_stats.rs).
     pub pipeline_stats: bool,
@@ -237,6 +242,7 @@ fn describe_physical(
         int8_dot,
         int8_matrix: None,
         prefill_frags: false,
+        prefill_frags_offered: false,
         pipeline_stats,
         full_subgroups,
     })

@@ -192,6 +192,13 @@ impl Gpu {
         self.info.prefill_frags
     }
 
+    /// Whether the device offers what the fragments kernel needs, whether
+    /// or not it passed the open-time check (tests run the real kernel
+    /// wherever this holds).
+    pub fn prefill_frags_offered(&self) -> bool {
+        self.info.prefill_frags_offered
+    }
+
     /// Runs `f` with this thread's plans taking the fragments kernel
     /// wherever it applies (`true`: also for the emulated prefill kernel,
     /// `Kernel::CoopMatEmulated`) or never (`false`), whatever the device's
@@ -222,7 +229,7 @@ impl Gpu {
     ) -> Option<(String, FragsTile)> {
         let forced = FRAGS_OVERRIDE.with(Cell::get);
         let emulated = match (kernel, forced) {
-            (Kernel::CoopMat, Some(true)) if self.info.prefill_frags => false,
+            (Kernel::CoopMat, Some(true)) if self.info.prefill_frags_offered => false,
             (Kernel::CoopMat, None) if self.info.prefill_frags && default_type(ty) => false,
             (Kernel::CoopMatEmulated, Some(true)) => true,
             (Kernel::CoopMatEmulated, None) if emulated_wanted() && default_type(ty) => true,

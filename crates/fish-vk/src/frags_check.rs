@@ -155,18 +155,30 @@ impl Gpu {
         let y = y.map_err(|e| e.to_string())?;
         freed.map_err(|e| e.to_string())?;
         let y = y.concat();
+        let mut first = None;
+        let mut wrong = 0;
         for t in 0..n_tok {
             let xt = &x[t * N_IN..(t + 1) * N_IN];
             for (r, w) in weights.iter().enumerate() {
                 let want: f64 = w.iter().zip(xt).map(|(&a, &b)| a * f64::from(b)).sum();
                 let got = f64::from(y[t * rows + r]);
                 if got != want {
-                    return Err(format!(
-                        "{ty:?} wide={wide}: y[t={t}, r={r}] = {got}, exact {want}"
-                    ));
+                    wrong += 1;
+                    first.get_or_insert(format!("y[t={t}, r={r}] = {got}, exact {want}"));
                 }
             }
         }
-        Ok(())
+        let Some(first) = first else { return Ok(()) };
+        let nan = y.iter().filter(|v| v.is_nan()).count();
+        Err(format!(
+            "{ty:?} wide={wide}: {first}; {wrong} of {} outputs differ, {nan} NaN{}",
+            y.len(),
+            if nan == y.len() {
+                " (every output, as when the kernel's element-layout probe, frag16.glsl \
+                 layout_matches, disagrees with this device)"
+            } else {
+                ""
+            }
+        ))
     }
 }

@@ -119,7 +119,10 @@ impl Gpu {
                 .map(|p| crate::int8_matrix::has_f16_fragments(&p))
                 .unwrap_or(false);
             match crate::frags::offered(f16_fragments, info.subgroup_size) {
-                Ok(()) => info.prefill_frags = true,
+                Ok(()) => {
+                    info.prefill_frags = true;
+                    info.prefill_frags_offered = true;
+                }
                 Err(why) if config.verbose => {
                     eprintln!("fish-vk: no prefill on fragments built in registers: {why}")
                 }

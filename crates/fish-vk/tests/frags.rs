@@ -22,10 +22,11 @@ fn frags_gpu() -> Option<&'static Gpu> {
 }
 
 /// The kernels to check on this device: the emulated one, and the real one
-/// where the device runs it.
+/// where the device offers what it needs (also where the open-time check
+/// failed: that is a failure here, not a skip).
 fn kernels(gpu: &Gpu) -> Vec<Kernel> {
     let mut kernels = vec![Kernel::CoopMatEmulated];
-    if gpu.prefill_frags() {
+    if gpu.prefill_frags_offered() {
         kernels.push(Kernel::CoopMat);
     }
     kernels
