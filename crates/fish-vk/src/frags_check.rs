@@ -107,7 +107,10 @@ impl Gpu {
         kernel: Kernel,
         types: &[GgmlType],
     ) -> Result<(), String> {
+        // Every tile and type is checked, so that one failure's message
+        // also says which of the others hold.
         let mut checked = 0;
+        let mut failures = Vec::new();
         for &ty in types {
             for wide in [false, true] {
                 let tile = match wide {
@@ -119,13 +122,20 @@ impl Gpu {
                     continue;
                 }
                 let (rows, n_tok) = (tile.rows() as usize + 16, tile.tokens() as usize + 8);
-                self.check_one(kernel, ty, wide, rows, n_tok)?;
+                if let Err(why) = self.check_one(kernel, ty, wide, rows, n_tok) {
+                    failures.push(why);
+                }
                 checked += 1;
             }
         }
-        match checked {
-            0 => Err("no prefill tile has a layout of the kernel".into()),
-            _ => Ok(()),
+        match (checked, failures.is_empty()) {
+            (0, _) => Err("no prefill tile has a layout of the kernel".into()),
+            (_, true) => Ok(()),
+            (_, false) => Err(format!(
+                "{} of {checked} checks failed: {}",
+                failures.len(),
+                failures.join(" | ")
+            )),
         }
     }
 
