@@ -203,7 +203,8 @@ impl Gpu {
     /// wherever it applies (`true`: also for the emulated prefill kernel,
     /// `Kernel::CoopMatEmulated`) or never (`false`), whatever the device's
     /// default (tests, benches). The real kernel still needs a device that
-    /// holds it.
+    /// offers it (`prefill_frags_offered`); forced on, it runs there even
+    /// where the open-time check failed, so tests and benches see it.
     pub fn with_prefill_frags<R>(&self, on: bool, f: impl FnOnce() -> R) -> R {
         with_override(&FRAGS_OVERRIDE, on, f)
     }
