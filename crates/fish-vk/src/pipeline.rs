@@ -127,8 +127,6 @@ pub(crate) struct Pipelines {
     full_subgroups: Option<u32>,
 }
 
-/// A descriptor set layout of `n` storage buffers at bindings 0..n for a
-/// compute stage (the matmul kernels' and the span kernels' sets).
 /// The embedded module `name` as a shader module.
 pub(crate) fn shader_module(device: &ash::Device, name: &str) -> Result<vk::ShaderModule> {
     let bytes = module_bytes(name).ok_or_else(|| VkError::Shader(name.to_string()))?;
@@ -139,6 +137,66 @@ pub(crate) fn shader_module(device: &ash::Device, name: &str) -> Result<vk::Shad
     unsafe { device.create_shader_module(&info, None) }.call("vkCreateShaderModule")
 }
 
+/// The compute pipeline of `module` (the module `name`) on `layout`, its
+/// specialisation constant i set to `spec[i]`, with `stage_flags`; with
+/// `stats`, its statistics captured. On failure the module is destroyed,
+/// so nothing stays created.
+pub(crate) fn module_compute_pipeline(
+    device: &ash::Device,
+    module: vk::ShaderModule,
+    layout: vk::PipelineLayout,
+    name: &str,
+    spec: &[u32],
+    stage_flags: vk::PipelineShaderStageCreateFlags,
+    stats: Option<&PipelineStats>,
+) -> Result<vk::Pipeline> {
+    let entries: Vec<vk::SpecializationMapEntry> = (0..spec.len())
+        .map(|i| vk::SpecializationMapEntry {
+            constant_id: i as u32,
+            offset: 4 * i as u32,
+            size: 4,
+        })
+        .collect();
+    let data: Vec<u8> = spec.iter().flat_map(|v| v.to_le_bytes()).collect();
+    let specialization = vk::SpecializationInfo::default()
+        .map_entries(&entries)
+        .data(&data);
+    let stage = vk::PipelineShaderStageCreateInfo::default()
+        .flags(stage_flags)
+        .stage(vk::ShaderStageFlags::COMPUTE)
+        .module(module)
+        .name(c"main")
+        .specialization_info(&specialization);
+    let flags = if stats.is_some() {
+        vk::PipelineCreateFlags::CAPTURE_STATISTICS_KHR
+    } else {
+        vk::PipelineCreateFlags::empty()
+    };
+    let create = [vk::ComputePipelineCreateInfo::default()
+        .flags(flags)
+        .stage(stage)
+        .layout(layout)];
+    // SAFETY: valid create info on a live device; the module is ours.
+    match unsafe { device.create_compute_pipelines(vk::PipelineCache::null(), &create, None) } {
+        Ok(p) => {
+            if let Some(stats) = stats {
+                stats.capture(p[0], name, spec);
+            }
+            Ok(p[0])
+        }
+        Err((_, result)) => {
+            // SAFETY: the module is unused.
+            unsafe { device.destroy_shader_module(module, None) };
+            Err(VkError::Vulkan {
+                call: "vkCreateComputePipelines",
+                result,
+            })
+        }
+    }
+}
+
+/// A descriptor set layout of `n` storage buffers at bindings 0..n for a
+/// compute stage (the matmul kernels' and the span kernels' sets).
 pub(crate) fn storage_set_layout(device: &ash::Device, n: u32) -> Result<vk::DescriptorSetLayout> {
     let bindings: Vec<_> = (0..n)
         .map(|b| {
@@ -227,47 +285,15 @@ impl Pipelines {
             return Ok(*p);
         }
         let module = shader_module(device, name)?;
-        let entries: Vec<vk::SpecializationMapEntry> = (0..spec.len())
-            .map(|i| vk::SpecializationMapEntry {
-                constant_id: i as u32,
-                offset: 4 * i as u32,
-                size: 4,
-            })
-            .collect();
-        let data: Vec<u8> = spec.iter().flat_map(|v| v.to_le_bytes()).collect();
-        let specialization = vk::SpecializationInfo::default()
-            .map_entries(&entries)
-            .data(&data);
-        let stage = vk::PipelineShaderStageCreateInfo::default()
-            .flags(stage_flags)
-            .stage(vk::ShaderStageFlags::COMPUTE)
-            .module(module)
-            .name(c"main")
-            .specialization_info(&specialization);
-        let flags = if self.stats.is_some() {
-            vk::PipelineCreateFlags::CAPTURE_STATISTICS_KHR
-        } else {
-            vk::PipelineCreateFlags::empty()
-        };
-        let create = [vk::ComputePipelineCreateInfo::default()
-            .flags(flags)
-            .stage(stage)
-            .layout(self.layout)];
-        let pipeline = match unsafe {
-            device.create_compute_pipelines(vk::PipelineCache::null(), &create, None)
-        } {
-            Ok(p) => p[0],
-            Err((_, result)) => {
-                unsafe { device.destroy_shader_module(module, None) };
-                return Err(VkError::Vulkan {
-                    call: "vkCreateComputePipelines",
-                    result,
-                });
-            }
-        };
-        if let Some(stats) = &self.stats {
-            stats.capture(pipeline, name, spec);
-        }
+        let pipeline = module_compute_pipeline(
+            device,
+            module,
+            self.layout,
+            name,
+            spec,
+            stage_flags,
+            self.stats.as_ref(),
+        )?;
         built.insert(key, (module, pipeline));
         Ok(pipeline)
     }

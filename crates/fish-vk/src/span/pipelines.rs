@@ -1,8 +1,8 @@
 //! The span kernels' pipelines: one layout (six storage buffers, up to
 //! PUSH_WORDS words of push constants) shared by every span module.
 
-use crate::error::{Result, VkCall, VkError};
-use crate::pipeline::{shader_module, storage_set_layout};
+use crate::error::{Result, VkCall};
+use crate::pipeline::{module_compute_pipeline, shader_module, storage_set_layout};
 use crate::pipeline_stats::PipelineStats;
 use ash::vk;
 
@@ -247,34 +247,7 @@ pub(crate) fn module_pipeline(
     stats: Option<&PipelineStats>,
 ) -> Result<(vk::ShaderModule, vk::Pipeline)> {
     let module = shader_module(device, name)?;
-    let stage = vk::PipelineShaderStageCreateInfo::default()
-        .stage(vk::ShaderStageFlags::COMPUTE)
-        .module(module)
-        .name(c"main");
-    let flags = if stats.is_some() {
-        vk::PipelineCreateFlags::CAPTURE_STATISTICS_KHR
-    } else {
-        vk::PipelineCreateFlags::empty()
-    };
-    let create = [vk::ComputePipelineCreateInfo::default()
-        .flags(flags)
-        .stage(stage)
-        .layout(layout)];
-    // SAFETY: as above.
-    match unsafe { device.create_compute_pipelines(vk::PipelineCache::null(), &create, None) } {
-        Ok(p) => {
-            if let Some(stats) = stats {
-                stats.capture(p[0], name, &[]);
-            }
-            Ok((module, p[0]))
-        }
-        Err((_, result)) => {
-            // SAFETY: the module is unused.
-            unsafe { device.destroy_shader_module(module, None) };
-            Err(VkError::Vulkan {
-                call: "vkCreateComputePipelines",
-                result,
-            })
-        }
-    }
+    let flags = vk::PipelineShaderStageCreateFlags::empty();
+    let pipeline = module_compute_pipeline(device, module, layout, name, &[], flags, stats)?;
+    Ok((module, pipeline))
 }
