@@ -1,7 +1,8 @@
 // f16 matrix fragments built in registers, in the layout the H200's driver
 // gives 16 x 8 x 16 f16 products (matvec_i8mm_h16.glsl states it): the
 // element types, the fragment builders, the product (or its emulation on
-// plain code) and the open-time layout check; frag16_pairs.glsl has the
+// plain code) and, where FRAG16_LAYOUT_PROBE is defined, the in-kernel
+// layout check (layout_matches); frag16_pairs.glsl has the
 // weight pairs of Q4_K and Q6_K codes. Included by matvec_i8mm_h16.glsl
 // and matmul_frags.comp after they define WARPS, TM (16), LANES, THREADS
 // and ELEMS (4). The emulation's products are barriers of the whole
@@ -120,6 +121,7 @@ B_FRAG make_b(H2 p02, H2 p13) {
 }
 C_FRAG c_zero() { return C_FRAG(0.0); }
 
+#if defined(FRAG16_LAYOUT_PROBE)
 // The element-index matrices of the layout check, as f16 pairs: A (16 x 16
 // row-major), B (16 x 8 row-major: row k, column n), and C's element
 // numbers (row-major floats).
@@ -165,4 +167,5 @@ bool layout_matches() {
     }
     return ok;
 }
+#endif
 #endif

@@ -47,6 +47,9 @@ layout(std430, binding = 1) readonly buffer XQ2 { uvec2 x_int8_2[]; };
 layout(std430, binding = 1) readonly buffer XH { uvec4 x_h[]; };
 #endif
 
+// Its outputs are checked against their layout in the kernel: the
+// open-time check (int8_matrix.rs) reads only whether they are NaN.
+#define FRAG16_LAYOUT_PROBE
 #include "frag16.glsl"
 
 // The weight words of row slot h (2 per row fragment: rows g and g + 8):
