@@ -43,6 +43,14 @@ for r in $(seq 1 "$rounds"); do
     done
 done
 
+echo "## prefill kernels (pp512)"
+for model in "$l8b" "$l1b"; do
+    FISH_VK_FRAGS=0 row staged "$model" -p 512 -n 0 -r 3
+    row frags "$model" -p 512 -n 0 -r 3
+    FISH_VK_FRAGS=all row frags+q6 "$model" -p 512 -n 0 -r 3
+    FISH_VK_FRAGS_AHEAD=1 row ahead "$model" -p 512 -n 0 -r 3
+done
+
 echo "## llama-8b profiles"
 FISH_GPU_PROFILE=3 "$cli" bench "$l8b" -p 0 -n 32 -r 1 2>&1 | grep -E "span profile" || true
 FISH_GPU_PROFILE=3 "$cli" bench "$l8b" -p 512 -n 0 -r 1 2>&1 | grep -E "span profile" || true
