@@ -47,8 +47,9 @@ layout(std430, binding = 1) readonly buffer XQ2 { uvec2 x_int8_2[]; };
 layout(std430, binding = 1) readonly buffer XH { uvec4 x_h[]; };
 #endif
 
-// Its outputs are checked against their layout in the kernel: the
-// open-time check (int8_matrix.rs) reads only whether they are NaN.
+// This kernel checks the element layout itself (layout_matches, NaN
+// outputs on a mismatch): its open-time check (int8_matrix.rs
+// `layout_holds`) multiplies zeros, so it can only see NaN.
 #define FRAG16_LAYOUT_PROBE
 #include "frag16.glsl"
 
