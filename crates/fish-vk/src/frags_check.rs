@@ -3,19 +3,29 @@
 //! partial sum is exact in f16 and f32, multiplied on each prefill tile the
 //! plans may take, every output compared with the exact value. A wrong
 //! element layout, a mis-decoded code or a lost fragment shows as a
-//! difference; rounding cannot.
+//! difference; rounding cannot. The wide tile is also checked on rows long
+//! enough that plans split their steps across workgroups (split_k.rs), as
+//! they do for long-row projections with few tiles, so the partials and
+//! their sum are checked on the device too.
 
 use crate::{Gpu, Kernel, MatmulInput};
 use fish_gguf::GgmlType;
 
-/// Values per row: two super-blocks.
+/// Values per row of the unsplit checks: two super-blocks.
 const N_IN: usize = 512;
 
-/// x[t][k]: multiples of 1/8 in [-3/8, 3/8] (exact in f16).
-fn input(n_tok: usize) -> Vec<f32> {
-    (0..n_tok * N_IN)
+/// Longest rows of the split check: every weight is at most 96 in
+/// magnitude (Q6_K) and every input at most 3/8, all multiples of 1/8, so
+/// any partial sum of up to this many products stays below 2^21 and is
+/// exact in f32.
+const MAX_SPLIT_N_IN: usize = 32768;
+
+/// x[t][k] of rows of n_in values: multiples of 1/8 in [-3/8, 3/8] (exact
+/// in f16).
+fn input(n_tok: usize, n_in: usize) -> Vec<f32> {
+    (0..n_tok * n_in)
         .map(|i| {
-            let (t, k) = (i / N_IN, i % N_IN);
+            let (t, k) = (i / n_in, i % n_in);
             (((t * 5 + k * 3) % 7) as f32 - 3.0) * 0.125
         })
         .collect()
@@ -24,11 +34,11 @@ fn input(n_tok: usize) -> Vec<f32> {
 /// One Q4_K row with d = dmin = 1: value k is sc * q - m with q = (7 r + 3
 /// k) % 16, sub-block j's scale 1 + (r + j) % 4 and min (r + 2 j) % 4 (all
 /// below 16, so the high bits of the packed scales stay zero). Returns the
-/// GGUF bytes and the values.
-fn q4_k_row(r: usize) -> (Vec<u8>, Vec<f64>) {
+/// GGUF bytes and the values (n_in of them).
+fn q4_k_row(r: usize, n_in: usize) -> (Vec<u8>, Vec<f64>) {
     let mut bytes = Vec::new();
     let mut values = Vec::new();
-    for sb in 0..N_IN / 256 {
+    for sb in 0..n_in / 256 {
         let q = |k: usize| ((7 * r + 3 * (256 * sb + k)) % 16) as u8;
         let sc = |j: usize| (1 + (r + j) % 4) as u8;
         let m = |j: usize| ((r + 2 * j) % 4) as u8;
@@ -56,10 +66,10 @@ fn q4_k_row(r: usize) -> (Vec<u8>, Vec<f64>) {
 
 /// One Q6_K row with d = 1: value k is s * (code - 32) with code = (5 r +
 /// 11 k) % 64 and its 16-value scale s = 1 + (r + index) % 3.
-fn q6_k_row(r: usize) -> (Vec<u8>, Vec<f64>) {
+fn q6_k_row(r: usize, n_in: usize) -> (Vec<u8>, Vec<f64>) {
     let mut bytes = Vec::new();
-    let mut values = vec![0.0; N_IN];
-    for sb in 0..N_IN / 256 {
+    let mut values = vec![0.0; n_in];
+    for sb in 0..n_in / 256 {
         let code = |k: usize| ((5 * r + 11 * (256 * sb + k)) % 64) as u8;
         let scale = |i: usize| (1 + (r + i) % 3) as i8;
         let (mut ql, mut qh) = ([0u8; 128], [0u8; 64]);
@@ -85,11 +95,34 @@ fn q6_k_row(r: usize) -> (Vec<u8>, Vec<f64>) {
     (bytes, values)
 }
 
+/// One check's product: the tile (wide or not), rows, tokens and values
+/// per row.
+#[derive(Clone, Copy)]
+struct Shape {
+    wide: bool,
+    rows: usize,
+    n_tok: usize,
+    n_in: usize,
+}
+
+/// Values per row at which a dispatch of `tiles` wide tiles splits its
+/// steps in two or more (the wide split rule, split_k.rs): twice the fewest
+/// steps a share keeps, in whole super-blocks. None where the rule is off
+/// (FISH_VK_WIDE_SPLIT=0), where such rows would not split, or where they
+/// would be too long for exact sums (MAX_SPLIT_N_IN).
+fn split_check_n_in(tile: &crate::coopmat::CoopMatTile, tiles: u32) -> Option<usize> {
+    let rule = crate::split_k::SplitRule::wide()?;
+    let n_in = (2 * rule.min_steps * tile.k_step).next_multiple_of(256);
+    let split = crate::split_k::SplitPlanner::new(rule).split(tile, tiles, n_in);
+    (split.ways > 1 && n_in as usize <= MAX_SPLIT_N_IN).then_some(n_in as usize)
+}
+
 impl Gpu {
     /// Multiplies the check's weights by its inputs through the fragments
     /// kernel of `kernel` (`Kernel::CoopMat`, or `Kernel::CoopMatEmulated`
     /// in tests) on the prefill tile and the wide tile, Q4_K and Q6_K, each
-    /// with a partial tile of rows and of tokens, and compares every
+    /// with a partial tile of rows and of tokens (and the wide tile once
+    /// more on rows that split, `split_check_n_in`), and compares every
     /// output with the exact value. Err says what differed.
     ///
     /// A tile the kernel has no layout for keeps the staged kernel in
@@ -121,11 +154,22 @@ impl Gpu {
                 if crate::frags::layout_for(tile.rows(), tile.tokens()).is_none() {
                     continue;
                 }
+                // Two tiles of rows and two of tokens, the second of each partial.
                 let (rows, n_tok) = (tile.rows() as usize + 16, tile.tokens() as usize + 8);
-                if let Err(why) = self.check_one(kernel, ty, wide, rows, n_tok) {
-                    failures.push(why);
+                let mut row_lengths = vec![N_IN];
+                row_lengths.extend(wide.then(|| split_check_n_in(&tile, 4)).flatten());
+                for n_in in row_lengths {
+                    let shape = Shape {
+                        wide,
+                        rows,
+                        n_tok,
+                        n_in,
+                    };
+                    if let Err(why) = self.check_one(kernel, ty, shape) {
+                        failures.push(why);
+                    }
+                    checked += 1;
                 }
-                checked += 1;
             }
         }
         match (checked, failures.is_empty()) {
@@ -139,22 +183,22 @@ impl Gpu {
         }
     }
 
-    fn check_one(
-        &self,
-        kernel: Kernel,
-        ty: GgmlType,
-        wide: bool,
-        rows: usize,
-        n_tok: usize,
-    ) -> Result<(), String> {
+    fn check_one(&self, kernel: Kernel, ty: GgmlType, shape: Shape) -> Result<(), String> {
+        let Shape {
+            wide,
+            rows,
+            n_tok,
+            n_in,
+        } = shape;
         let encode = match ty {
             GgmlType::Q6_K => q6_k_row,
             _ => q4_k_row,
         };
-        let (bytes, weights): (Vec<Vec<u8>>, Vec<Vec<f64>>) = (0..rows).map(encode).unzip();
-        let x = input(n_tok);
+        let (bytes, weights): (Vec<Vec<u8>>, Vec<Vec<f64>>) =
+            (0..rows).map(|r| encode(r, n_in)).unzip();
+        let x = input(n_tok, n_in);
         let h = self
-            .upload(ty, &bytes.concat(), N_IN, rows)
+            .upload(ty, &bytes.concat(), n_in, rows)
             .map_err(|e| e.to_string())?;
         let y = self.with_prefill_frags(true, || {
             self.with_wide_tiles(wide, || {
@@ -168,7 +212,7 @@ impl Gpu {
         let mut first = None;
         let mut wrong = 0;
         for t in 0..n_tok {
-            let xt = &x[t * N_IN..(t + 1) * N_IN];
+            let xt = &x[t * n_in..(t + 1) * n_in];
             for (r, w) in weights.iter().enumerate() {
                 let want: f64 = w.iter().zip(xt).map(|(&a, &b)| a * f64::from(b)).sum();
                 let got = f64::from(y[t * rows + r]);
@@ -181,7 +225,7 @@ impl Gpu {
         let Some(first) = first else { return Ok(()) };
         let nan = y.iter().filter(|v| v.is_nan()).count();
         Err(format!(
-            "{ty:?} wide={wide}: {first}; {wrong} of {} outputs differ, {nan} NaN",
+            "{ty:?} wide={wide} n_in={n_in}: {first}; {wrong} of {} outputs differ, {nan} NaN",
             y.len()
         ))
     }
