@@ -157,7 +157,12 @@ impl Gpu {
                 // Two tiles of rows and two of tokens, the second of each partial.
                 let (rows, n_tok) = (tile.rows() as usize + 16, tile.tokens() as usize + 8);
                 let mut row_lengths = vec![N_IN];
-                row_lengths.extend(wide.then(|| split_check_n_in(&tile, 4)).flatten());
+                let tiles =
+                    rows.div_ceil(tile.rows() as usize) * n_tok.div_ceil(tile.tokens() as usize);
+                row_lengths.extend(
+                    wide.then(|| split_check_n_in(&tile, tiles as u32))
+                        .flatten(),
+                );
                 for n_in in row_lengths {
                     let shape = Shape {
                         wide,

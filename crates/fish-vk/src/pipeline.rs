@@ -128,7 +128,7 @@ pub(crate) struct Pipelines {
 }
 
 /// The embedded module `name` as a shader module.
-pub(crate) fn shader_module(device: &ash::Device, name: &str) -> Result<vk::ShaderModule> {
+fn shader_module(device: &ash::Device, name: &str) -> Result<vk::ShaderModule> {
     let bytes = module_bytes(name).ok_or_else(|| VkError::Shader(name.to_string()))?;
     let code = ash::util::read_spv(&mut std::io::Cursor::new(bytes))
         .map_err(|_| VkError::Shader(name.to_string()))?;
@@ -137,19 +137,18 @@ pub(crate) fn shader_module(device: &ash::Device, name: &str) -> Result<vk::Shad
     unsafe { device.create_shader_module(&info, None) }.call("vkCreateShaderModule")
 }
 
-/// The compute pipeline of `module` (the module `name`) on `layout`, its
+/// The embedded module `name` and its compute pipeline on `layout`, its
 /// specialisation constant i set to `spec[i]`, with `stage_flags`; with
-/// `stats`, its statistics captured. On failure the module is destroyed,
-/// so nothing stays created.
+/// `stats`, its statistics captured. On failure nothing stays created.
 pub(crate) fn module_compute_pipeline(
     device: &ash::Device,
-    module: vk::ShaderModule,
     layout: vk::PipelineLayout,
     name: &str,
     spec: &[u32],
     stage_flags: vk::PipelineShaderStageCreateFlags,
     stats: Option<&PipelineStats>,
-) -> Result<vk::Pipeline> {
+) -> Result<(vk::ShaderModule, vk::Pipeline)> {
+    let module = shader_module(device, name)?;
     let entries: Vec<vk::SpecializationMapEntry> = (0..spec.len())
         .map(|i| vk::SpecializationMapEntry {
             constant_id: i as u32,
@@ -176,16 +175,16 @@ pub(crate) fn module_compute_pipeline(
         .flags(flags)
         .stage(stage)
         .layout(layout)];
-    // SAFETY: valid create info on a live device; the module is ours.
+    // SAFETY: valid create info on a live device.
     match unsafe { device.create_compute_pipelines(vk::PipelineCache::null(), &create, None) } {
         Ok(p) => {
             if let Some(stats) = stats {
                 stats.capture(p[0], name, spec);
             }
-            Ok(p[0])
+            Ok((module, p[0]))
         }
         Err((_, result)) => {
-            // SAFETY: the module is unused.
+            // SAFETY: the module was made above and is unused.
             unsafe { device.destroy_shader_module(module, None) };
             Err(VkError::Vulkan {
                 call: "vkCreateComputePipelines",
@@ -284,10 +283,8 @@ impl Pipelines {
         if let Some((_, p)) = built.get(&key) {
             return Ok(*p);
         }
-        let module = shader_module(device, name)?;
-        let pipeline = module_compute_pipeline(
+        let (module, pipeline) = module_compute_pipeline(
             device,
-            module,
             self.layout,
             name,
             spec,

@@ -2,7 +2,7 @@
 //! PUSH_WORDS words of push constants) shared by every span module.
 
 use crate::error::{Result, VkCall};
-use crate::pipeline::{module_compute_pipeline, shader_module, storage_set_layout};
+use crate::pipeline::{module_compute_pipeline, storage_set_layout};
 use crate::pipeline_stats::PipelineStats;
 use ash::vk;
 
@@ -246,8 +246,6 @@ pub(crate) fn module_pipeline(
     name: &str,
     stats: Option<&PipelineStats>,
 ) -> Result<(vk::ShaderModule, vk::Pipeline)> {
-    let module = shader_module(device, name)?;
     let flags = vk::PipelineShaderStageCreateFlags::empty();
-    let pipeline = module_compute_pipeline(device, module, layout, name, &[], flags, stats)?;
-    Ok((module, pipeline))
+    module_compute_pipeline(device, layout, name, &[], flags, stats)
 }
