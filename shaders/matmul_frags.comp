@@ -31,6 +31,15 @@
 // from frag16.glsl's only by a permutation of k shared by A and B computes
 // the right sums anyway (the values are permuted alike in both).
 //
+// With GATE_UP (Q4_K only) the kernel is the gate/up projection of a
+// prefill chunk with the gated activation in its epilogue: binding 0 holds
+// the gate weights and binding 5 the up weights of the same rows, each
+// subgroup's first RF / 2 row fragments take gate rows and the others the
+// same rows of up, and it stores act(gate) * up in f16 at binding 2 (value
+// (tok, row) at half tok * y_stride + y_offset + row), the f16 x of the
+// down projection, as span_act.comp would from the same sums. A workgroup
+// then covers BM / 2 output rows; its steps are never split.
+//
 // The weights are decoded in f16 arithmetic (scale and min rounded to f16,
 // then q * scale - min), as the batched-decode fragments do, and the
 // products sum in f32 on the matrix units. The staged kernel decodes in f32
@@ -58,6 +67,13 @@ layout(local_size_x_id = 4) in;
 // super-block's first included, are in flight while the current one is
 // multiplied; the same values in the same order, so the same bits.
 layout(constant_id = 5) const uint AHEAD = 0u;
+#if defined(GATE_UP)
+#if !defined(TYPE_Q4_K)
+#error "GATE_UP is written for Q4_K"
+#endif
+// The activation (0 SiLU, 1 tanh GELU).
+layout(constant_id = 6) const uint GELU = 0u;
+#endif
 
 // The real kernel's accumulators stay in registers only in unrolled loops;
 // the emulation keeps its loops rolled, which lavapipe compiles in seconds
@@ -66,6 +82,16 @@ layout(constant_id = 5) const uint AHEAD = 0u;
 #define UNROLL [[dont_unroll]]
 #else
 #define UNROLL [[unroll]]
+#endif
+// Orders a subgroup's shared-memory writes before its reads (the GATE_UP
+// epilogue). The emulation's subgroups are not the device's, so it takes
+// the workgroup's barrier (every subgroup reaches it equally often).
+#if defined(EMULATE_COOPMAT)
+#define SUBGROUP_SHARED_SYNC() barrier()
+#else
+#define SUBGROUP_SHARED_SYNC() \
+    subgroupMemoryBarrierShared(); \
+    subgroupBarrier()
 #endif
 
 #include "common.glsl"
@@ -76,6 +102,16 @@ const uint ELEMS = 4u;
 const uint WARPS = WARPS_M * WARPS_N;
 const uint THREADS = WARPS * LANES;
 const uint BM = WARPS_M * RF * 16u;
+// Row fragments per subgroup that give output rows: with GATE_UP the gate
+// fragments (the up fragments hold the same rows), else all; and the
+// output rows of a workgroup.
+#if defined(GATE_UP)
+const uint OUT_RF = RF / 2u;
+const uint BM_OUT = WARPS_M * OUT_RF * 16u;
+#else
+#define OUT_RF RF
+#define BM_OUT BM
+#endif
 const uint BN = WARPS_N * NF * 8u;
 // Most fragments per subgroup along rows and tokens (frags.rs refuses
 // layouts with more).
@@ -86,6 +122,41 @@ layout(std430, binding = 0) readonly buffer Weights2 { uvec2 w2[]; };
 layout(std430, binding = 0) readonly buffer Weights4 { uvec4 w4[]; };
 #include "dequant.glsl"
 layout(std430, binding = 1) readonly buffer XH { uvec4 x_h[]; };
+#if defined(GATE_UP)
+layout(std430, binding = 5) readonly buffer UpWeights4 { uvec4 up_w4[]; };
+layout(std430, binding = 5) readonly buffer UpWeights2 { uvec2 up_w2[]; };
+layout(std430, binding = 2) writeonly buffer ActOut { uint act_h[]; };
+#include "gated_act.glsl"
+// Per subgroup one C fragment of act(gate) * up (16 rows of 9 floats: the
+// odd stride spreads a token's rows over the banks), so that each
+// invocation stores two adjacent rows of a token as one f16 pair.
+shared float sh_act[WARPS * TM * 9u];
+#endif
+
+// The weight words of row slot h (rows g and g + 8 of fragment h / 2):
+// with GATE_UP the slots of the fragments from OUT_RF on read the up
+// weights. h is a constant wherever the loops are unrolled, so only one
+// load is issued. (Without GATE_UP plain loads, and fragment f's rows
+// are its own.)
+#if defined(GATE_UP)
+uvec4 weights4(uint h, uint i) {
+    if (h / 2u >= OUT_RF) {
+        return up_w4[i];
+    }
+    return w4[i];
+}
+uvec2 weights2(uint h, uint i) {
+    if (h / 2u >= OUT_RF) {
+        return up_w2[i];
+    }
+    return w2[i];
+}
+#define ROW_FRAG(f) ((f) % OUT_RF)
+#else
+#define weights4(h, i) w4[i]
+#define weights2(h, i) w2[i]
+#define ROW_FRAG(f) (f)
+#endif
 // q4k_scales_mins (Q4_K's scales and mins of two sub-blocks at once).
 #include "matvec_units.glsl"
 #include "frag16.glsl"
@@ -135,13 +206,14 @@ void main() {
     uint ways = max(p.split, 1u);
     tile_y = gl_WorkGroupID.y / ways;
     split_z = gl_WorkGroupID.y % ways;
-    uint row0 = gl_WorkGroupID.x * BM + warp_m * RF * TM;
+    uint row0 = gl_WorkGroupID.x * BM_OUT + warp_m * OUT_RF * TM;
     uint tok0 = tile_y * BN + warp_n * NF * 8u;
     // Rows g and g + 8 of fragment f: row_byte[2 f + h] (past the end: the
-    // last row, never written).
+    // last row, never written). With GATE_UP fragment f + OUT_RF has the
+    // rows of fragment f (in the up weights).
     uint row_byte[2u * MAX_RF];
     UNROLL for (uint i = 0u; i < 2u * RF; i++) {
-        uint row = row0 + TM * (i / 2u) + g + 8u * (i % 2u);
+        uint row = row0 + TM * ROW_FRAG(i / 2u) + g + 8u * (i % 2u);
         row_byte[i] = min(row, p.n_rows - 1u) * p.row_stride;
     }
     // B's token of fragment n (column g), clamped to the batch, as the
@@ -174,8 +246,8 @@ void main() {
     if (AHEAD != 0u && sb0 < sb_end) {
         UNROLL for (uint h = 0u; h < 2u * RF; h++) {
             uint base = row_byte[h] + sb0 * BLOCK_BYTES;
-            head_next[h] = w4[base / 16u];
-            qs_next[h] = w2[(base + QS_OFFSET) / 8u + t];
+            head_next[h] = weights4(h, base / 16u);
+            qs_next[h] = weights2(h, (base + QS_OFFSET) / 8u + t);
         }
     }
 #elif defined(TYPE_Q6_K)
@@ -212,9 +284,9 @@ void main() {
                     UNROLL for (uint h = 0u; h < 2u * RF; h++) {
                         uint base = row_byte[h] + nsb * BLOCK_BYTES;
                         if (c == 3u) {
-                            head_next[h] = w4[base / 16u];
+                            head_next[h] = weights4(h, base / 16u);
                         }
-                        qs_next[h] = w2[(base + QS_OFFSET + 32u * ((c + 1u) % 4u)) / 8u + t];
+                        qs_next[h] = weights2(h, (base + QS_OFFSET + 32u * ((c + 1u) % 4u)) / 8u + t);
                     }
                 }
             }
@@ -224,8 +296,8 @@ void main() {
                 if (AHEAD != 0u) {
                     head = heads[h];
                 } else {
-                    head = w4[base / 16u];
-                    qs[h] = w2[(base + QS_OFFSET + 32u * c) / 8u + t];
+                    head = weights4(h, base / 16u);
+                    qs[h] = weights2(h, (base + QS_OFFSET + 32u * c) / 8u + t);
                 }
                 vec2 dd = unpackHalf2x16(head.x);
                 vec4 sm = q4k_scales_mins(head, c);
@@ -321,6 +393,33 @@ void main() {
     }
 
     // Element e of a C fragment is row g + 8 (e / 2), token 2t + e % 2.
+#if defined(GATE_UP)
+    uint slot = warp * TM * 9u;
+    UNROLL for (uint f = 0u; f < OUT_RF; f++) {
+        UNROLL for (uint n = 0u; n < NF; n++) {
+            UNROLL for (uint e = 0u; e < ELEMS; e++) {
+                float gate = acc[f * MAX_NF + n][e];
+                float up = acc[(f + OUT_RF) * MAX_NF + n][e];
+                sh_act[slot + (g + 8u * (e / 2u)) * 9u + 2u * t + e % 2u] = gated_act(gate, GELU) * up;
+            }
+            SUBGROUP_SHARED_SYNC();
+            // 64 pairs: rows 2 rp and 2 rp + 1 of token tl, written as
+            // consecutive words per token.
+            UNROLL for (uint j = 0u; j < 2u; j++) {
+                uint i = lane + LANES * j;
+                uint rp = i % 8u;
+                uint tl = i / 8u;
+                uint row = row0 + TM * f + 2u * rp;
+                uint tok = tok0 + 8u * n + tl;
+                if (row < p.n_rows && tok < p.n_tok) {
+                    vec2 v = vec2(sh_act[slot + 2u * rp * 9u + tl], sh_act[slot + (2u * rp + 1u) * 9u + tl]);
+                    act_h[(tok * p.y_stride + p.y_offset + row) / 2u] = packHalf2x16(v);
+                }
+            }
+            SUBGROUP_SHARED_SYNC();
+        }
+    }
+#else
     UNROLL for (uint f = 0u; f < RF; f++) {
         UNROLL for (uint n = 0u; n < NF; n++) {
             UNROLL for (uint e = 0u; e < ELEMS; e++) {
@@ -335,4 +434,5 @@ void main() {
     if (p.split > 1u) {
         finish_split();
     }
+#endif
 }

@@ -339,6 +339,13 @@ pub const INT8_MATRIX_X16_EMULATED_MODULES: &[(&str, &str, &[&str])] = &[
 pub const FRAGS_MODULES: &[(&str, &str, &[&str])] = &[
     ("coopmat_frags_x16_q4_k", "matmul_frags.comp", &["TYPE_Q4_K"]),
     ("coopmat_frags_x16_q6_k", "matmul_frags.comp", &["TYPE_Q6_K"]),
+    // The gate/up projection with the gated activation in its epilogue
+    // (GATE_UP; gate and up are Q4_K in Q4_K_M files).
+    (
+        "coopmat_frags_x16_gateup_q4_k",
+        "matmul_frags.comp",
+        &["TYPE_Q4_K", "GATE_UP"],
+    ),
 ];
 
 /// Their emulation on plain code (glslc), for tests on any device.
@@ -352,6 +359,11 @@ pub const FRAGS_EMULATED_MODULES: &[(&str, &str, &[&str])] = &[
         "coopmat_frags_emu_x16_q6_k",
         "matmul_frags.comp",
         &["TYPE_Q6_K", "EMULATE_COOPMAT"],
+    ),
+    (
+        "coopmat_frags_emu_x16_gateup_q4_k",
+        "matmul_frags.comp",
+        &["TYPE_Q4_K", "GATE_UP", "EMULATE_COOPMAT"],
     ),
 ];
 

@@ -63,6 +63,11 @@ pub struct DeviceInfo {
     /// passed the open-time check: tests run the real kernel wherever this
     /// holds, so that a failing check fails them instead of skipping them.
     pub prefill_frags_offered: bool,
+    /// Prefill gate/up projections of Q4_K may run the fragments kernel's
+    /// form with the gated activation in its epilogue
+    /// (`Kernel::PrefillGateUp`): `prefill_frags`, and the form passed its
+    /// own open-time check.
+    pub prefill_frags_gate_up: bool,
     /// Pipeline statistics asked for (FISH_VK_PIPELINE_STATS=1) and offered
     /// (VK_KHR_pipeline_executable_properties; pipeline_stats.rs).
     pub pipeline_stats: bool,
@@ -243,6 +248,7 @@ fn describe_physical(
         int8_matrix: None,
         prefill_frags: false,
         prefill_frags_offered: false,
+        prefill_frags_gate_up: false,
         pipeline_stats,
         full_subgroups,
     })

@@ -23,7 +23,7 @@
 
 use crate::coopmat::{CoopMatTile, Staging};
 use crate::thread_override::with_override;
-use crate::{Gpu, Kernel, MatmulInput, WeightFormat};
+use crate::{GatedActivation, Gpu, Kernel, MatmulInput, WeightFormat};
 use fish_gguf::GgmlType;
 use std::cell::Cell;
 
@@ -220,13 +220,16 @@ impl Gpu {
     /// on `tile` for weights of `ty` on x arriving as `input`, where it
     /// applies: x in f16, a Q4_K or Q6_K tensor, a plan of the staged
     /// prefill kernel, and the device's kernel (or the emulated one where
-    /// forced on).
+    /// forced on). With `gate_up` its gate/up form (`Kernel::PrefillGateUp`),
+    /// which needs Q4_K, a layout of an even number of row fragments per
+    /// subgroup, and the form allowed (`gate_up_wanted`).
     pub(crate) fn frags_module(
         &self,
         kernel: Kernel,
         tile: &CoopMatTile,
         ty: WeightFormat,
         input: MatmulInput,
+        gate_up: Option<GatedActivation>,
     ) -> Option<(String, FragsTile)> {
         let forced = FRAGS_OVERRIDE.with(Cell::get);
         let emulated = match (kernel, forced) {
@@ -241,9 +244,35 @@ impl Gpu {
         }
         let layout = layout_for(tile.rows(), tile.tokens())?;
         let emu = if emulated { "_emu" } else { "" };
-        let name = format!("coopmat_frags{emu}_x16_{}", ty.name().to_ascii_lowercase());
-        Some((name, layout))
+        let form = match gate_up {
+            None => "",
+            Some(_) => {
+                let fits = ty == WeightFormat::Ggml(GgmlType::Q4_K) && layout.rf.is_multiple_of(2);
+                if !(fits && (forced == Some(true) || gate_up_wanted(self, emulated))) {
+                    return None;
+                }
+                "_gateup"
+            }
+        };
+        let ty = ty.name().to_ascii_lowercase();
+        Some((format!("coopmat_frags{emu}_x16{form}_{ty}"), layout))
     }
+}
+
+/// Whether the device's gate/up form is worth its open-time check: plans
+/// give the kernel Q4_K and FISH_VK_FRAGS_GATE_UP is not 0.
+pub(crate) fn gate_up_offered() -> bool {
+    default_type(WeightFormat::Ggml(GgmlType::Q4_K))
+        && !crate::config::env_switched_off("FISH_VK_FRAGS_GATE_UP")
+}
+
+/// Whether plans may take the gate/up form of the kernel
+/// (`Kernel::PrefillGateUp`): FISH_VK_FRAGS_GATE_UP is not 0, and the
+/// device's form passed its open-time check (`Gpu::check_prefill_gate_up`)
+/// or the plan is of the emulated form (which its tests check).
+fn gate_up_wanted(gpu: &Gpu, emulated: bool) -> bool {
+    !crate::config::env_switched_off("FISH_VK_FRAGS_GATE_UP")
+        && (emulated || gpu.info.prefill_frags_gate_up)
 }
 
 /// FISH_VK_FRAGS_UNCHECKED=1, a measurement knob: the device's kernel is

@@ -8,7 +8,7 @@
 //! they do for long-row projections with few tiles, so the partials and
 //! their sum are checked on the device too.
 
-use crate::{Gpu, Kernel, MatmulInput};
+use crate::{GatedActivation, Gpu, Kernel, MatmulInput};
 use fish_gguf::GgmlType;
 
 /// Values per row of the unsplit checks: two super-blocks.
@@ -189,6 +189,107 @@ impl Gpu {
                 failures.join(" | ")
             )),
         }
+    }
+
+    /// The open-time check of the kernel's gate/up form
+    /// (`Kernel::PrefillGateUp`, `Gpu::prefill_gate_up`): the check's Q4_K
+    /// rows as gate (row r) and up (row r + 5), on each prefill tile the
+    /// plans may take with a partial tile of output rows and of tokens.
+    /// Gate and up sum exactly (as in `check_prefill_frags`), so each
+    /// output must be act(gate) * up to within its f16 rounding and the
+    /// device's exp; a wrong row, token or pairing of gate and up is far
+    /// outside that. Err says what differed; no tile to check is an error.
+    pub fn check_prefill_gate_up(&self, kernel: Kernel) -> Result<(), String> {
+        let mut checked = 0;
+        let mut failures = Vec::new();
+        for wide in [false, true] {
+            let tile = match wide {
+                false => self.coopmat_tile(kernel).map_err(|e| e.to_string())?,
+                true => self.wide_tile_of(kernel),
+            };
+            let Some(tile) = tile else { continue };
+            let Some(layout) = crate::frags::layout_for(tile.rows(), tile.tokens()) else {
+                continue;
+            };
+            if !layout.rf.is_multiple_of(2) {
+                continue;
+            }
+            // A tile's output rows are half its weight rows.
+            let rows = tile.rows() as usize / 2 + 16;
+            let n_tok = tile.tokens() as usize + 8;
+            if let Err(why) = self.check_gate_up_one(kernel, wide, rows, n_tok) {
+                failures.push(why);
+            }
+            checked += 1;
+        }
+        match (checked, failures.is_empty()) {
+            (0, _) => Err("no prefill tile has a gate/up layout of the kernel".into()),
+            (_, true) => Ok(()),
+            (_, false) => Err(failures.join(" | ")),
+        }
+    }
+
+    fn check_gate_up_one(
+        &self,
+        kernel: Kernel,
+        wide: bool,
+        rows: usize,
+        n_tok: usize,
+    ) -> Result<(), String> {
+        const UP_ROW_SHIFT: usize = 5;
+        let encode = |shift: usize| -> (Vec<u8>, Vec<Vec<f64>>) {
+            let (bytes, values): (Vec<Vec<u8>>, Vec<Vec<f64>>) =
+                (0..rows).map(|r| q4_k_row(r + shift, N_IN)).unzip();
+            (bytes.concat(), values)
+        };
+        let (gate_bytes, gate_w) = encode(0);
+        let (up_bytes, up_w) = encode(UP_ROW_SHIFT);
+        let x = input(n_tok, N_IN);
+        let gate = self
+            .upload(GgmlType::Q4_K, &gate_bytes, N_IN, rows)
+            .map_err(|e| e.to_string())?;
+        let up = self.upload(GgmlType::Q4_K, &up_bytes, N_IN, rows);
+        let y = up.as_ref().map_err(|e| e.to_string()).and_then(|&up| {
+            self.with_prefill_frags(true, || {
+                self.with_wide_tiles(wide, || {
+                    let act = GatedActivation::Silu;
+                    self.prefill_gate_up((gate, up), &x, n_tok, kernel, act)
+                })
+            })
+            .map_err(|e| e.to_string())
+        });
+        let freed = [Ok(gate), up].into_iter().flatten().map(|h| self.free(h));
+        freed
+            .collect::<Result<Vec<()>, _>>()
+            .map_err(|e| e.to_string())?;
+        let y = y?;
+        let dot = |w: &[f64], t: usize| -> f64 {
+            let xt = &x[t * N_IN..(t + 1) * N_IN];
+            w.iter().zip(xt).map(|(&a, &b)| a * f64::from(b)).sum()
+        };
+        let mut first = None;
+        let mut wrong = 0;
+        for t in 0..n_tok.min(TOKEN_PERIOD) {
+            for r in 0..rows {
+                let (g, u) = (dot(&gate_w[r], t), dot(&up_w[r], t));
+                let want = g / (1.0 + (-g).exp()) * u;
+                // f16 keeps 11 bits; the device's exp a few f32 ulps.
+                let tolerance = want.abs() / 512.0 + 1e-6;
+                // Tokens t + 7k have token t's inputs.
+                for tok in (t..n_tok).step_by(TOKEN_PERIOD) {
+                    let got = f64::from(y[tok * rows + r]);
+                    if (got - want).abs() > tolerance || got.is_nan() {
+                        wrong += 1;
+                        first.get_or_insert(format!("y[t={tok}, r={r}] = {got}, want {want}"));
+                    }
+                }
+            }
+        }
+        let Some(first) = first else { return Ok(()) };
+        Err(format!(
+            "gate/up wide={wide}: {first}; {wrong} of {} outputs differ",
+            y.len()
+        ))
     }
 
     fn check_one(&self, kernel: Kernel, ty: GgmlType, shape: Shape) -> Result<(), String> {

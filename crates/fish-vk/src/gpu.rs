@@ -224,6 +224,7 @@ impl Gpu {
             gpu.release_scratch();
         }
         if gpu.info.prefill_frags && crate::frags::unchecked() {
+            gpu.info.prefill_frags_gate_up = crate::frags::gate_up_offered();
             if config.verbose {
                 eprintln!(
                     "fish-vk: prefill on fragments built in registers without the open-time \
@@ -245,6 +246,22 @@ impl Gpu {
                 }
             }
             gpu.info.prefill_frags = checked.is_ok();
+            // The gate/up form where plans give the kernel Q4_K gate/up.
+            if gpu.info.prefill_frags && crate::frags::gate_up_offered() {
+                let checked = gpu.check_prefill_gate_up(crate::Kernel::CoopMat);
+                if config.verbose {
+                    match &checked {
+                        Ok(()) => eprintln!(
+                            "fish-vk: prefill gate/up of Q4_K with the activation in the \
+                             fragments kernel's epilogue"
+                        ),
+                        Err(why) => eprintln!(
+                            "fish-vk: no activation in the prefill gate/up epilogue (check: {why})"
+                        ),
+                    }
+                }
+                gpu.info.prefill_frags_gate_up = checked.is_ok();
+            }
             gpu.release_scratch();
         }
         Ok(gpu)

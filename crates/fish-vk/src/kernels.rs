@@ -164,6 +164,19 @@ pub enum Kernel {
     /// The cooperative-matrix kernel's tiling with the matrix operations
     /// done by plain code, on any device: tests its staging paths; slow.
     CoopMatEmulated,
+    /// The gate/up projection of a prefill chunk with the gated activation
+    /// in its epilogue, on the fragments kernel (shaders/matmul_frags.comp
+    /// GATE_UP, frags.rs): Q4_K on f16 x, planned on the gate tensor, whose
+    /// sets bind the up tensor's matching chunk at binding 5 and the f16
+    /// output for the down projection at binding 2; a workgroup's second
+    /// half of row fragments takes the up rows of its gate rows, and it
+    /// stores act(gate) * up in f16 from the same sums as the fragments
+    /// kernel's plain form, as span_act.comp would. Resolves to the
+    /// device's prefill kernel (`Gpu::prefill_kernel`), which must be the
+    /// cooperative one or its emulation with the fragments kernel applying;
+    /// its steps are never split. Inside a span, or through
+    /// `Gpu::prefill_gate_up` (checks, tests).
+    PrefillGateUp(GatedActivation),
     /// The same with the batched-decode tile (its split steps included).
     CoopMatBatchEmulated,
 }
@@ -269,6 +282,10 @@ pub(crate) struct Dispatch {
     pub(crate) params: Params,
     pub(crate) groups: (u32, u32),
     pub(crate) weights: vk::Buffer,
+    /// The up tensor's chunk for binding 5 of a gate/up epilogue kernel
+    /// called outside a span (`Gpu::prefill_gate_up`); spans bind it in
+    /// their own sets.
+    pub(crate) up_weights: Option<vk::Buffer>,
 }
 
 /// Shape of the matvec workgroups (shaders/matvec.comp specialisation
@@ -601,6 +618,9 @@ impl Gpu {
             Kernel::CoopMatEmulated | Kernel::CoopMatBatchEmulated => {
                 format!("{family}_emu{x16}_{suffix}")
             }
+            // Planned as the prefill kernel it resolves to (frags.rs names
+            // its module); the device's form.
+            Kernel::PrefillGateUp(_) => format!("coopmat_frags_x16_gateup_{suffix}"),
         }
     }
 
@@ -726,6 +746,81 @@ impl Gpu {
         Ok(out)
     }
 
+    /// act(gate) * up for `n_tok` tokens of x (rounded to f16, as a span's
+    /// norm writes it) through the prefill gate/up epilogue
+    /// (`Kernel::PrefillGateUp`) of `kernel`'s fragments form
+    /// (`Kernel::CoopMat`, or `Kernel::CoopMatEmulated` in tests); gate and
+    /// up of one type and shape. Result [t * n_out + r]: the f16 values the
+    /// down projection would read, widened. For the open-time check and
+    /// tests; spans plan the kernel themselves.
+    pub fn prefill_gate_up(
+        &self,
+        (gate, up): (TensorHandle, TensorHandle),
+        x: &[f32],
+        n_tok: usize,
+        kernel: Kernel,
+        act: GatedActivation,
+    ) -> Result<Vec<f32>> {
+        let n_in = check_group(&[gate, up], n_tok)?;
+        let n_out = gate.n_out();
+        if gate.ty() != up.ty() || up.n_out() != n_out || !n_out.is_multiple_of(2) {
+            return Err(VkError::Input(format!(
+                "gate ({:?}, {n_out} rows) and up ({:?}, {} rows) must match, in pairs of rows",
+                gate.ty(),
+                up.ty(),
+                up.n_out()
+            )));
+        }
+        if x.len() != n_tok * n_in || n_tok * n_out > u32::MAX as usize {
+            return Err(VkError::Input(format!(
+                "x has {} values, expected {n_tok} tokens x {n_in}",
+                x.len()
+            )));
+        }
+        let tensors = self.lock_tensors();
+        let find = |h: TensorHandle| tensors.get(&h.id()).ok_or(VkError::UnknownHandle(h.id()));
+        let (g, u) = (find(gate)?, find(up)?);
+        let input = MatmulInput::F16;
+        let mut dispatches = self.plan_of(&[g], n_tok, (kernel, Some(act)), input)?;
+        if dispatches.len() != u.chunks.len() {
+            return Err(VkError::Input("gate and up are chunked differently".into()));
+        }
+        for (d, c) in dispatches.iter_mut().zip(&u.chunks) {
+            d.up_weights = Some(c.buffer.raw);
+        }
+        let x_f16: Vec<u8> = x
+            .iter()
+            .flat_map(|&v| half::f16::from_f32(v).to_le_bytes())
+            .collect();
+        let (x_bytes, y_bytes) = (x_f16.len() as u64, (n_tok * n_out * 2) as u64);
+        let mut exec = self.lock_exec();
+        let need = self.split_need(&dispatches, kernel)?;
+        self.prepare_scratch(&mut exec, x_bytes, y_bytes, need)?;
+        let staging = exec.staging.as_mut().expect("prepared");
+        staging.write(&self.allocator, 0, &x_f16)?;
+        let (_, _, y_dev, _) = scratch_handles(&exec);
+        self.submit_with_copies(
+            &exec,
+            (&dispatches, DispatchSync::None),
+            (x_bytes, y_bytes),
+            need,
+            (y_dev, y_bytes),
+        )?;
+        // Each word holds two f16 values (the lower first).
+        let words = exec.readback.as_ref().expect("prepared").read_f32_vec(
+            &self.allocator,
+            0,
+            n_tok * n_out / 2,
+        )?;
+        Ok(words
+            .iter()
+            .flat_map(|w| {
+                let bits = w.to_bits();
+                [bits as u16, (bits >> 16) as u16].map(|h| half::f16::from_bits(h).to_f32())
+            })
+            .collect())
+    }
+
     /// GPU time of the kernels alone for `handles` on device-resident input
     /// (whatever the scratch holds), each dispatched `repeats` times in one
     /// submit without barriers. Measured with timestamp queries when the
@@ -794,6 +889,7 @@ impl Gpu {
             },
             groups: (groups, 1),
             weights: unused.raw,
+            up_weights: None,
         };
         let time = self.time_dispatches(
             &[dispatch],
@@ -1057,8 +1153,45 @@ impl Gpu {
         kernel: Kernel,
         input: MatmulInput,
     ) -> Result<Vec<Dispatch>> {
-        let kernel = kernel.resolve(n_tok, self.prefill_kernel(n_tok));
-        let min_n_in = tensors.iter().map(|t| t.handle.n_in()).min().unwrap_or(0);
+        match kernel {
+            Kernel::PrefillGateUp(act) => {
+                let prefill = self.prefill_kernel(n_tok);
+                self.plan_of(tensors, n_tok, (prefill, Some(act)), input)
+            }
+            k => {
+                let k = k.resolve(n_tok, self.prefill_kernel(n_tok));
+                self.plan_of(tensors, n_tok, (k, None), input)
+            }
+        }
+    }
+
+    /// `plan` of a resolved kernel; with `gate_up` the prefill kernel's
+    /// gate/up form (`Kernel::PrefillGateUp`) on the fragments kernel, on
+    /// gate tensors whose output rows each take two weight rows (gate and
+    /// up), steps never split.
+    fn plan_of(
+        &self,
+        tensors: &[&ResidentTensor],
+        n_tok: usize,
+        (kernel, gate_up): (Kernel, Option<GatedActivation>),
+        input: MatmulInput,
+    ) -> Result<Vec<Dispatch>> {
+        if gate_up.is_some()
+            && !(matches!(kernel, Kernel::CoopMat | Kernel::CoopMatEmulated)
+                && input == MatmulInput::F16)
+        {
+            return Err(VkError::KernelUnavailable(format!(
+                "the gate/up epilogue runs on the cooperative prefill kernel on f16 x, not \
+                 {kernel:?} on {input:?}"
+            )));
+        }
+        // Weight rows per output row: the gate/up form's tiles hold both.
+        let rows_per_out = if gate_up.is_some() { 2 } else { 1 };
+        // Its steps are not split, so the tile is chosen by its workgroups.
+        let min_n_in = match gate_up {
+            Some(_) => 0,
+            None => tensors.iter().map(|t| t.handle.n_in()).min().unwrap_or(0),
+        };
         let (coop_tile, split_rule) = self.plan_tile(
             kernel,
             self.coopmat_tile(kernel)?,
@@ -1067,10 +1200,11 @@ impl Gpu {
                 tensors
                     .iter()
                     .flat_map(|t| &t.chunks)
-                    .map(|c| tile.workgroups(c.n_rows, n_tok))
+                    .map(|c| tile.workgroups(rows_per_out * c.n_rows, n_tok))
                     .sum()
             },
         )?;
+        let split_rule = split_rule.filter(|_| gate_up.is_none());
         if input == MatmulInput::F16 {
             let staged = coop_tile.is_some_and(|t| t.module_family() == "coopmat");
             let eight = tensors.iter().all(|t| t.handle.n_in().is_multiple_of(8));
@@ -1153,7 +1287,19 @@ impl Gpu {
                 .and_then(|t| self.tensor_module(kernel, &t, h.ty(), h.n_out()));
             // Q4_K / Q6_K on f16 x: the same tile and grid on fragments
             // built in registers (frags.rs).
-            let frags = coop_tile.and_then(|t| self.frags_module(kernel, &t, h.ty(), input));
+            let frags =
+                coop_tile.and_then(|t| self.frags_module(kernel, &t, h.ty(), input, gate_up));
+            if let (Some(_), None) = (gate_up, &frags) {
+                return Err(VkError::KernelUnavailable(format!(
+                    "no gate/up epilogue on fragments for {:?} on this plan's tile",
+                    h.ty()
+                )));
+            }
+            let frags_spec = |layout: &crate::frags::FragsTile| {
+                let mut spec = layout.spec().to_vec();
+                spec.extend(gate_up.map(GatedActivation::selector));
+                spec
+            };
             let module = self.module_name(h.ty(), kernel, coop_tile, input);
             let pipeline = match (kernel, coop_tile, tensor, &frags) {
                 (_, _, Some((module, spec)), _) => {
@@ -1161,9 +1307,10 @@ impl Gpu {
                 }
                 (Kernel::CoopMat, _, None, Some((module, layout))) => self
                     .pipelines
-                    .get_cooperative(&self.device, module, &layout.spec(), layout.threads())?,
+                    .get_cooperative(&self.device, module, &frags_spec(layout), layout.threads())?,
                 (_, _, None, Some((module, layout))) => {
-                    self.pipelines.get(&self.device, module, &layout.spec())?
+                    self.pipelines
+                        .get(&self.device, module, &frags_spec(layout))?
                 }
                 (Kernel::CoopMat | Kernel::CoopMatBatch, Some(tile), None, None) => self
                     .pipelines
@@ -1180,7 +1327,7 @@ impl Gpu {
                 let mut split = SplitK::NONE;
                 let (groups, groups_x) = match (kernel, coop_tile) {
                     (_, Some(tile)) => {
-                        let (gx, gy) = tile.groups(n_rows, n_tok as u32);
+                        let (gx, gy) = tile.groups(rows_per_out as u32 * n_rows, n_tok as u32);
                         if let Some(planner) = splits.as_mut() {
                             split = planner.split(&tile, gx * gy, h.n_in() as u32);
                         }
@@ -1232,6 +1379,7 @@ impl Gpu {
                     },
                     groups,
                     weights: c.buffer.raw,
+                    up_weights: None,
                 });
             }
             y_base += (h.n_out() * n_tok) as u32;
@@ -1611,9 +1759,19 @@ impl Gpu {
                     range: vk::WHOLE_SIZE,
                 }],
             ];
-            let writes: Vec<_> = infos
+            // A gate/up epilogue kernel's up weights at binding 5.
+            let up = d.up_weights.map(|buffer| {
+                [vk::DescriptorBufferInfo {
+                    buffer,
+                    offset: 0,
+                    range: vk::WHOLE_SIZE,
+                }]
+            });
+            let bound = infos
                 .iter()
                 .enumerate()
+                .chain(up.iter().map(|info| (5, info)));
+            let writes: Vec<_> = bound
                 .map(|(b, info)| {
                     vk::WriteDescriptorSet::default()
                         .dst_set(*set)

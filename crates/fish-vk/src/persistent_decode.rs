@@ -240,6 +240,7 @@ impl Gpu {
             },
             groups: (run.groups, 1),
             weights,
+            up_weights: None,
         };
         if !run.per_phase {
             return Ok((vec![dispatch(0)], DispatchSync::None));

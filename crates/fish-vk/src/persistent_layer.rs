@@ -175,6 +175,7 @@ impl Gpu {
             },
             groups: (groups, 1),
             weights,
+            up_weights: None,
         })
     }
 

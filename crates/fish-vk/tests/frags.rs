@@ -12,7 +12,7 @@ mod common;
 
 use common::*;
 use fish_gguf::GgmlType;
-use fish_vk::{Gpu, Kernel, MatmulInput};
+use fish_vk::{GatedActivation, Gpu, Kernel, MatmulInput};
 use std::sync::Once;
 
 fn frags_gpu() -> Option<&'static Gpu> {
@@ -185,6 +185,106 @@ fn forced_off_or_other_types_keep_the_staged_kernel() {
             .expect("matmul")
             .remove(0);
         check_f16_product(w, &x, n_tok, &y, "Q8_0 forced on");
+    });
+    assert_no_validation_messages(gpu);
+}
+
+/// The gate/up form (`Kernel::PrefillGateUp`) passes its open-time check
+/// on both prefill tiles, emulated and (where offered) on the device.
+#[test]
+fn gate_up_epilogue_passes_its_check() {
+    let Some(gpu) = frags_gpu() else { return };
+    for kernel in kernels(gpu) {
+        gpu.check_prefill_gate_up(kernel)
+            .unwrap_or_else(|why| panic!("{kernel:?}: {why}"));
+    }
+    assert_no_validation_messages(gpu);
+}
+
+/// The host's gated activation, as shaders/gated_act.glsl computes it.
+fn gated_act(g: f32, act: GatedActivation) -> f32 {
+    match act {
+        GatedActivation::Silu => g / (1.0 + (-g).exp()),
+        GatedActivation::Gelu => {
+            let u = (0.797_884_6 * g * (1.0 + 0.044715 * g * g)).clamp(-10.0, 10.0);
+            0.5 * g * (1.0 + u.tanh())
+        }
+    }
+}
+
+/// The gate/up form sums gate and up as the plain fragments kernel does
+/// (the same fragments, in the same order), so its outputs are the plain
+/// kernel's sums through the activation, rounded to f16: at most one f16
+/// step apart where the host's exp / tanh and the device's round
+/// differently (plus the activation's own f32 rounding). Random Q4_K weights; 150 output rows and 140 tokens leave
+/// partial tiles along both, on both tiles, with both activations.
+#[test]
+fn gate_up_epilogue_gives_the_plain_kernels_sums_through_the_activation() {
+    let Some(gpu) = frags_gpu() else { return };
+    let (n_in, n_out, n_tok) = (512, 150, 140);
+    let x = random_values(n_in * n_tok, 861);
+    with_uploaded(gpu, GgmlType::Q4_K, (n_in, n_out), 862, |_, gate| {
+        with_uploaded(gpu, GgmlType::Q4_K, (n_in, n_out), 863, |_, up| {
+            for kernel in kernels(gpu) {
+                for wide in [false, true] {
+                    let forced = |f: &dyn Fn() -> _| {
+                        gpu.with_prefill_frags(true, || gpu.with_wide_tiles(wide, f))
+                    };
+                    let plain = forced(&|| {
+                        gpu.matmul_group_on(&[gate, up], &x, n_tok, kernel, MatmulInput::F16)
+                    })
+                    .expect("plain");
+                    for act in [GatedActivation::Silu, GatedActivation::Gelu] {
+                        let what = format!("{kernel:?} wide={wide} {act:?}");
+                        let fused = forced(&|| {
+                            gpu.prefill_gate_up((gate, up), &x, n_tok, kernel, act)
+                                .map(|y| vec![y])
+                        })
+                        .unwrap_or_else(|e| panic!("{what}: {e}"))
+                        .remove(0);
+                        assert_eq!(fused.len(), n_tok * n_out, "{what}");
+                        for (i, &got) in fused.iter().enumerate() {
+                            let (g, u) = (plain[0][i], plain[1][i]);
+                            let want = half::f16::from_f32(gated_act(g, act) * u).to_f32();
+                            // One f16 step, and the f32 rounding of the
+                            // activation (GELU cancels where g < 0).
+                            let step = want.abs().max(6.1e-5) / 1024.0 + (g * u).abs() * 1e-6;
+                            assert!(
+                                (got - want).abs() <= step,
+                                "{what}: y[{}, {}] = {got}, want {want}",
+                                i / n_out,
+                                i % n_out
+                            );
+                        }
+                    }
+                }
+            }
+        });
+    });
+    assert_no_validation_messages(gpu);
+}
+
+/// Gate and up of other types or shapes, or a type without the form, are
+/// errors, not wrong numbers.
+#[test]
+fn gate_up_epilogue_refuses_what_it_does_not_hold() {
+    let Some(gpu) = frags_gpu() else { return };
+    let (n_in, n_tok) = (512, 70);
+    let x = random_values(n_in * n_tok, 871);
+    let run = |gate, up| {
+        gpu.with_prefill_frags(true, || {
+            let act = GatedActivation::Silu;
+            gpu.prefill_gate_up((gate, up), &x, n_tok, Kernel::CoopMatEmulated, act)
+        })
+    };
+    with_uploaded(gpu, GgmlType::Q4_K, (n_in, 64), 872, |_, q4| {
+        with_uploaded(gpu, GgmlType::Q6_K, (n_in, 64), 873, |_, q6| {
+            assert!(run(q4, q6).is_err(), "Q4_K gate with Q6_K up");
+            assert!(run(q6, q6).is_err(), "Q6_K has no gate/up form");
+        });
+        with_uploaded(gpu, GgmlType::Q4_K, (n_in, 32), 874, |_, short| {
+            assert!(run(q4, short).is_err(), "64 gate rows with 32 up rows");
+        });
     });
     assert_no_validation_messages(gpu);
 }

@@ -76,6 +76,7 @@ impl Gpu {
                 params,
                 groups: (gx as u32, groups.div_ceil(gx) as u32),
                 weights: disp.weights,
+                up_weights: None,
             });
         }
         // Same bindings and push constants as the matmuls: record them alike.
