@@ -47,6 +47,7 @@ echo "## prefill kernels (pp512)"
 for model in "$l8b" "$l1b"; do
     FISH_VK_FRAGS=0 row staged "$model" -p 512 -n 0 -r 3
     row frags "$model" -p 512 -n 0 -r 3
+    FISH_VK_FRAGS_GATE_UP=0 row frags-act "$model" -p 512 -n 0 -r 3
     FISH_VK_FRAGS=all row frags+q6 "$model" -p 512 -n 0 -r 3
     FISH_VK_FRAGS_AHEAD=1 row ahead "$model" -p 512 -n 0 -r 3
 done

@@ -22,6 +22,14 @@ scripts/fetch-model.sh >/dev/null
 export FISH_TEST_MODELS="${FISH_TEST_MODELS-qwen05 gemma3}"
 for m in $FISH_TEST_MODELS; do scripts/fetch-model.sh "$m" >/dev/null; done
 
+# A two-layer Q4_K_M model of 256-value rows (random weights), for the span
+# tests of the K-quant prefill kernels that the default model's 576-value
+# rows cannot hold.
+mkdir -p models
+cargo run --release --locked -q -p fish-cli -- synth --shape tiny --type q4_k_m \
+    models/tiny-q4_k_m.gguf 2>/dev/null
+export FISH_TEST_TINY_Q4K="$PWD/models/tiny-q4_k_m.gguf"
+
 # GPU tests run on lavapipe (Mesa's CPU Vulkan) and must fail, not skip, without a device.
 export FISH_GPU=cpu
 export FISH_REQUIRE_GPU=1

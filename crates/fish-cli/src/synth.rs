@@ -21,6 +21,11 @@ pub enum Shape {
     Llama1b,
     #[value(name = "llama-8b")]
     Llama8b,
+    /// Two layers of 256-value rows, so that every matrix holds whole
+    /// K-quant super-blocks: tests of the K-quant kernels in spans on slow
+    /// devices (lavapipe).
+    #[value(name = "tiny")]
+    Tiny,
 }
 
 struct Dims {
@@ -55,6 +60,16 @@ impl Shape {
                 n_head_kv: 8,
                 n_vocab: 128_256,
                 rope_base: 500_000.0,
+                pre: "llama-bpe",
+            },
+            Shape::Tiny => Dims {
+                n_layer: 2,
+                n_embd: 256,
+                n_ff: 768,
+                n_head: 4,
+                n_head_kv: 2,
+                n_vocab: 512,
+                rope_base: 10_000.0,
                 pre: "llama-bpe",
             },
             Shape::Llama8b => Dims {

@@ -199,6 +199,19 @@ impl Gpu {
         self.info.prefill_frags_offered
     }
 
+    /// Whether prefill plans may give gate/up tensors `handles` the
+    /// kernel's gate/up form (`Kernel::PrefillGateUp`): Q4_K, and the form
+    /// allowed on this device or, for the emulated prefill kernel, by
+    /// FISH_VK_FRAGS_EMULATED=1 (spans bind its sets only where this holds;
+    /// each plan still decides for its tile).
+    pub(crate) fn prefill_gate_up_may_run(&self, handles: &[crate::TensorHandle]) -> bool {
+        let q4_k = handles
+            .iter()
+            .all(|h| h.ty() == WeightFormat::Ggml(GgmlType::Q4_K));
+        let emulated = emulated_wanted() && crate::coopmat::emulated_prefill_wanted();
+        q4_k && gate_up_wanted(self, emulated) && (emulated || self.info.prefill_frags)
+    }
+
     /// Runs `f` with this thread's plans taking the fragments kernel
     /// wherever it applies (`true`: also for the emulated prefill kernel,
     /// `Kernel::CoopMatEmulated`) or never (`false`), whatever the device's

@@ -275,6 +275,14 @@ fn has_int8_matvec(ty: WeightFormat) -> bool {
     !matches!(ty, WeightFormat::Ggml(GgmlType::F32 | GgmlType::F16))
 }
 
+/// x as the host hands it to a lone run (`Gpu::run_planned`): bytes in the
+/// layout the kernel reads (f16, pre-quantised int8), or f32 values.
+#[derive(Clone, Copy)]
+enum HostX<'a> {
+    Bytes(&'a [u8]),
+    F32(&'a [f32]),
+}
+
 /// One dispatch: a chunk of a tensor, its descriptor set and push constants.
 #[derive(Clone, Copy)]
 pub(crate) struct Dispatch {
@@ -708,34 +716,15 @@ impl Gpu {
             ),
             MatmulInput::F32 => None,
         };
-        let x_bytes = x_packed.as_ref().map_or(x.len() * 4, Vec::len) as u64;
-        let y_bytes = (y_len * 4) as u64;
         if y_len > u32::MAX as usize || x.len() > u32::MAX as usize / 4 {
             return Err(VkError::Input("batch too large for 32-bit indexing".into()));
         }
         let dispatches = self.plan(&resident, n_tok, kernel, input)?;
-
-        let mut exec = self.lock_exec();
-        let need = self.split_need(&dispatches, kernel)?;
-        self.prepare_scratch(&mut exec, x_bytes, y_bytes, need)?;
-        let staging = exec.staging.as_mut().expect("prepared");
-        match &x_packed {
-            Some(bytes) => staging.write(&self.allocator, 0, bytes)?,
-            None => staging.write_f32(&self.allocator, 0, x)?,
-        }
-        let (_, _, y_dev, _) = scratch_handles(&exec);
-        self.submit_with_copies(
-            &exec,
-            (&dispatches, DispatchSync::None),
-            (x_bytes, y_bytes),
-            need,
-            (y_dev, y_bytes),
-        )?;
-        let all =
-            exec.readback
-                .as_ref()
-                .expect("prepared")
-                .read_f32_vec(&self.allocator, 0, y_len)?;
+        let x = match &x_packed {
+            Some(bytes) => HostX::Bytes(bytes),
+            None => HostX::F32(x),
+        };
+        let all = self.run_planned(&dispatches, kernel, x, y_len)?;
         let mut out = Vec::with_capacity(handles.len());
         let mut at = 0;
         for h in handles {
@@ -792,26 +781,9 @@ impl Gpu {
             .iter()
             .flat_map(|&v| half::f16::from_f32(v).to_le_bytes())
             .collect();
-        let (x_bytes, y_bytes) = (x_f16.len() as u64, (n_tok * n_out * 2) as u64);
-        let mut exec = self.lock_exec();
-        let need = self.split_need(&dispatches, kernel)?;
-        self.prepare_scratch(&mut exec, x_bytes, y_bytes, need)?;
-        let staging = exec.staging.as_mut().expect("prepared");
-        staging.write(&self.allocator, 0, &x_f16)?;
-        let (_, _, y_dev, _) = scratch_handles(&exec);
-        self.submit_with_copies(
-            &exec,
-            (&dispatches, DispatchSync::None),
-            (x_bytes, y_bytes),
-            need,
-            (y_dev, y_bytes),
-        )?;
-        // Each word holds two f16 values (the lower first).
-        let words = exec.readback.as_ref().expect("prepared").read_f32_vec(
-            &self.allocator,
-            0,
-            n_tok * n_out / 2,
-        )?;
+        // Each word of y holds two f16 values (the lower first).
+        let words =
+            self.run_planned(&dispatches, kernel, HostX::Bytes(&x_f16), n_tok * n_out / 2)?;
         Ok(words
             .iter()
             .flat_map(|w| {
@@ -819,6 +791,43 @@ impl Gpu {
                 [bits as u16, (bits >> 16) as u16].map(|h| half::f16::from_bits(h).to_f32())
             })
             .collect())
+    }
+
+    /// Runs planned `dispatches` of `kernel` once in one submit on `x`
+    /// copied into the x scratch, and returns the first `y_words` 32-bit
+    /// words of y (as f32).
+    fn run_planned(
+        &self,
+        dispatches: &[Dispatch],
+        kernel: Kernel,
+        x: HostX<'_>,
+        y_words: usize,
+    ) -> Result<Vec<f32>> {
+        let x_bytes = match x {
+            HostX::Bytes(bytes) => bytes.len(),
+            HostX::F32(values) => 4 * values.len(),
+        } as u64;
+        let y_bytes = (4 * y_words) as u64;
+        let mut exec = self.lock_exec();
+        let need = self.split_need(dispatches, kernel)?;
+        self.prepare_scratch(&mut exec, x_bytes, y_bytes, need)?;
+        let staging = exec.staging.as_mut().expect("prepared");
+        match x {
+            HostX::Bytes(bytes) => staging.write(&self.allocator, 0, bytes)?,
+            HostX::F32(values) => staging.write_f32(&self.allocator, 0, values)?,
+        }
+        let (_, _, y_dev, _) = scratch_handles(&exec);
+        self.submit_with_copies(
+            &exec,
+            (dispatches, DispatchSync::None),
+            (x_bytes, y_bytes),
+            need,
+            (y_dev, y_bytes),
+        )?;
+        exec.readback
+            .as_ref()
+            .expect("prepared")
+            .read_f32_vec(&self.allocator, 0, y_words)
     }
 
     /// GPU time of the kernels alone for `handles` on device-resident input

@@ -74,13 +74,15 @@ pub(crate) struct LayerSets {
     /// chunks at the start of x; None where `gate_up_int8_act` is, where
     /// `Gpu::int8_gate_up_normable` says no or FISH_GPU_INT8_NORM_FUSED=0.
     pub gate_up_int8_act_normed: Option<MatmulSets>,
-    /// gate/up of batched decode steps on the matrix units with the
-    /// activation in the epilogue (`Kernel::MatvecInt8MatrixGateUp`: gate
-    /// weights, xn in f16, the f16 output into h16 that the `down_x16` sets
-    /// read, up weights at binding 5); None where
-    /// `Gpu::int8_matrix_gate_up_fusable` says no for steps of
-    /// `INT8_MATRIX_F16_MIN_STEP_ROWS` rows or the two tensors differ.
-    pub gate_up_matrix_act: Option<MatmulSets>,
+    /// gate/up with the activation in the epilogue on xn in f16 (gate
+    /// weights, xn, the f16 output into h16 that the `down_x16` sets read,
+    /// up weights at binding 5), for batched decode steps on the matrix
+    /// units (`Kernel::MatvecInt8MatrixGateUp`) and prefill chunks on the
+    /// fragments kernel (`Kernel::PrefillGateUp`); None where neither may
+    /// run (`Gpu::int8_matrix_gate_up_fusable` for steps of
+    /// `INT8_MATRIX_F16_MIN_STEP_ROWS` rows,
+    /// `Gpu::prefill_gate_up_may_run`) or the two tensors differ.
+    pub gate_up_act_f16: Option<MatmulSets>,
     /// qkv, K, V, params.
     pub rope: vk::DescriptorSet,
     /// qkv, K, V, attn, step, params, the int8 copy of attn.
@@ -374,12 +376,13 @@ impl Bindings {
                 )?),
                 None => None,
             };
-            let matrix_act_fused = gpu.int8_group(&g[2])
-                && gpu.int8_matrix_gate_up_fusable(&g[2], INT8_MATRIX_F16_MIN_STEP_ROWS);
-            let gate_up_matrix_act =
-                gate_up_epilogue_sets(&g[2], &w[2], matrix_act_fused, (a.xn.raw, a.h16.raw))?;
+            let f16_act_fused = (gpu.int8_group(&g[2])
+                && gpu.int8_matrix_gate_up_fusable(&g[2], INT8_MATRIX_F16_MIN_STEP_ROWS))
+                || gpu.prefill_gate_up_may_run(&g[2]);
+            let gate_up_act_f16 =
+                gate_up_epilogue_sets(&g[2], &w[2], f16_act_fused, (a.xn.raw, a.h16.raw))?;
             layers.push(LayerSets {
-                gate_up_matrix_act,
+                gate_up_act_f16,
                 gate_up_act: gate_up_epilogue_sets(
                     &g[2],
                     &w[2],

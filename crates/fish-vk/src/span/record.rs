@@ -47,11 +47,12 @@ pub(crate) struct Chunk {
     /// layer's `gate_up_int8_act_normed` sets, x read at token 0), so no
     /// norm dispatch runs before gate/up.
     pub norm_in_gate_up: Vec<bool>,
-    /// Per layer: the gate/up matvec of a batched step on the matrix units
-    /// writes act(gate) * up in f16 (`Kernel::MatvecInt8MatrixGateUp` on the
-    /// layer's `gate_up_matrix_act` sets, into h16) and down reads it (the
+    /// Per layer: the gate/up matmul writes act(gate) * up in f16 (on the
+    /// layer's `gate_up_act_f16` sets, into h16: batched steps on the matrix
+    /// units, `Kernel::MatvecInt8MatrixGateUp`, and prefill chunks on the
+    /// fragments kernel, `Kernel::PrefillGateUp`) and down reads it (the
     /// `down_x16` sets, `down_f16`), so no act*mul dispatch runs.
-    pub matrix_act_in_gate_up: Vec<bool>,
+    pub f16_act_in_gate_up: Vec<bool>,
     /// The activation writes its f16 copy (arena h16) and down reads it
     /// (`MatmulInput::F16`, the `down_x16` sets): prefill chunks on the
     /// cooperative kernel (Gpu::prefill_input), whose activation is always
@@ -215,7 +216,7 @@ pub(crate) fn plan_chunks(
                 act_in_gate_up: same.act_in_gate_up.clone(),
                 int8_act_in_gate_up: same.int8_act_in_gate_up.clone(),
                 norm_in_gate_up: same.norm_in_gate_up.clone(),
-                matrix_act_in_gate_up: same.matrix_act_in_gate_up.clone(),
+                f16_act_in_gate_up: same.f16_act_in_gate_up.clone(),
                 down_f16: same.down_f16,
                 wo_f16: same.wo_f16,
                 prefetch: same.prefetch,
@@ -279,7 +280,7 @@ pub(crate) fn plan_chunks(
         let mut act_in_gate_up = Vec::with_capacity(n_layers);
         let mut int8_act_in_gate_up = Vec::with_capacity(n_layers);
         let mut norm_in_gate_up = Vec::with_capacity(n_layers);
-        let mut matrix_act_in_gate_up = Vec::with_capacity(n_layers);
+        let mut f16_act_in_gate_up = Vec::with_capacity(n_layers);
         let mut int8_in = Vec::with_capacity(n_layers);
         let defer = defers_norms(decode, n, n_tok, layout).then(|| norm_parts_offset(shape));
         // The sums of squares the previous layer's down projection left.
@@ -364,15 +365,32 @@ pub(crate) fn plan_chunks(
             norm_in_gate_up.push(normed.is_some());
             // Batched steps on the matrix units' f16 form: the activation
             // in the gate/up epilogue, its f16 output read by down.
-            let matrix_act = match (gate_up_input, &ls.gate_up_matrix_act) {
+            let matrix_act = match (gate_up_input, &ls.gate_up_act_f16) {
                 (NormedInput::Half, Some(sets)) if int8 && down_matrix_f16 && !gated => {
                     let kernel = Kernel::MatvecInt8MatrixGateUp(activation(shape));
                     Some(plan_group_on(gpu, sets, n, kernel, MatmulInput::F16)?)
                 }
                 _ => None,
             };
-            matrix_act_in_gate_up.push(matrix_act.is_some());
-            let gate_up_plan = matrix_act.unwrap_or(gate_up_plan);
+            // Prefill chunks on the fragments kernel: the activation in its
+            // gate/up form's epilogue (Kernel::PrefillGateUp), the f16
+            // output read by down as the act*mul dispatch's would be. The
+            // form is unavailable (KernelUnavailable) where the plan's tile
+            // or the tensors' type has no such module or the device did
+            // not pass its check; the plain gate/up then stays.
+            let prefill_act = match (gate_up_input, &ls.gate_up_act_f16) {
+                (NormedInput::Half, Some(sets)) if f16_input && down_f16 && !gated => {
+                    let kernel = Kernel::PrefillGateUp(activation(shape));
+                    match plan_group_on(gpu, sets, n, kernel, MatmulInput::F16) {
+                        Ok(plan) => Some(plan),
+                        Err(VkError::KernelUnavailable(_)) => None,
+                        Err(e) => return Err(e),
+                    }
+                }
+                _ => None,
+            };
+            f16_act_in_gate_up.push(matrix_act.is_some() || prefill_act.is_some());
+            let gate_up_plan = matrix_act.or(prefill_act).unwrap_or(gate_up_plan);
             let next_reads_xn = bindings
                 .layers
                 .get(il + 1)
@@ -380,17 +398,20 @@ pub(crate) fn plan_chunks(
             // Where the act*mul dispatch runs, it can hand down its output
             // quantised (int8 chunks, where the policy gave down int8 sets).
             let act_dispatched =
-                !gated && !act_fused && int8_act.is_none() && !matrix_act_in_gate_up[il];
+                !gated && !act_fused && int8_act.is_none() && !f16_act_in_gate_up[il];
             let down = match (&ls.down_int8, int8_act) {
                 (_, Some((_, sets))) => int8_residual_plan(gpu, sets, n, step_rows)?,
-                _ if down_matrix_f16 && (act_dispatched || matrix_act_in_gate_up[il]) => {
+                _ if down_matrix_f16 && (act_dispatched || f16_act_in_gate_up[il]) => {
                     (matrix_f16_plan(gpu, &ls.down_x16, n)?, None)
                 }
                 (Some(sets), None) if int8 && act_dispatched => {
                     int8_residual_plan(gpu, sets, n, step_rows)?
                 }
                 _ if down_f16 => {
-                    debug_assert!(act_dispatched, "a prefill chunk's activation is dispatched");
+                    debug_assert!(
+                        act_dispatched || f16_act_in_gate_up[il],
+                        "a prefill chunk's activation is dispatched or in the gate/up epilogue"
+                    );
                     let input = MatmulInput::F16;
                     (
                         plan_group_on(gpu, &ls.down_x16, n, down_kernel, input)?,
@@ -424,7 +445,7 @@ pub(crate) fn plan_chunks(
             act_in_gate_up,
             int8_act_in_gate_up,
             norm_in_gate_up,
-            matrix_act_in_gate_up,
+            f16_act_in_gate_up,
             down_f16: down_f16 || down_matrix_f16,
             wo_f16: wo_f16 || wo_matrix_f16,
             prefetch: prefetch.filter(|_| decode),
@@ -1275,9 +1296,9 @@ impl Recording<'_> {
                 self.matmul(r, gate_up_plan, &act_sets.sets);
                 r.end(SpanStage::Matvec);
             }
-            _ if chunk.matrix_act_in_gate_up[il] => {
+            _ if chunk.f16_act_in_gate_up[il] => {
                 // The norm's f16 copy, then gate/up on the epilogue sets.
-                if let Some(act_sets) = &sets.gate_up_matrix_act {
+                if let Some(act_sets) = &sets.gate_up_act_f16 {
                     let gate_up = NormedGroup {
                         float: act_sets,
                         ..sets.gate_up_group()
@@ -1316,7 +1337,7 @@ impl Recording<'_> {
         let down_int8 = sets.down_int8.as_ref().filter(|_| chunk.int8_in[il][1]);
         let act_in_epilogue = chunk.act_in_gate_up[il]
             || chunk.int8_act_in_gate_up[il]
-            || chunk.matrix_act_in_gate_up[il];
+            || chunk.f16_act_in_gate_up[il];
         if !chunk.gated && !act_in_epilogue {
             let count = n * layer.n_ff;
             // span_act.comp's `quantise`: 1 the int8 copy (an invocation

@@ -1,0 +1,93 @@
+//! Prefill chunks with the activation in the gate/up epilogue of the
+//! fragments kernel (fish-vk `Kernel::PrefillGateUp`): the same sums as the
+//! plain fragments kernel, so the logits of the act*mul dispatch bit for bit
+//! (`FISH_VK_FRAGS_GATE_UP=0`), and the dispatch must be gone. Emulated on a
+//! device without cooperative matrices (FISH_GPU_PREFILL_EMULATED=1 gives
+//! spans the emulated prefill kernel, FISH_VK_FRAGS_EMULATED=1 its Q4_K
+//! plans the emulated fragments kernel); on a device with them, its own.
+//!
+//! The form needs Q4_K gate/up rows of whole super-blocks, which the
+//! default model (576-value rows) does not have: FISH_TEST_TINY_Q4K names a
+//! `fish-cli synth --shape tiny --type q4_k_m` file (scripts/test.sh makes
+//! it; without it the test fails where FISH_REQUIRE_GPU=1, else skips). One
+//! test per binary: the variables are process-wide.
+
+mod chunked;
+mod common;
+
+use chunked::{on_gpu, prompt_logits, setup};
+use common::{compare, differing_bits};
+use fish_core::model::Model;
+use std::path::PathBuf;
+
+/// The tiny Q4_K_M model, or None (skip) where neither it nor a device is
+/// required.
+fn tiny_model() -> Option<PathBuf> {
+    match std::env::var("FISH_TEST_TINY_Q4K") {
+        Ok(p) if !p.is_empty() => {
+            let p = PathBuf::from(p);
+            assert!(p.exists(), "FISH_TEST_TINY_Q4K={} is missing", p.display());
+            Some(p)
+        }
+        _ if std::env::var("FISH_REQUIRE_GPU").as_deref() == Ok("1") => {
+            panic!("FISH_TEST_TINY_Q4K is not set (scripts/test.sh makes the file)")
+        }
+        _ => {
+            eprintln!("skipped: FISH_TEST_TINY_Q4K is not set");
+            None
+        }
+    }
+}
+
+/// The prompt's logits per row and the matmul pipelines its span built.
+fn prefill(
+    gpu: &std::sync::Arc<fish_span::VulkanBackend>,
+    path: &PathBuf,
+) -> (Vec<Vec<f32>>, Vec<String>) {
+    let span = on_gpu(gpu, Model::load(path).expect("load"));
+    // 140 byte tokens: two full chunks of 64 and a partial one.
+    let prompt: Vec<u32> = (0..140).map(|i| 3 + (i * 37 % 250)).collect();
+    let logits = prompt_logits(&span, &prompt);
+    assert!(!span.gpu.as_ref().unwrap().has_failed());
+    drop(span);
+    (logits, gpu.gpu().built_matmul_pipelines())
+}
+
+#[test]
+fn the_gate_up_epilogue_gives_the_act_mul_dispatchs_bits() {
+    std::env::set_var("FISH_GPU_PREFILL_EMULATED", "1");
+    std::env::set_var("FISH_VK_FRAGS_EMULATED", "1");
+    let Some(path) = tiny_model() else { return };
+    let Some(gpu) = setup() else { return };
+    let device_form = gpu.gpu().prefill_frags();
+    let module = match device_form {
+        true => "coopmat_frags_x16_gateup_q4_k",
+        false => "coopmat_frags_emu_x16_gateup_q4_k",
+    };
+
+    // The dispatch first: the device keeps the pipelines it built, so the
+    // list after it says what the dispatch run alone used.
+    std::env::set_var("FISH_VK_FRAGS_GATE_UP", "0");
+    let (dispatched, built) = prefill(&gpu, &path);
+    std::env::remove_var("FISH_VK_FRAGS_GATE_UP");
+    assert!(
+        !built.iter().any(|p| p.contains("_gateup_")),
+        "FISH_VK_FRAGS_GATE_UP=0 still fused: {built:?}"
+    );
+    let (fused, built) = prefill(&gpu, &path);
+    assert!(
+        built.iter().any(|p| p.starts_with(module)),
+        "{module} did not run: {built:?}"
+    );
+    let (same, worst) = compare(&fused, &dispatched);
+    eprintln!(
+        "gate/up epilogue vs act*mul dispatch: argmax {same}/{}, max |dlogit| {:.3}%",
+        fused.len(),
+        worst * 100.0
+    );
+    assert_eq!(
+        differing_bits(&fused, &dispatched),
+        0,
+        "the epilogue's logits differ from the dispatch's"
+    );
+}
