@@ -27,7 +27,7 @@ for m in $FISH_TEST_MODELS; do scripts/fetch-model.sh "$m" >/dev/null; done
 # rows cannot hold.
 mkdir -p models
 cargo run --release --locked -q -p fish-cli -- synth --shape tiny --type q4_k_m \
-    models/tiny-q4_k_m.gguf 2>/dev/null
+    models/tiny-q4_k_m.gguf
 export FISH_TEST_TINY_Q4K="$PWD/models/tiny-q4_k_m.gguf"
 
 # GPU tests run on lavapipe (Mesa's CPU Vulkan) and must fail, not skip, without a device.
