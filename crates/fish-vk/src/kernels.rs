@@ -1194,6 +1194,18 @@ impl Gpu {
                  {kernel:?} on {input:?}"
             )));
         }
+        // The gate/up form stores its f16 outputs in pairs of rows.
+        let paired = |t: &&ResidentTensor| {
+            t.handle.n_out().is_multiple_of(2)
+                && t.chunks
+                    .iter()
+                    .all(|c| c.row0 % 2 == 0 && c.n_rows % 2 == 0)
+        };
+        if gate_up.is_some() && !tensors.iter().all(paired) {
+            return Err(VkError::KernelUnavailable(
+                "the gate/up epilogue needs chunks of whole pairs of rows".into(),
+            ));
+        }
         // Weight rows per output row: the gate/up form's tiles hold both.
         let rows_per_out = if gate_up.is_some() { 2 } else { 1 };
         // Its steps are not split, so the tile is chosen by its workgroups.

@@ -285,6 +285,12 @@ fn gate_up_epilogue_refuses_what_it_does_not_hold() {
         with_uploaded(gpu, GgmlType::Q4_K, (n_in, 32), 874, |_, short| {
             assert!(run(q4, short).is_err(), "64 gate rows with 32 up rows");
         });
+        with_uploaded(gpu, GgmlType::Q4_K, (n_in, 63), 875, |_, odd| {
+            assert!(
+                run(odd, odd).is_err(),
+                "63 rows: outputs are stored in pairs"
+            );
+        });
     });
     assert_no_validation_messages(gpu);
 }
