@@ -1,7 +1,8 @@
 //! Prefill chunks with the activation in the gate/up epilogue of the
 //! fragments kernel (fish-vk `Kernel::PrefillGateUp`): the same sums as the
 //! plain fragments kernel, so the logits of the act*mul dispatch bit for bit
-//! (`FISH_VK_FRAGS_GATE_UP=0`), and the dispatch must be gone. Emulated on a
+//! (`FISH_VK_FRAGS_GATE_UP=0`), the dispatch must be gone, and the rows
+//! must keep the CPU's argmax as span_prefill_frags.rs asks. Emulated on a
 //! device without cooperative matrices (FISH_GPU_PREFILL_EMULATED=1 gives
 //! spans the emulated prefill kernel, FISH_VK_FRAGS_EMULATED=1 its Q4_K
 //! plans the emulated fragments kernel); on a device with them, its own.
@@ -15,7 +16,7 @@
 mod chunked;
 mod common;
 
-use chunked::{on_gpu, prompt_logits, setup};
+use chunked::{assert_mostly_cpu_argmax, on_gpu, prompt_logits, setup};
 use common::{compare, differing_bits};
 use fish_core::model::Model;
 use std::path::PathBuf;
@@ -39,15 +40,18 @@ fn tiny_model() -> Option<PathBuf> {
     }
 }
 
+/// 140 byte tokens: two full chunks of 64 and a partial one.
+fn prompt() -> Vec<u32> {
+    (0..140).map(|i| 3 + (i * 37 % 250)).collect()
+}
+
 /// The prompt's logits per row and the matmul pipelines its span built.
 fn prefill(
     gpu: &std::sync::Arc<fish_span::VulkanBackend>,
     path: &PathBuf,
 ) -> (Vec<Vec<f32>>, Vec<String>) {
     let span = on_gpu(gpu, Model::load(path).expect("load"));
-    // 140 byte tokens: two full chunks of 64 and a partial one.
-    let prompt: Vec<u32> = (0..140).map(|i| 3 + (i * 37 % 250)).collect();
-    let logits = prompt_logits(&span, &prompt);
+    let logits = prompt_logits(&span, &prompt());
     assert!(!span.gpu.as_ref().unwrap().has_failed());
     drop(span);
     (logits, gpu.gpu().built_matmul_pipelines())
@@ -79,6 +83,11 @@ fn the_gate_up_epilogue_gives_the_act_mul_dispatchs_bits() {
         built.iter().any(|p| p.starts_with(module)),
         "{module} did not run: {built:?}"
     );
+    // Against the CPU as span_prefill_frags.rs holds the fragments kernel
+    // (chunked::assert_mostly_cpu_argmax: int8 activations there, flat
+    // random logits), so that the two paths cannot agree on wrong logits.
+    let cpu = prompt_logits(&Model::load(&path).expect("load"), &prompt());
+    assert_mostly_cpu_argmax(&fused, &cpu, "gate/up epilogue");
     let (same, worst) = compare(&fused, &dispatched);
     eprintln!(
         "gate/up epilogue vs act*mul dispatch: argmax {same}/{}, max |dlogit| {:.3}%",
