@@ -216,7 +216,8 @@ fn gated_act(g: f32, act: GatedActivation) -> f32 {
 /// (the same fragments, in the same order), so its outputs are the plain
 /// kernel's sums through the activation, rounded to f16: at most one f16
 /// step apart where the host's exp / tanh and the device's round
-/// differently (plus the activation's own f32 rounding). Random Q4_K weights; 150 output rows and 140 tokens leave
+/// differently (plus the activation's own f32 rounding); with the code
+/// words loaded a step ahead, the same bits. Random Q4_K weights; 150 output rows and 140 tokens leave
 /// partial tiles along both, on both tiles, with both activations.
 #[test]
 fn gate_up_epilogue_gives_the_plain_kernels_sums_through_the_activation() {
@@ -243,6 +244,19 @@ fn gate_up_epilogue_gives_the_plain_kernels_sums_through_the_activation() {
                         .unwrap_or_else(|e| panic!("{what}: {e}"))
                         .remove(0);
                         assert_eq!(fused.len(), n_tok * n_out, "{what}");
+                        // Code words loaded a step ahead: the same bits.
+                        let ahead = gpu.with_frags_ahead(true, || {
+                            forced(&|| {
+                                gpu.prefill_gate_up((gate, up), &x, n_tok, kernel, act)
+                                    .map(|y| vec![y])
+                            })
+                        });
+                        let ahead = ahead.unwrap_or_else(|e| panic!("{what} ahead: {e}"));
+                        let same = fused
+                            .iter()
+                            .zip(&ahead[0])
+                            .all(|(a, b)| a.to_bits() == b.to_bits());
+                        assert!(same, "{what}: other bits with the loads ahead");
                         for (i, &got) in fused.iter().enumerate() {
                             let (g, u) = (plain[0][i], plain[1][i]);
                             let want = half::f16::from_f32(gated_act(g, act) * u).to_f32();
