@@ -272,20 +272,19 @@ impl Gpu {
     }
 }
 
-/// Whether the device's gate/up form is worth its open-time check: plans
-/// give the kernel Q4_K and FISH_VK_FRAGS_GATE_UP is not 0.
+/// Whether the gate/up form may run at all (FISH_VK_FRAGS_GATE_UP is not
+/// 0): at open, whether the device's form is worth its check (plans always
+/// give the kernel Q4_K, the form's one type).
 pub(crate) fn gate_up_offered() -> bool {
-    default_type(WeightFormat::Ggml(GgmlType::Q4_K))
-        && !crate::config::env_switched_off("FISH_VK_FRAGS_GATE_UP")
+    !crate::config::env_switched_off("FISH_VK_FRAGS_GATE_UP")
 }
 
 /// Whether plans may take the gate/up form of the kernel
-/// (`Kernel::PrefillGateUp`): FISH_VK_FRAGS_GATE_UP is not 0, and the
-/// device's form passed its open-time check (`Gpu::check_prefill_gate_up`)
-/// or the plan is of the emulated form (which its tests check).
+/// (`Kernel::PrefillGateUp`): it is offered, and the device's form passed
+/// its open-time check (`Gpu::check_prefill_gate_up`) or the plan is of the
+/// emulated form (which its tests check).
 fn gate_up_wanted(gpu: &Gpu, emulated: bool) -> bool {
-    !crate::config::env_switched_off("FISH_VK_FRAGS_GATE_UP")
-        && (emulated || gpu.info.prefill_frags_gate_up)
+    gate_up_offered() && (emulated || gpu.info.prefill_frags_gate_up)
 }
 
 /// FISH_VK_FRAGS_UNCHECKED=1, a measurement knob: the device's kernel is

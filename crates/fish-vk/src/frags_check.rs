@@ -8,6 +8,8 @@
 //! they do for long-row projections with few tiles, so the partials and
 //! their sum are checked on the device too.
 
+use crate::coopmat::CoopMatTile;
+use crate::frags::FragsTile;
 use crate::{GatedActivation, Gpu, Kernel, MatmulInput};
 use fish_gguf::GgmlType;
 
@@ -113,11 +115,25 @@ struct Shape {
 /// steps a share keeps, in whole super-blocks. None where the rule is off
 /// (FISH_VK_WIDE_SPLIT=0), where such rows would not split, or where they
 /// would be too long for exact sums (MAX_SPLIT_N_IN).
-fn split_check_n_in(tile: &crate::coopmat::CoopMatTile, tiles: u32) -> Option<usize> {
+fn split_check_n_in(tile: &CoopMatTile, tiles: u32) -> Option<usize> {
     let rule = crate::split_k::SplitRule::wide()?;
     let n_in = (2 * rule.min_steps * tile.k_step).next_multiple_of(256);
     let split = crate::split_k::SplitPlanner::new(rule).split(tile, tiles, n_in);
     (split.ways > 1 && n_in as usize <= MAX_SPLIT_N_IN).then_some(n_in as usize)
+}
+
+/// Ok where `checked` checks ran and none failed; else all `failures`, or
+/// that no tile could be checked (the kernel would never run).
+fn verdict(checked: usize, failures: Vec<String>) -> Result<(), String> {
+    match (checked, failures.is_empty()) {
+        (0, _) => Err("no prefill tile has a layout of the kernel".into()),
+        (_, true) => Ok(()),
+        (_, false) => Err(format!(
+            "{} of {checked} checks failed: {}",
+            failures.len(),
+            failures.join(" | ")
+        )),
+    }
 }
 
 impl Gpu {
@@ -145,18 +161,11 @@ impl Gpu {
     ) -> Result<(), String> {
         // Every tile and type is checked, so that one failure's message
         // also says which of the others hold.
+        let tiles = self.frags_tiles(kernel)?;
         let mut checked = 0;
         let mut failures = Vec::new();
         for &ty in types {
-            for wide in [false, true] {
-                let tile = match wide {
-                    false => self.coopmat_tile(kernel).map_err(|e| e.to_string())?,
-                    true => self.wide_tile_of(kernel),
-                };
-                let Some(tile) = tile else { continue };
-                if crate::frags::layout_for(tile.rows(), tile.tokens()).is_none() {
-                    continue;
-                }
+            for &(wide, tile, _) in &tiles {
                 // Two tiles of rows and two of tokens, the second of each partial.
                 let (rows, n_tok) = (tile.rows() as usize + 16, tile.tokens() as usize + 8);
                 let mut row_lengths = vec![N_IN];
@@ -180,15 +189,23 @@ impl Gpu {
                 }
             }
         }
-        match (checked, failures.is_empty()) {
-            (0, _) => Err("no prefill tile has a layout of the kernel".into()),
-            (_, true) => Ok(()),
-            (_, false) => Err(format!(
-                "{} of {checked} checks failed: {}",
-                failures.len(),
-                failures.join(" | ")
-            )),
-        }
+        verdict(checked, failures)
+    }
+
+    /// The prefill tiles of `kernel` that the fragments kernel has a layout
+    /// for, each with whether it is the wide one: what plans may give it
+    /// (a tile without one keeps the staged kernel).
+    fn frags_tiles(&self, kernel: Kernel) -> Result<Vec<(bool, CoopMatTile, FragsTile)>, String> {
+        let tile = self.coopmat_tile(kernel).map_err(|e| e.to_string())?;
+        let tiles = [(false, tile), (true, self.wide_tile_of(kernel))];
+        Ok(tiles
+            .into_iter()
+            .filter_map(|(wide, tile)| {
+                let tile = tile?;
+                let layout = crate::frags::layout_for(tile.rows(), tile.tokens())?;
+                Some((wide, tile, layout))
+            })
+            .collect())
     }
 
     /// The open-time check of the kernel's gate/up form
@@ -202,15 +219,7 @@ impl Gpu {
     pub fn check_prefill_gate_up(&self, kernel: Kernel) -> Result<(), String> {
         let mut checked = 0;
         let mut failures = Vec::new();
-        for wide in [false, true] {
-            let tile = match wide {
-                false => self.coopmat_tile(kernel).map_err(|e| e.to_string())?,
-                true => self.wide_tile_of(kernel),
-            };
-            let Some(tile) = tile else { continue };
-            let Some(layout) = crate::frags::layout_for(tile.rows(), tile.tokens()) else {
-                continue;
-            };
+        for (wide, tile, layout) in self.frags_tiles(kernel)? {
             if !layout.rf.is_multiple_of(2) {
                 continue;
             }
@@ -222,11 +231,7 @@ impl Gpu {
             }
             checked += 1;
         }
-        match (checked, failures.is_empty()) {
-            (0, _) => Err("no prefill tile has a gate/up layout of the kernel".into()),
-            (_, true) => Ok(()),
-            (_, false) => Err(failures.join(" | ")),
-        }
+        verdict(checked, failures)
     }
 
     fn check_gate_up_one(

@@ -363,22 +363,18 @@ pub(crate) fn plan_chunks(
             };
             int8_act_in_gate_up.push(int8_act.is_some());
             norm_in_gate_up.push(normed.is_some());
-            // Batched steps on the matrix units' f16 form: the activation
-            // in the gate/up epilogue, its f16 output read by down.
-            let matrix_act = match (gate_up_input, &ls.gate_up_act_f16) {
+            // The activation in the gate/up epilogue, its f16 output read by
+            // down: batched steps on the matrix units' f16 form, and prefill
+            // chunks on the fragments kernel's gate/up form
+            // (Kernel::PrefillGateUp), which is unavailable
+            // (KernelUnavailable) where the plan's tile or the tensors' type
+            // has no such module or the device did not pass its check; the
+            // plain gate/up then stays.
+            let f16_act = match (gate_up_input, &ls.gate_up_act_f16) {
                 (NormedInput::Half, Some(sets)) if int8 && down_matrix_f16 && !gated => {
                     let kernel = Kernel::MatvecInt8MatrixGateUp(activation(shape));
                     Some(plan_group_on(gpu, sets, n, kernel, MatmulInput::F16)?)
                 }
-                _ => None,
-            };
-            // Prefill chunks on the fragments kernel: the activation in its
-            // gate/up form's epilogue (Kernel::PrefillGateUp), the f16
-            // output read by down as the act*mul dispatch's would be. The
-            // form is unavailable (KernelUnavailable) where the plan's tile
-            // or the tensors' type has no such module or the device did
-            // not pass its check; the plain gate/up then stays.
-            let prefill_act = match (gate_up_input, &ls.gate_up_act_f16) {
                 (NormedInput::Half, Some(sets)) if f16_input && down_f16 && !gated => {
                     let kernel = Kernel::PrefillGateUp(activation(shape));
                     match plan_group_on(gpu, sets, n, kernel, MatmulInput::F16) {
@@ -389,8 +385,8 @@ pub(crate) fn plan_chunks(
                 }
                 _ => None,
             };
-            f16_act_in_gate_up.push(matrix_act.is_some() || prefill_act.is_some());
-            let gate_up_plan = matrix_act.or(prefill_act).unwrap_or(gate_up_plan);
+            f16_act_in_gate_up.push(f16_act.is_some());
+            let gate_up_plan = f16_act.unwrap_or(gate_up_plan);
             let next_reads_xn = bindings
                 .layers
                 .get(il + 1)
