@@ -311,6 +311,13 @@ impl Gpu {
         self.pipelines.built_names()
     }
 
+    /// The keys of the pipelines asked for (built or taken from the cache)
+    /// since the last call, sorted: what a piece of work between two calls
+    /// planned, open-time checks excluded once a first call follows them.
+    pub fn take_requested_pipelines(&self) -> Vec<String> {
+        self.pipelines.take_requested()
+    }
+
     /// True when FISH_VK_VALIDATE=1 and the validation layer is active.
     pub fn validation_enabled(&self) -> bool {
         self.instance.validation_enabled

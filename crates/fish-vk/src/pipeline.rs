@@ -4,7 +4,7 @@ use crate::error::{Result, VkCall, VkError};
 use crate::full_subgroups;
 use crate::pipeline_stats::PipelineStats;
 use ash::vk;
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 use std::sync::Mutex;
 
 mod embedded {
@@ -120,6 +120,10 @@ pub(crate) struct Pipelines {
     pub set_layout: vk::DescriptorSetLayout,
     pub layout: vk::PipelineLayout,
     built: Mutex<HashMap<String, (vk::ShaderModule, vk::Pipeline)>>,
+    /// The keys asked for since `take_requested` last ran, built or cached:
+    /// which pipelines a piece of work planned, where the built list also
+    /// holds those that open-time checks built before it.
+    requested: Mutex<BTreeSet<String>>,
     /// The driver's statistics of each pipeline built, when asked for.
     pub stats: Option<PipelineStats>,
     /// DeviceInfo::full_subgroups: pipelines built by `get_cooperative`
@@ -239,6 +243,7 @@ impl Pipelines {
             set_layout,
             layout,
             built: Mutex::new(HashMap::new()),
+            requested: Mutex::new(BTreeSet::new()),
             stats,
             full_subgroups,
         })
@@ -279,6 +284,10 @@ impl Pipelines {
         stage_flags: vk::PipelineShaderStageCreateFlags,
     ) -> Result<vk::Pipeline> {
         let key = format!("{name}{spec:?}");
+        self.requested
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(key.clone());
         let mut built = self.built.lock().unwrap_or_else(|e| e.into_inner());
         if let Some((_, p)) = built.get(&key) {
             return Ok(*p);
@@ -301,6 +310,12 @@ impl Pipelines {
         let mut names: Vec<String> = built.keys().cloned().collect();
         names.sort();
         names
+    }
+
+    /// The keys asked for since the last call, sorted; starts a new list.
+    pub fn take_requested(&self) -> Vec<String> {
+        let mut requested = self.requested.lock().unwrap_or_else(|e| e.into_inner());
+        std::mem::take(&mut *requested).into_iter().collect()
     }
 
     pub fn destroy(&self, device: &ash::Device) {
