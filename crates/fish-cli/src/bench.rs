@@ -42,6 +42,10 @@ pub struct BenchArgs {
     /// Print a JSON list instead of a table.
     #[arg(long)]
     json: bool,
+    /// Also print each measured repetition's tok/s on stderr (a mean and
+    /// deviation cannot tell one slow repetition from a slow build).
+    #[arg(long)]
+    each: bool,
 }
 
 struct Row {
@@ -122,7 +126,7 @@ fn measure(args: &BenchArgs, model: &fish_core::model::Model, suffix: &str) -> R
     if args.n_prompt > 0 {
         let toks = bench_tokens(args.n_prompt, n_vocab);
         let test = format!("pp{}{suffix}", args.n_prompt);
-        rows.push(rate_row(test, args.reps, args.n_prompt, || {
+        rows.push(rate_row(test, args, args.n_prompt, || {
             session.truncate(0);
             let t0 = Instant::now();
             session.eval(&toks, LogitsFor::Last)?;
@@ -132,7 +136,7 @@ fn measure(args: &BenchArgs, model: &fish_core::model::Model, suffix: &str) -> R
     if args.n_gen > 0 {
         let toks = bench_tokens(args.n_gen, n_vocab);
         let test = format!("tg{}{suffix}", args.n_gen);
-        rows.push(rate_row(test, args.reps, args.n_gen, || {
+        rows.push(rate_row(test, args, args.n_gen, || {
             session.truncate(0);
             let t0 = Instant::now();
             for &t in &toks {
@@ -158,7 +162,7 @@ fn batched_decode(args: &BenchArgs, model: &fish_core::model::Model, n_seq: usiz
     let mut batch = BatchSession::new(model, n_seq, args.n_gen, args.threads.resolve())?;
     let toks = bench_tokens(args.n_gen * n_seq, model.cfg.n_vocab);
     let test = format!("tg{} x{n_seq}", args.n_gen);
-    let row = rate_row(test, args.reps, args.n_gen * n_seq, || {
+    let row = rate_row(test, args, args.n_gen * n_seq, || {
         for s in 0..n_seq {
             batch.truncate(s, 0)?;
         }
@@ -182,19 +186,24 @@ fn batched_decode(args: &BenchArgs, model: &fish_core::model::Model, n_seq: usiz
     Ok(row)
 }
 
-/// Tokens per second of `reps` timed runs after one discarded warm-up run;
-/// `run_once` resets its state, then returns the time of the measured work.
+/// Tokens per second of `args.reps` timed runs after one discarded warm-up
+/// run; `run_once` resets its state, then returns the time of the measured
+/// work.
 fn rate_row(
     test: String,
-    reps: usize,
+    args: &BenchArgs,
     n_tokens: usize,
     mut run_once: impl FnMut() -> Result<Duration>,
 ) -> Result<Row> {
     let mut speeds = Vec::new();
-    for rep in 0..=reps {
+    for rep in 0..=args.reps {
         let elapsed = run_once()?;
         if rep > 0 {
-            speeds.push(n_tokens as f64 / elapsed.as_secs_f64());
+            let speed = n_tokens as f64 / elapsed.as_secs_f64();
+            if args.each {
+                eprintln!("{test} repetition {rep}: {speed:.2} tok/s");
+            }
+            speeds.push(speed);
         }
     }
     let (mean, sd) = mean_sd(&speeds);
