@@ -48,7 +48,7 @@ for model in "$l8b" "$l1b"; do
     FISH_VK_FRAGS=0 row staged "$model" -p 512 -n 0 -r 3
     row frags "$model" -p 512 -n 0 -r 3
     FISH_VK_FRAGS_GATE_UP=0 row frags-act "$model" -p 512 -n 0 -r 3
-    FISH_VK_FRAGS=all row frags+q6 "$model" -p 512 -n 0 -r 3
+    FISH_VK_FRAGS=q4_k row frags-q4k "$model" -p 512 -n 0 -r 3
     FISH_VK_FRAGS_AHEAD=1 row ahead "$model" -p 512 -n 0 -r 3
     # q/k/v (192 wide tiles on llama-8b) on the 64 x 64 tile instead.
     FISH_VK_WIDE_MIN=200 row wide200 "$model" -p 512 -n 0 -r 3

@@ -2,7 +2,7 @@
 //! registers (fish-vk frags.rs), emulated on a device without cooperative
 //! matrices: FISH_GPU_PREFILL_EMULATED=1 gives spans the emulated prefill
 //! kernel, FISH_VK_FRAGS_EMULATED=1 its Q4_K / Q6_K plans the emulated
-//! fragments kernel, FISH_VK_FRAGS=all both types. SmolLM2's down
+//! fragments kernel (both types by default). SmolLM2's down
 //! projections (1536-value rows, the only ones a K-quant fits) are
 //! re-quantised to Q4_K and Q6_K in turn, so the kernel runs with the
 //! residual added in its output (the down projection accumulates into x).
@@ -22,7 +22,6 @@ use fish_gguf::GgmlType;
 #[test]
 fn an_emulated_span_runs_the_fragments_kernel_within_the_bound() {
     std::env::set_var("FISH_GPU_PREFILL_EMULATED", "1");
-    std::env::set_var("FISH_VK_FRAGS", "all");
     let Some(gpu) = setup() else { return };
     let path = requantised_copy(&default_model(), "frags", |name, ty| {
         let layer: Option<usize> = name

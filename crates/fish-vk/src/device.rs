@@ -54,8 +54,8 @@ pub struct DeviceInfo {
     /// (int8_matrix.rs: the device's 16 x N x 32 int8 fragment width), where
     /// the device has those fragments and the prefill tile's features.
     pub int8_matrix: Option<u32>,
-    /// f16-input prefill plans of Q4_K (and with FISH_VK_FRAGS=all Q6_K)
-    /// run on fragments built in registers (frags.rs): the device offers
+    /// f16-input prefill plans of Q4_K and Q6_K (Q4_K only with
+    /// FISH_VK_FRAGS=q4_k) run on fragments built in registers (frags.rs): the device offers
     /// them and passed the open-time check.
     pub prefill_frags: bool,
     /// The device offers what the fragments kernel needs (16 x 8 x 16 f16

@@ -237,8 +237,8 @@ impl Gpu {
             if config.verbose {
                 match &checked {
                     Ok(()) => eprintln!(
-                        "fish-vk: prefill matmuls of Q4_K (Q6_K with FISH_VK_FRAGS=all) on \
-                         fragments built in registers"
+                        "fish-vk: prefill matmuls of {:?} on fragments built in registers",
+                        crate::frags::default_types()
                     ),
                     Err(why) => eprintln!(
                         "fish-vk: no prefill on fragments built in registers (check: {why})"
