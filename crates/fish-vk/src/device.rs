@@ -55,8 +55,8 @@ pub struct DeviceInfo {
     /// the device has those fragments and the prefill tile's features.
     pub int8_matrix: Option<u32>,
     /// f16-input prefill plans of Q4_K and Q6_K (Q4_K only with
-    /// FISH_VK_FRAGS=q4_k) run on fragments built in registers (frags.rs): the device offers
-    /// them and passed the open-time check.
+    /// FISH_VK_FRAGS=q4_k) run on fragments built in registers (frags.rs):
+    /// the device offers them and passed the open-time check.
     pub prefill_frags: bool,
     /// The device offers what the fragments kernel needs (16 x 8 x 16 f16
     /// fragments with f32 accumulators, subgroups of 32), whether or not it

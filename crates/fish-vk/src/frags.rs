@@ -188,8 +188,8 @@ thread_local! {
 
 impl Gpu {
     /// Whether f16-input prefill plans of Q4_K and Q6_K (Q4_K only with
-    /// FISH_VK_FRAGS=q4_k) run on fragments built in registers on this device (it passed
-    /// the open-time check).
+    /// FISH_VK_FRAGS=q4_k) run on fragments built in registers on this
+    /// device (it passed the open-time check).
     pub fn prefill_frags(&self) -> bool {
         self.info.prefill_frags
     }
