@@ -12,7 +12,9 @@
 // 16-byte load per 8 tokens and 32 values, in the fragment layout of
 // frag16.glsl (16 x 8 x 16 f16 products): an invocation holds values 8t ..
 // 8t + 7 of a 32-value block, of rows g and g + 8 in A and of token g in B,
-// permuted alike in both. Subgroups never wait for each other; the
+// permuted alike in both: each x word (two adjacent values) is one register
+// of B as loaded, and the weights are paired to match (the `_adjacent`
+// pairs of frag16_pairs.glsl), so x costs no instructions past its loads. Subgroups never wait for each other; the
 // subgroups of a workgroup share their tokens, so x comes from L1 after the
 // first of them.
 //
@@ -116,7 +118,7 @@ const uint BN = WARPS_N * NF * 8u;
 // Most fragments per subgroup along rows and tokens (frags.rs refuses
 // layouts with more).
 #define MAX_RF 4u
-#define MAX_NF 8u
+#define MAX_NF 16u
 
 layout(std430, binding = 0) readonly buffer Weights2 { uvec2 w2[]; };
 layout(std430, binding = 0) readonly buffer Weights4 { uvec4 w4[]; };
@@ -160,6 +162,7 @@ uvec2 weights2(uint h, uint i) {
 // q4k_scales_mins (Q4_K's scales and mins of two sub-blocks at once).
 #include "matvec_units.glsl"
 #include "frag16.glsl"
+#define PAIRS_ADJACENT
 #include "frag16_pairs.glsl"
 
 // This workgroup's token tile and split (coopmat_output.glsl reads them).
@@ -310,15 +313,15 @@ void main() {
                 A_FRAG a[2u * MAX_RF];
                 UNROLL for (uint f = 0u; f < RF; f++) {
                     UNROLL for (uint hf = 0u; hf < 2u; hf++) {
-                        H2 g02;
-                        H2 g13;
-                        H2 h02;
-                        H2 h13;
+                        H2 g01;
+                        H2 g23;
+                        H2 h01;
+                        H2 h23;
                         uint lo = 2u * f;
                         uint hi = 2u * f + 1u;
-                        q4_pairs(qs[lo][hf], 4u * hn, H2(scales[lo][hn]), H2(mins[lo][hn]), g02, g13);
-                        q4_pairs(qs[hi][hf], 4u * hn, H2(scales[hi][hn]), H2(mins[hi][hn]), h02, h13);
-                        a[2u * f + hf] = make_a(g02, g13, h02, h13);
+                        q4_pairs_adjacent(qs[lo][hf], 4u * hn, H2(scales[lo][hn]), H2(mins[lo][hn]), g01, g23);
+                        q4_pairs_adjacent(qs[hi][hf], 4u * hn, H2(scales[hi][hn]), H2(mins[hi][hn]), h01, h23);
+                        a[2u * f + hf] = make_a(g01, g23, h01, h23);
                     }
                 }
 #elif defined(TYPE_Q6_K)
@@ -366,7 +369,7 @@ void main() {
                         UNROLL for (uint hf = 0u; hf < 2u; hf++) {
                             uint code = ((ql[h][qq & 1u][hf] >> (4u * (qq >> 1u))) & 0x0F0F0F0Fu)
                                 | (((qh[h][hf] >> (2u * qq)) & 0x03030303u) << 4);
-                            q6_pairs(code, scale, pairs[hf][r][0], pairs[hf][r][1]);
+                            q6_pairs_adjacent(code, scale, pairs[hf][r][0], pairs[hf][r][1]);
                         }
                     }
                     UNROLL for (uint hf = 0u; hf < 2u; hf++) {
@@ -379,10 +382,8 @@ void main() {
                 UNROLL for (uint n = 0u; n < NF; n++) {
                     uvec4 xw = x_h[x_base[n] + 4u * blk];
                     UNROLL for (uint hf = 0u; hf < 2u; hf++) {
-                        uint lo = xw[2u * hf];
-                        uint hi = xw[2u * hf + 1u];
-                        B_FRAG b = make_b(h2_bits((lo & 0xFFFFu) | (hi << 16)),
-                            h2_bits((lo >> 16) | (hi & 0xFFFF0000u)));
+                        // Values 4 hf .. 4 hf + 3 of the eight, as loaded.
+                        B_FRAG b = make_b(h2_bits(xw[2u * hf]), h2_bits(xw[2u * hf + 1u]));
                         UNROLL for (uint f = 0u; f < RF; f++) {
                             acc[f * MAX_NF + n] = PRODUCT(a[2u * f + hf], b, acc[f * MAX_NF + n]);
                         }

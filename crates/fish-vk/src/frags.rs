@@ -32,7 +32,7 @@ const LANES: u32 = 32;
 /// Most fragments per subgroup along rows and tokens (the shader's MAX_RF,
 /// MAX_NF).
 const MAX_RF: u32 = 4;
-const MAX_NF: u32 = 8;
+const MAX_NF: u32 = 16;
 
 /// The kernel's workgroup: `warps_m` x `warps_n` subgroups, each owning `rf`
 /// fragments of 16 rows and `nf` fragments of 8 tokens (specialisation
