@@ -9,6 +9,9 @@
 // after frag16.glsl.
 
 #if defined(PAIRS_ADJACENT)
+// The pattern of F16_1024 for fields at bits 4..9 read as 64 + a: the
+// exponent of 64 has steps of 1/16, so bit 4 is a unit.
+const uint F16_64 = 0x54005400u;
 // Bytes 0 and 1 of w at bits 0 and 16 (bytes01); bytes 2 and 3 likewise.
 uint bytes01(uint w) {
     return (w & 0xFFu) | ((w << 8) & 0x00FF0000u);
@@ -31,11 +34,18 @@ void q4_pairs(uint word, uint shift, H2 scale, H2 minv, out H2 p02, out H2 p13) 
 }
 
 #if defined(PAIRS_ADJACENT)
-// Values (0, 1) and (2, 3) of the same codes (see the top of this file).
-void q4_pairs_adjacent(uint word, uint shift, H2 scale, H2 minv, out H2 p01, out H2 p23) {
-    uint ws = word >> shift;
-    H2 lo = h2_bits((bytes01(ws) & 0x000F000Fu) | F16_1024) - H2(1024.0);
-    H2 hi = h2_bits((bytes23(ws) & 0x000F000Fu) | F16_1024) - H2(1024.0);
+// Values (0, 1) and (2, 3) of the same codes (see the top of this file),
+// the low nibbles (hn 0) or the high ones (hn 1) of the word. The bytes
+// are paired before the nibble is chosen, so that both halves share the
+// pairing, and the high nibbles are read in place: at bits 4..7 of an f16
+// with the exponent of 64, whose steps are 1/16, a field counts units, so
+// the pattern reads 64 + q with no shift.
+void q4_pairs_adjacent(uint word, uint hn, H2 scale, H2 minv, out H2 p01, out H2 p23) {
+    uint mask = hn == 0u ? 0x000F000Fu : 0x00F000F0u;
+    uint bias = hn == 0u ? F16_1024 : F16_64;
+    H2 offset = H2(hn == 0u ? 1024.0 : 64.0);
+    H2 lo = h2_bits((bytes01(word) & mask) | bias) - offset;
+    H2 hi = h2_bits((bytes23(word) & mask) | bias) - offset;
     p01 = h2_round(fma(lo, scale, -minv));
     p23 = h2_round(fma(hi, scale, -minv));
 }
@@ -51,10 +61,23 @@ void q6_pairs(uint code, H2 scale, out H2 p02, out H2 p13) {
 }
 
 #if defined(PAIRS_ADJACENT)
-// Values (0, 1) and (2, 3) of the same codes (see the top of this file).
-void q6_pairs_adjacent(uint code, H2 scale, out H2 p01, out H2 p23) {
-    H2 lo = h2_bits(bytes01(code) | F16_1024) - H2(1056.0);
-    H2 hi = h2_bits(bytes23(code) | F16_1024) - H2(1056.0);
+// Values (0, 1) and (2, 3) of the six-bit codes of quarter qq (0..3) of a
+// word of low bits (ql: the quarter's nibble, low for qq < 2, high
+// otherwise) and a word of high bits (qh: two bits per quarter at bit
+// 2 qq), as (code - 32) * scale. Both words are paired before the quarter
+// is chosen (the pairing is shared by the quarters that read the word), the
+// high bits are moved next to the nibble with one shift, and quarters 2 and
+// 3 are read in place at bits 4..9 of an f16 with the exponent of 64 (see
+// q4_pairs_adjacent).
+void q6_pairs_adjacent(uint ql, uint qh, uint qq, H2 scale, out H2 p01, out H2 p23) {
+    bool low = qq < 2u;
+    uint lmask = low ? 0x000F000Fu : 0x00F000F0u;
+    uint hmask = low ? 0x00300030u : 0x03000300u;
+    uint bias = low ? F16_1024 : F16_64;
+    uint shift = (qq & 1u) == 0u ? 4u : 2u;
+    H2 offset = H2(low ? 1056.0 : 96.0);
+    H2 lo = h2_bits((bytes01(ql) & lmask) | ((bytes01(qh) << shift) & hmask) | bias) - offset;
+    H2 hi = h2_bits((bytes23(ql) & lmask) | ((bytes23(qh) << shift) & hmask) | bias) - offset;
     p01 = h2_round(lo * scale);
     p23 = h2_round(hi * scale);
 }

@@ -319,8 +319,8 @@ void main() {
                         H2 h23;
                         uint lo = 2u * f;
                         uint hi = 2u * f + 1u;
-                        q4_pairs_adjacent(qs[lo][hf], 4u * hn, H2(scales[lo][hn]), H2(mins[lo][hn]), g01, g23);
-                        q4_pairs_adjacent(qs[hi][hf], 4u * hn, H2(scales[hi][hn]), H2(mins[hi][hn]), h01, h23);
+                        q4_pairs_adjacent(qs[lo][hf], hn, H2(scales[lo][hn]), H2(mins[lo][hn]), g01, g23);
+                        q4_pairs_adjacent(qs[hi][hf], hn, H2(scales[hi][hn]), H2(mins[hi][hn]), h01, h23);
                         a[2u * f + hf] = make_a(g01, g23, h01, h23);
                     }
                 }
@@ -367,9 +367,8 @@ void main() {
                         float sc = sbyte_float((sc8[h][s / 4u] >> (8u * (s % 4u))) & 0xFFu);
                         H2 scale = H2(h1(d[h] * sc));
                         UNROLL for (uint hf = 0u; hf < 2u; hf++) {
-                            uint code = ((ql[h][qq & 1u][hf] >> (4u * (qq >> 1u))) & 0x0F0F0F0Fu)
-                                | (((qh[h][hf] >> (2u * qq)) & 0x03030303u) << 4);
-                            q6_pairs_adjacent(code, scale, pairs[hf][r][0], pairs[hf][r][1]);
+                            q6_pairs_adjacent(ql[h][qq & 1u][hf], qh[h][hf], qq, scale, pairs[hf][r][0],
+                                pairs[hf][r][1]);
                         }
                     }
                     UNROLL for (uint hf = 0u; hf < 2u; hf++) {
