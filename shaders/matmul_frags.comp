@@ -50,6 +50,7 @@
 #extension GL_EXT_control_flow_attributes : enable
 #if !defined(EMULATE_COOPMAT)
 #extension GL_KHR_shader_subgroup_basic : require
+#extension GL_KHR_shader_subgroup_shuffle : require
 #extension GL_KHR_cooperative_matrix : require
 #extension GL_KHR_memory_scope_semantics : require
 #extension GL_EXT_shader_explicit_arithmetic_types_float16 : require
@@ -175,6 +176,42 @@ uint split_z;
 
 const uint SB_VALUES = 256u;
 
+#if defined(TYPE_Q4_K)
+// The bits of an f16 pair.
+#if defined(EMULATE_COOPMAT)
+uint h2_pack(H2 v) { return packHalf2x16(v); }
+#else
+uint h2_pack(H2 v) { return packFloat2x16(v); }
+#endif
+// Chunk scales and mins pass between the lanes of a row (main): lane_scale
+// (h, src) is row slot h's scale pair of lane src of this subgroup. The
+// emulation's subgroups are not the device's, so it passes them through
+// shared memory between two barriers of the workgroup (every subgroup
+// publishes once per super-block).
+#if defined(EMULATE_COOPMAT)
+shared uint sh_scales[THREADS * 2u * RF];
+shared uint sh_mins[THREADS * 2u * RF];
+void publish_scales(uint sc[2u * MAX_RF], uint mn[2u * MAX_RF]) {
+    barrier();
+    uint tid = gl_LocalInvocationIndex;
+    for (uint h = 0u; h < 2u * RF; h++) {
+        sh_scales[tid * 2u * RF + h] = sc[h];
+        sh_mins[tid * 2u * RF + h] = mn[h];
+    }
+    barrier();
+}
+uint lane_slot(uint h, uint src) {
+    return ((gl_LocalInvocationIndex / LANES) * LANES + src) * 2u * RF + h;
+}
+#define lane_scale(sc, h, src) sh_scales[lane_slot(h, src)]
+#define lane_min(mn, h, src) sh_mins[lane_slot(h, src)]
+#else
+#define publish_scales(sc, mn)
+#define lane_scale(sc, h, src) subgroupShuffle(sc[h], src)
+#define lane_min(mn, h, src) subgroupShuffle(mn[h], src)
+#endif
+#endif
+
 #if defined(TYPE_Q6_K)
 // Per row, half n6 of super-block sb: the code bytes 8t.. of ql[64 n6 ..]
 // and ql[64 n6 + 32 ..] (low nibbles: quarters 0 and 1, high: 2 and 3) and
@@ -271,7 +308,23 @@ void main() {
         uvec4 heads[2u * MAX_RF];
         if (AHEAD != 0u) {
             heads = head_next;
+        } else {
+            UNROLL for (uint h = 0u; h < 2u * RF; h++) {
+                heads[h] = weights4(h, (row_byte[h] + sb * BLOCK_BYTES) / 16u);
+            }
         }
+        // Per row, lane t of its four decodes chunk t's two scales and two
+        // mins (f16 pairs); chunk c's reach every lane of the row from lane
+        // 4g + c, so each is decoded once, not four times.
+        uint my_scales[2u * MAX_RF];
+        uint my_mins[2u * MAX_RF];
+        UNROLL for (uint h = 0u; h < 2u * RF; h++) {
+            vec2 dd = unpackHalf2x16(heads[h].x);
+            vec4 sm = q4k_scales_mins(heads[h], t);
+            my_scales[h] = h2_pack(H2(h1(dd.x * sm.x), h1(dd.x * sm.y)));
+            my_mins[h] = h2_pack(H2(h1(dd.y * sm.z), h1(dd.y * sm.w)));
+        }
+        publish_scales(my_scales, my_mins);
         UNROLL for (uint c = 0u; c < 4u; c++) {
             // Per row: the code bytes 8t .. 8t + 7 of the chunk's 32 (low
             // nibbles: block 2c, high: 2c + 1), and the two blocks' scales
@@ -294,18 +347,11 @@ void main() {
                 }
             }
             UNROLL for (uint h = 0u; h < 2u * RF; h++) {
-                uint base = row_byte[h] + sb * BLOCK_BYTES;
-                uvec4 head;
-                if (AHEAD != 0u) {
-                    head = heads[h];
-                } else {
-                    head = weights4(h, base / 16u);
-                    qs[h] = weights2(h, (base + QS_OFFSET + 32u * c) / 8u + t);
+                if (AHEAD == 0u) {
+                    qs[h] = weights2(h, (row_byte[h] + sb * BLOCK_BYTES + QS_OFFSET + 32u * c) / 8u + t);
                 }
-                vec2 dd = unpackHalf2x16(head.x);
-                vec4 sm = q4k_scales_mins(head, c);
-                scales[h] = H2(h1(dd.x * sm.x), h1(dd.x * sm.y));
-                mins[h] = H2(h1(dd.y * sm.z), h1(dd.y * sm.w));
+                scales[h] = h2_bits(lane_scale(my_scales, h, 4u * g + c));
+                mins[h] = h2_bits(lane_min(my_mins, h, 4u * g + c));
             }
             UNROLL for (uint hn = 0u; hn < 2u; hn++) {
                 uint blk = 8u * sb + 2u * c + hn;
