@@ -64,12 +64,20 @@ layout(constant_id = 2) const uint RF = 2u;
 layout(constant_id = 3) const uint NF = 8u;
 // WARPS_M * WARPS_N * 32.
 layout(local_size_x_id = 4) in;
-// 1: code words are loaded one step ahead (Q4_K: a 64-value chunk, a
+// Bit 0: code words are loaded one step ahead (Q4_K: a 64-value chunk, a
 // super-block's heads one super-block ahead; Q6_K: a half super-block, its
 // d one super-block ahead), so that the next step's loads, the next
 // super-block's first included, are in flight while the current one is
 // multiplied; the same values in the same order, so the same bits.
+// Bit 1: at the start of each super-block, every sector of the next
+// super-block's weights of the subgroup's rows is touched with one plain
+// load (two per invocation and row), whose value is only folded into a
+// word checked at the end, so that the loads of the next super-block find
+// their bytes in L1 rather than in HBM; the values used are untouched, so
+// the same bits.
 layout(constant_id = 5) const uint AHEAD = 0u;
+const bool LOADS_AHEAD = (AHEAD & 1u) != 0u;
+const bool PREFETCH_NEXT = (AHEAD & 2u) != 0u;
 #if defined(GATE_UP)
 #if !defined(TYPE_Q4_K)
 #error "GATE_UP is written for Q4_K"
@@ -235,6 +243,27 @@ void load_q6_d(uint row_byte[2u * MAX_RF], uint sb, out float d[2u * MAX_RF]) {
 }
 #endif
 
+// The bytes of super-block sb's body, per row slot (Q4_K: head and
+// codes; Q6_K: ql, qh and scales; its d lies with the row's other ds, in
+// one sector that stays cached).
+#if defined(TYPE_Q4_K)
+const uint BODY_BYTES = BLOCK_BYTES;
+#else
+const uint BODY_BYTES = Q6_BODY_BYTES;
+#endif
+// One word in each 32-byte sector of super-block sb's body, per row slot:
+// the four invocations of a row touch bytes 32 t and 32 (t + 4) (clamped
+// to the last), points no more than 32 bytes apart from the first byte to
+// the last, so every sector the body spans is touched whatever its
+// alignment (144 and 208 bytes: at most six and eight points).
+void touch_super_block(uint row_byte[2u * MAX_RF], uint sb, uint t, out uint touch[4u * MAX_RF]) {
+    UNROLL for (uint h = 0u; h < 2u * RF; h++) {
+        uint base = row_byte[h] + sb * BODY_BYTES;
+        touch[2u * h] = weights2(h, (base + min(32u * t, BODY_BYTES - 1u)) / 8u).x;
+        touch[2u * h + 1u] = weights2(h, (base + min(32u * (t + 4u), BODY_BYTES - 1u)) / 8u).x;
+    }
+}
+
 void main() {
     uint tid = gl_LocalInvocationIndex;
     uint warp = tid / LANES;
@@ -283,7 +312,7 @@ void main() {
     // heads, loaded before the current chunk is multiplied.
     uvec2 qs_next[2u * MAX_RF];
     uvec4 head_next[2u * MAX_RF];
-    if (AHEAD != 0u && sb0 < sb_end) {
+    if (LOADS_AHEAD && sb0 < sb_end) {
         UNROLL for (uint h = 0u; h < 2u * RF; h++) {
             uint base = row_byte[h] + sb0 * BLOCK_BYTES;
             head_next[h] = weights4(h, base / 16u);
@@ -298,15 +327,30 @@ void main() {
     uvec2 qh_next[2u * MAX_RF];
     uvec2 sc_next[2u * MAX_RF];
     float d_next[2u * MAX_RF];
-    if (AHEAD != 0u && sb0 < sb_end) {
+    if (LOADS_AHEAD && sb0 < sb_end) {
         load_q6_half(row_byte, sb0, 0u, t, ql_next, qh_next, sc_next);
         load_q6_d(row_byte, sb0, d_next);
     }
 #endif
+    // PREFETCH_NEXT: the words of the last touch, folded into `touched`
+    // at the next super-block (by then they have arrived).
+    uint touched = 0u;
+    uint touch[4u * MAX_RF];
+    UNROLL for (uint i = 0u; i < 4u * RF; i++) {
+        touch[i] = 0u;
+    }
     for (uint sb = sb0; sb < sb_end; sb++) {
+        if (PREFETCH_NEXT) {
+            UNROLL for (uint i = 0u; i < 4u * RF; i++) {
+                touched ^= touch[i];
+            }
+            if (sb + 1u < sb_end) {
+                touch_super_block(row_byte, sb + 1u, t, touch);
+            }
+        }
 #if defined(TYPE_Q4_K)
         uvec4 heads[2u * MAX_RF];
-        if (AHEAD != 0u) {
+        if (LOADS_AHEAD) {
             heads = head_next;
         } else {
             UNROLL for (uint h = 0u; h < 2u * RF; h++) {
@@ -332,7 +376,7 @@ void main() {
             uvec2 qs[2u * MAX_RF];
             H2 scales[2u * MAX_RF];
             H2 mins[2u * MAX_RF];
-            if (AHEAD != 0u) {
+            if (LOADS_AHEAD) {
                 qs = qs_next;
                 // The chunk after this one: c + 1, or the next super-block's first.
                 uint nsb = c == 3u ? sb + 1u : sb;
@@ -347,7 +391,7 @@ void main() {
                 }
             }
             UNROLL for (uint h = 0u; h < 2u * RF; h++) {
-                if (AHEAD == 0u) {
+                if (!LOADS_AHEAD) {
                     qs[h] = weights2(h, (row_byte[h] + sb * BLOCK_BYTES + QS_OFFSET + 32u * c) / 8u + t);
                 }
                 scales[h] = h2_bits(lane_scale(my_scales, h, 4u * g + c));
@@ -373,7 +417,7 @@ void main() {
 #elif defined(TYPE_Q6_K)
         // Per row its d (the row's f16 scales follow its block bodies).
         float d[2u * MAX_RF];
-        if (AHEAD != 0u) {
+        if (LOADS_AHEAD) {
             d = d_next;
         } else {
             load_q6_d(row_byte, sb, d);
@@ -385,7 +429,7 @@ void main() {
             uvec2 ql[2u * MAX_RF][2];
             uvec2 qh[2u * MAX_RF];
             uvec2 sc8[2u * MAX_RF];
-            if (AHEAD != 0u) {
+            if (LOADS_AHEAD) {
                 ql = ql_next;
                 qh = qh_next;
                 sc8 = sc_next;
@@ -436,6 +480,12 @@ void main() {
                 }
             }
         }
+    }
+
+    // The touches must reach the end to be issued at all: no dispatch has
+    // no rows, so this never returns.
+    if (PREFETCH_NEXT && touched == 0x5EEDF00Du && p.n_rows == 0u) {
+        return;
     }
 
     // Element e of a C fragment is row g + 8 (e / 2), token 2t + e % 2.
