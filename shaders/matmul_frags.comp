@@ -12,7 +12,9 @@
 // 16-byte load per 8 tokens and 32 values, in the fragment layout of
 // frag16.glsl (16 x 8 x 16 f16 products): an invocation holds values 8t ..
 // 8t + 7 of a 32-value block, of rows g and g + 8 in A and of token g in B,
-// permuted alike in both. Subgroups never wait for each other; the
+// permuted alike in both: each x word (two adjacent values) is one register
+// of B as loaded, and the weights are paired to match (the `_adjacent`
+// pairs of frag16_pairs.glsl), so x costs no instructions past its loads. Subgroups never wait for each other; the
 // subgroups of a workgroup share their tokens, so x comes from L1 after the
 // first of them.
 //
@@ -48,6 +50,7 @@
 #extension GL_EXT_control_flow_attributes : enable
 #if !defined(EMULATE_COOPMAT)
 #extension GL_KHR_shader_subgroup_basic : require
+#extension GL_KHR_shader_subgroup_shuffle : require
 #extension GL_KHR_cooperative_matrix : require
 #extension GL_KHR_memory_scope_semantics : require
 #extension GL_EXT_shader_explicit_arithmetic_types_float16 : require
@@ -61,12 +64,20 @@ layout(constant_id = 2) const uint RF = 2u;
 layout(constant_id = 3) const uint NF = 8u;
 // WARPS_M * WARPS_N * 32.
 layout(local_size_x_id = 4) in;
-// 1: code words are loaded one step ahead (Q4_K: a 64-value chunk, a
+// Bit 0: code words are loaded one step ahead (Q4_K: a 64-value chunk, a
 // super-block's heads one super-block ahead; Q6_K: a half super-block, its
 // d one super-block ahead), so that the next step's loads, the next
 // super-block's first included, are in flight while the current one is
 // multiplied; the same values in the same order, so the same bits.
+// Bit 1: at the start of each super-block, every sector of the next
+// super-block's weights of the subgroup's rows is touched with one plain
+// load (two per invocation and row), whose value is only folded into a
+// word checked at the end, so that the loads of the next super-block find
+// their bytes in L1 rather than in HBM; the values used are untouched, so
+// the same bits.
 layout(constant_id = 5) const uint AHEAD = 0u;
+const bool LOADS_AHEAD = (AHEAD & 1u) != 0u;
+const bool PREFETCH_NEXT = (AHEAD & 2u) != 0u;
 #if defined(GATE_UP)
 #if !defined(TYPE_Q4_K)
 #error "GATE_UP is written for Q4_K"
@@ -116,7 +127,7 @@ const uint BN = WARPS_N * NF * 8u;
 // Most fragments per subgroup along rows and tokens (frags.rs refuses
 // layouts with more).
 #define MAX_RF 4u
-#define MAX_NF 8u
+#define MAX_NF 16u
 
 layout(std430, binding = 0) readonly buffer Weights2 { uvec2 w2[]; };
 layout(std430, binding = 0) readonly buffer Weights4 { uvec4 w4[]; };
@@ -160,6 +171,7 @@ uvec2 weights2(uint h, uint i) {
 // q4k_scales_mins (Q4_K's scales and mins of two sub-blocks at once).
 #include "matvec_units.glsl"
 #include "frag16.glsl"
+#define PAIRS_ADJACENT
 #include "frag16_pairs.glsl"
 
 // This workgroup's token tile and split (coopmat_output.glsl reads them).
@@ -171,6 +183,42 @@ uint split_z;
 #include "coopmat_output.glsl"
 
 const uint SB_VALUES = 256u;
+
+#if defined(TYPE_Q4_K)
+// The bits of an f16 pair.
+#if defined(EMULATE_COOPMAT)
+uint h2_pack(H2 v) { return packHalf2x16(v); }
+#else
+uint h2_pack(H2 v) { return packFloat2x16(v); }
+#endif
+// Chunk scales and mins pass between the lanes of a row (main): lane_scale
+// (h, src) is row slot h's scale pair of lane src of this subgroup. The
+// emulation's subgroups are not the device's, so it passes them through
+// shared memory between two barriers of the workgroup (every subgroup
+// publishes once per super-block).
+#if defined(EMULATE_COOPMAT)
+shared uint sh_scales[THREADS * 2u * RF];
+shared uint sh_mins[THREADS * 2u * RF];
+void publish_scales(uint sc[2u * MAX_RF], uint mn[2u * MAX_RF]) {
+    barrier();
+    uint tid = gl_LocalInvocationIndex;
+    for (uint h = 0u; h < 2u * RF; h++) {
+        sh_scales[tid * 2u * RF + h] = sc[h];
+        sh_mins[tid * 2u * RF + h] = mn[h];
+    }
+    barrier();
+}
+uint lane_slot(uint h, uint src) {
+    return ((gl_LocalInvocationIndex / LANES) * LANES + src) * 2u * RF + h;
+}
+#define lane_scale(sc, h, src) sh_scales[lane_slot(h, src)]
+#define lane_min(mn, h, src) sh_mins[lane_slot(h, src)]
+#else
+#define publish_scales(sc, mn)
+#define lane_scale(sc, h, src) subgroupShuffle(sc[h], src)
+#define lane_min(mn, h, src) subgroupShuffle(mn[h], src)
+#endif
+#endif
 
 #if defined(TYPE_Q6_K)
 // Per row, half n6 of super-block sb: the code bytes 8t.. of ql[64 n6 ..]
@@ -194,6 +242,27 @@ void load_q6_d(uint row_byte[2u * MAX_RF], uint sb, out float d[2u * MAX_RF]) {
     }
 }
 #endif
+
+// The bytes of super-block sb's body, per row slot (Q4_K: head and
+// codes; Q6_K: ql, qh and scales; its d lies with the row's other ds, in
+// one sector that stays cached).
+#if defined(TYPE_Q4_K)
+const uint BODY_BYTES = BLOCK_BYTES;
+#else
+const uint BODY_BYTES = Q6_BODY_BYTES;
+#endif
+// One word in each 32-byte sector of super-block sb's body, per row slot:
+// the four invocations of a row touch bytes 32 t and 32 (t + 4) (clamped
+// to the last), points no more than 32 bytes apart from the first byte to
+// the last, so every sector the body spans is touched whatever its
+// alignment (144 and 208 bytes: at most six and eight points).
+void touch_super_block(uint row_byte[2u * MAX_RF], uint sb, uint t, out uint touch[4u * MAX_RF]) {
+    UNROLL for (uint h = 0u; h < 2u * RF; h++) {
+        uint base = row_byte[h] + sb * BODY_BYTES;
+        touch[2u * h] = weights2(h, (base + min(32u * t, BODY_BYTES - 1u)) / 8u).x;
+        touch[2u * h + 1u] = weights2(h, (base + min(32u * (t + 4u), BODY_BYTES - 1u)) / 8u).x;
+    }
+}
 
 void main() {
     uint tid = gl_LocalInvocationIndex;
@@ -243,7 +312,7 @@ void main() {
     // heads, loaded before the current chunk is multiplied.
     uvec2 qs_next[2u * MAX_RF];
     uvec4 head_next[2u * MAX_RF];
-    if (AHEAD != 0u && sb0 < sb_end) {
+    if (LOADS_AHEAD && sb0 < sb_end) {
         UNROLL for (uint h = 0u; h < 2u * RF; h++) {
             uint base = row_byte[h] + sb0 * BLOCK_BYTES;
             head_next[h] = weights4(h, base / 16u);
@@ -258,17 +327,48 @@ void main() {
     uvec2 qh_next[2u * MAX_RF];
     uvec2 sc_next[2u * MAX_RF];
     float d_next[2u * MAX_RF];
-    if (AHEAD != 0u && sb0 < sb_end) {
+    if (LOADS_AHEAD && sb0 < sb_end) {
         load_q6_half(row_byte, sb0, 0u, t, ql_next, qh_next, sc_next);
         load_q6_d(row_byte, sb0, d_next);
     }
 #endif
+    // PREFETCH_NEXT: the words of the last touch, folded into `touched`
+    // at the next super-block (by then they have arrived).
+    uint touched = 0u;
+    uint touch[4u * MAX_RF];
+    UNROLL for (uint i = 0u; i < 4u * RF; i++) {
+        touch[i] = 0u;
+    }
     for (uint sb = sb0; sb < sb_end; sb++) {
+        if (PREFETCH_NEXT) {
+            UNROLL for (uint i = 0u; i < 4u * RF; i++) {
+                touched ^= touch[i];
+            }
+            if (sb + 1u < sb_end) {
+                touch_super_block(row_byte, sb + 1u, t, touch);
+            }
+        }
 #if defined(TYPE_Q4_K)
         uvec4 heads[2u * MAX_RF];
-        if (AHEAD != 0u) {
+        if (LOADS_AHEAD) {
             heads = head_next;
+        } else {
+            UNROLL for (uint h = 0u; h < 2u * RF; h++) {
+                heads[h] = weights4(h, (row_byte[h] + sb * BLOCK_BYTES) / 16u);
+            }
         }
+        // Per row, lane t of its four decodes chunk t's two scales and two
+        // mins (f16 pairs); chunk c's reach every lane of the row from lane
+        // 4g + c, so each is decoded once, not four times.
+        uint my_scales[2u * MAX_RF];
+        uint my_mins[2u * MAX_RF];
+        UNROLL for (uint h = 0u; h < 2u * RF; h++) {
+            vec2 dd = unpackHalf2x16(heads[h].x);
+            vec4 sm = q4k_scales_mins(heads[h], t);
+            my_scales[h] = h2_pack(H2(h1(dd.x * sm.x), h1(dd.x * sm.y)));
+            my_mins[h] = h2_pack(H2(h1(dd.y * sm.z), h1(dd.y * sm.w)));
+        }
+        publish_scales(my_scales, my_mins);
         UNROLL for (uint c = 0u; c < 4u; c++) {
             // Per row: the code bytes 8t .. 8t + 7 of the chunk's 32 (low
             // nibbles: block 2c, high: 2c + 1), and the two blocks' scales
@@ -276,7 +376,7 @@ void main() {
             uvec2 qs[2u * MAX_RF];
             H2 scales[2u * MAX_RF];
             H2 mins[2u * MAX_RF];
-            if (AHEAD != 0u) {
+            if (LOADS_AHEAD) {
                 qs = qs_next;
                 // The chunk after this one: c + 1, or the next super-block's first.
                 uint nsb = c == 3u ? sb + 1u : sb;
@@ -291,18 +391,11 @@ void main() {
                 }
             }
             UNROLL for (uint h = 0u; h < 2u * RF; h++) {
-                uint base = row_byte[h] + sb * BLOCK_BYTES;
-                uvec4 head;
-                if (AHEAD != 0u) {
-                    head = heads[h];
-                } else {
-                    head = weights4(h, base / 16u);
-                    qs[h] = weights2(h, (base + QS_OFFSET + 32u * c) / 8u + t);
+                if (!LOADS_AHEAD) {
+                    qs[h] = weights2(h, (row_byte[h] + sb * BLOCK_BYTES + QS_OFFSET + 32u * c) / 8u + t);
                 }
-                vec2 dd = unpackHalf2x16(head.x);
-                vec4 sm = q4k_scales_mins(head, c);
-                scales[h] = H2(h1(dd.x * sm.x), h1(dd.x * sm.y));
-                mins[h] = H2(h1(dd.y * sm.z), h1(dd.y * sm.w));
+                scales[h] = h2_bits(lane_scale(my_scales, h, 4u * g + c));
+                mins[h] = h2_bits(lane_min(my_mins, h, 4u * g + c));
             }
             UNROLL for (uint hn = 0u; hn < 2u; hn++) {
                 uint blk = 8u * sb + 2u * c + hn;
@@ -310,21 +403,21 @@ void main() {
                 A_FRAG a[2u * MAX_RF];
                 UNROLL for (uint f = 0u; f < RF; f++) {
                     UNROLL for (uint hf = 0u; hf < 2u; hf++) {
-                        H2 g02;
-                        H2 g13;
-                        H2 h02;
-                        H2 h13;
+                        H2 g01;
+                        H2 g23;
+                        H2 h01;
+                        H2 h23;
                         uint lo = 2u * f;
                         uint hi = 2u * f + 1u;
-                        q4_pairs(qs[lo][hf], 4u * hn, H2(scales[lo][hn]), H2(mins[lo][hn]), g02, g13);
-                        q4_pairs(qs[hi][hf], 4u * hn, H2(scales[hi][hn]), H2(mins[hi][hn]), h02, h13);
-                        a[2u * f + hf] = make_a(g02, g13, h02, h13);
+                        q4_pairs_adjacent(qs[lo][hf], hn, H2(scales[lo][hn]), H2(mins[lo][hn]), g01, g23);
+                        q4_pairs_adjacent(qs[hi][hf], hn, H2(scales[hi][hn]), H2(mins[hi][hn]), h01, h23);
+                        a[2u * f + hf] = make_a(g01, g23, h01, h23);
                     }
                 }
 #elif defined(TYPE_Q6_K)
         // Per row its d (the row's f16 scales follow its block bodies).
         float d[2u * MAX_RF];
-        if (AHEAD != 0u) {
+        if (LOADS_AHEAD) {
             d = d_next;
         } else {
             load_q6_d(row_byte, sb, d);
@@ -336,7 +429,7 @@ void main() {
             uvec2 ql[2u * MAX_RF][2];
             uvec2 qh[2u * MAX_RF];
             uvec2 sc8[2u * MAX_RF];
-            if (AHEAD != 0u) {
+            if (LOADS_AHEAD) {
                 ql = ql_next;
                 qh = qh_next;
                 sc8 = sc_next;
@@ -364,9 +457,8 @@ void main() {
                         float sc = sbyte_float((sc8[h][s / 4u] >> (8u * (s % 4u))) & 0xFFu);
                         H2 scale = H2(h1(d[h] * sc));
                         UNROLL for (uint hf = 0u; hf < 2u; hf++) {
-                            uint code = ((ql[h][qq & 1u][hf] >> (4u * (qq >> 1u))) & 0x0F0F0F0Fu)
-                                | (((qh[h][hf] >> (2u * qq)) & 0x03030303u) << 4);
-                            q6_pairs(code, scale, pairs[hf][r][0], pairs[hf][r][1]);
+                            q6_pairs_adjacent(ql[h][qq & 1u][hf], qh[h][hf], qq, scale, pairs[hf][r][0],
+                                pairs[hf][r][1]);
                         }
                     }
                     UNROLL for (uint hf = 0u; hf < 2u; hf++) {
@@ -379,10 +471,8 @@ void main() {
                 UNROLL for (uint n = 0u; n < NF; n++) {
                     uvec4 xw = x_h[x_base[n] + 4u * blk];
                     UNROLL for (uint hf = 0u; hf < 2u; hf++) {
-                        uint lo = xw[2u * hf];
-                        uint hi = xw[2u * hf + 1u];
-                        B_FRAG b = make_b(h2_bits((lo & 0xFFFFu) | (hi << 16)),
-                            h2_bits((lo >> 16) | (hi & 0xFFFF0000u)));
+                        // Values 4 hf .. 4 hf + 3 of the eight, as loaded.
+                        B_FRAG b = make_b(h2_bits(xw[2u * hf]), h2_bits(xw[2u * hf + 1u]));
                         UNROLL for (uint f = 0u; f < RF; f++) {
                             acc[f * MAX_NF + n] = PRODUCT(a[2u * f + hf], b, acc[f * MAX_NF + n]);
                         }
@@ -390,6 +480,12 @@ void main() {
                 }
             }
         }
+    }
+
+    // The touches must reach the end to be issued at all: no dispatch has
+    // no rows, so this never returns.
+    if (PREFETCH_NEXT && touched == 0x5EEDF00Du && p.n_rows == 0u) {
+        return;
     }
 
     // Element e of a C fragment is row g + 8 (e / 2), token 2t + e % 2.

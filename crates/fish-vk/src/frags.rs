@@ -32,12 +32,14 @@ const LANES: u32 = 32;
 /// Most fragments per subgroup along rows and tokens (the shader's MAX_RF,
 /// MAX_NF).
 const MAX_RF: u32 = 4;
-const MAX_NF: u32 = 8;
+const MAX_NF: u32 = 16;
 
 /// The kernel's workgroup: `warps_m` x `warps_n` subgroups, each owning `rf`
 /// fragments of 16 rows and `nf` fragments of 8 tokens (specialisation
-/// constants 0-3; the workgroup size is constant 4), and whether code
-/// words are loaded a step ahead (constant 5, `ahead_wanted`).
+/// constants 0-3; the workgroup size is constant 4), whether code words
+/// are loaded a step ahead (bit 0 of constant 5, `ahead_wanted`) and
+/// whether the next super-block's weights are touched into L1 before
+/// they are needed (bit 1, `prefetch_wanted`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct FragsTile {
     pub warps_m: u32,
@@ -45,6 +47,7 @@ pub struct FragsTile {
     pub rf: u32,
     pub nf: u32,
     pub ahead: bool,
+    pub prefetch: bool,
 }
 
 impl FragsTile {
@@ -67,7 +70,7 @@ impl FragsTile {
             self.rf,
             self.nf,
             self.threads(),
-            self.ahead as u32,
+            self.ahead as u32 | (self.prefetch as u32) << 1,
         ]
     }
 
@@ -96,6 +99,7 @@ impl FragsTile {
             rf,
             nf,
             ahead: false,
+            prefetch: false,
         })
         .filter(FragsTile::holds)
     }
@@ -107,13 +111,17 @@ impl FragsTile {
 /// H200's 128 x 128 tile), or of 32 x 32 on tiles of fewer than 128 tokens
 /// (the 64 x 64 tile's measured layout); None where neither divides it.
 pub(crate) fn layout_for(rows: u32, tokens: u32) -> Option<FragsTile> {
-    let ahead = ahead_wanted();
+    let (ahead, prefetch) = (ahead_wanted(), prefetch_wanted());
     let forced = std::env::var("FISH_VK_FRAGS_TILE")
         .ok()
         .and_then(|v| FragsTile::parse(&v))
         .filter(|f| (f.rows(), f.tokens()) == (rows, tokens));
     if let Some(f) = forced {
-        return Some(FragsTile { ahead, ..f });
+        return Some(FragsTile {
+            ahead,
+            prefetch,
+            ..f
+        });
     }
     let nf = if tokens >= 128 { 8 } else { 4 };
     let (rf, sub_tokens) = (2, nf * 8);
@@ -126,6 +134,7 @@ pub(crate) fn layout_for(rows: u32, tokens: u32) -> Option<FragsTile> {
         rf,
         nf,
         ahead,
+        prefetch,
     })
     .filter(FragsTile::holds)
 }
@@ -137,6 +146,16 @@ fn ahead_wanted() -> bool {
     AHEAD_OVERRIDE
         .with(Cell::get)
         .unwrap_or_else(|| std::env::var("FISH_VK_FRAGS_AHEAD").as_deref() == Ok("1"))
+}
+
+/// Whether each super-block's weights are touched one super-block before
+/// they are loaded (the shader's PREFETCH_NEXT): the thread's override
+/// (`Gpu::with_frags_prefetch`), else FISH_VK_FRAGS_PREFETCH=1 (read at
+/// each plan). Off by default: not yet measured on a device.
+fn prefetch_wanted() -> bool {
+    PREFETCH_OVERRIDE
+        .with(Cell::get)
+        .unwrap_or_else(|| std::env::var("FISH_VK_FRAGS_PREFETCH").as_deref() == Ok("1"))
 }
 
 /// The weight types the kernel decodes (fish_vk::prefill_frags_decodes).
@@ -184,6 +203,8 @@ thread_local! {
     static FRAGS_OVERRIDE: Cell<Option<bool>> = const { Cell::new(None) };
     /// Tests force the loads ahead on or off for this thread's plans.
     static AHEAD_OVERRIDE: Cell<Option<bool>> = const { Cell::new(None) };
+    /// Tests force the touches of the next super-block on or off.
+    static PREFETCH_OVERRIDE: Cell<Option<bool>> = const { Cell::new(None) };
 }
 
 impl Gpu {
@@ -229,6 +250,13 @@ impl Gpu {
     /// FISH_VK_FRAGS_AHEAD says (tests: both give the same bits).
     pub fn with_frags_ahead<R>(&self, on: bool, f: impl FnOnce() -> R) -> R {
         with_override(&AHEAD_OVERRIDE, on, f)
+    }
+
+    /// Runs `f` with this thread's plans of the fragments kernel touching
+    /// the next super-block's weights before they are loaded (`true`) or
+    /// not, whatever FISH_VK_FRAGS_PREFETCH says (tests: the same bits).
+    pub fn with_frags_prefetch<R>(&self, on: bool, f: impl FnOnce() -> R) -> R {
+        with_override(&PREFETCH_OVERRIDE, on, f)
     }
 
     /// The fragments kernel's module and layout for a dispatch of `kernel`
@@ -345,10 +373,11 @@ mod tests {
                 rf: 2,
                 nf: 8,
                 ahead: false,
+                prefetch: false,
             })
         );
         assert_eq!(FragsTile::parse("4,2,5,8"), None);
-        assert_eq!(FragsTile::parse("4,2,2,9"), None);
+        assert_eq!(FragsTile::parse("4,2,2,17"), None);
         assert_eq!(FragsTile::parse("8,8,2,8"), None);
         assert_eq!(FragsTile::parse("4,2,2"), None);
     }

@@ -104,6 +104,13 @@ fn loads_ahead_give_the_same_bits() {
                         .zip(&ahead)
                         .all(|(a, b)| a.to_bits() == b.to_bits());
                     assert!(same, "{what}: other bits than without the loads ahead");
+                    // The next super-block touched before it is loaded.
+                    let touched = gpu.with_frags_prefetch(true, || run(false));
+                    let same = plain
+                        .iter()
+                        .zip(&touched)
+                        .all(|(a, b)| a.to_bits() == b.to_bits());
+                    assert!(same, "{what}: other bits with the touches");
                 }
             });
         }
@@ -257,6 +264,18 @@ fn gate_up_epilogue_gives_the_plain_kernels_sums_through_the_activation() {
                             .zip(&ahead[0])
                             .all(|(a, b)| a.to_bits() == b.to_bits());
                         assert!(same, "{what}: other bits with the loads ahead");
+                        let touched = gpu.with_frags_prefetch(true, || {
+                            forced(&|| {
+                                gpu.prefill_gate_up((gate, up), &x, n_tok, kernel, act)
+                                    .map(|y| vec![y])
+                            })
+                        });
+                        let touched = touched.unwrap_or_else(|e| panic!("{what} touched: {e}"));
+                        let same = fused
+                            .iter()
+                            .zip(&touched[0])
+                            .all(|(a, b)| a.to_bits() == b.to_bits());
+                        assert!(same, "{what}: other bits with the touches");
                         for (i, &got) in fused.iter().enumerate() {
                             let (g, u) = (plain[0][i], plain[1][i]);
                             let want = half::f16::from_f32(gated_act(g, act) * u).to_f32();
