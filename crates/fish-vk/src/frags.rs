@@ -111,7 +111,8 @@ impl FragsTile {
 /// H200's 128 x 128 tile), or of 32 x 32 on tiles of fewer than 128 tokens
 /// (the 64 x 64 tile's measured layout); None where neither divides it.
 pub(crate) fn layout_for(rows: u32, tokens: u32) -> Option<FragsTile> {
-    let (ahead, prefetch) = (ahead_wanted(), prefetch_wanted());
+    // The touches depend on the weight type (`frags_module` sets them).
+    let (ahead, prefetch) = (ahead_wanted(), false);
     let forced = std::env::var("FISH_VK_FRAGS_TILE")
         .ok()
         .and_then(|v| FragsTile::parse(&v))
@@ -148,14 +149,22 @@ fn ahead_wanted() -> bool {
         .unwrap_or_else(|| std::env::var("FISH_VK_FRAGS_AHEAD").as_deref() == Ok("1"))
 }
 
-/// Whether each super-block's weights are touched one super-block before
-/// they are loaded (the shader's PREFETCH_NEXT): the thread's override
-/// (`Gpu::with_frags_prefetch`), else FISH_VK_FRAGS_PREFETCH=1 (read at
-/// each plan). Off by default: not yet measured on a device.
-fn prefetch_wanted() -> bool {
-    PREFETCH_OVERRIDE
-        .with(Cell::get)
-        .unwrap_or_else(|| std::env::var("FISH_VK_FRAGS_PREFETCH").as_deref() == Ok("1"))
+/// Whether each super-block's weights of type `ty` are touched one
+/// super-block before they are loaded (the shader's PREFETCH_NEXT): the
+/// thread's override (`Gpu::with_frags_prefetch`), else
+/// FISH_VK_FRAGS_PREFETCH (read at each plan): 1 both types, 0 neither,
+/// unset Q4_K only. On an H100 they took llama-8b pp512 from 10188 to
+/// 10392 tok/s (Q4_K on both); the Q6_K kernel alone (wide tile, 4096 x
+/// 14336 at 512 tokens) ran 173 TFLOPS without them and 169 with them,
+/// hence Q4_K only by default.
+fn prefetch_wanted(ty: WeightFormat) -> bool {
+    PREFETCH_OVERRIDE.with(Cell::get).unwrap_or_else(|| {
+        match std::env::var("FISH_VK_FRAGS_PREFETCH").as_deref() {
+            Ok("1") => true,
+            Ok("0") => false,
+            _ => ty == WeightFormat::Ggml(GgmlType::Q4_K),
+        }
+    })
 }
 
 /// The weight types the kernel decodes (fish_vk::prefill_frags_decodes).
@@ -285,7 +294,10 @@ impl Gpu {
         if input != MatmulInput::F16 || !decodes(ty) || tile.staging == Staging::PerSubgroup {
             return None;
         }
-        let layout = layout_for(tile.rows(), tile.tokens())?;
+        let layout = FragsTile {
+            prefetch: prefetch_wanted(ty),
+            ..layout_for(tile.rows(), tile.tokens())?
+        };
         let emu = if emulated { "_emu" } else { "" };
         let form = match gate_up {
             None => "",
