@@ -150,19 +150,22 @@ fn ahead_wanted() -> bool {
 }
 
 /// Whether each super-block's weights of type `ty` are touched one
-/// super-block before they are loaded (the shader's PREFETCH_NEXT): the
-/// thread's override (`Gpu::with_frags_prefetch`), else
-/// FISH_VK_FRAGS_PREFETCH (read at each plan): 1 both types, 0 neither,
-/// unset Q4_K only. On an H100 they took llama-8b pp512 from 10188 to
-/// 10392 tok/s (Q4_K on both); the Q6_K kernel alone (wide tile, 4096 x
-/// 14336 at 512 tokens) ran 173 TFLOPS without them and 169 with them,
-/// hence Q4_K only by default.
-fn prefetch_wanted(ty: WeightFormat) -> bool {
+/// super-block before they are loaded (the shader's PREFETCH_NEXT) on a
+/// layout of `layout`: the thread's override (`Gpu::with_frags_prefetch`),
+/// else FISH_VK_FRAGS_PREFETCH (read at each plan): 1 every type and
+/// tile, 0 none, unset Q4_K on layouts of 128 tokens (the wide tile). On
+/// an H100 the touches took llama-8b pp512 from ~10170 to ~10420 tok/s,
+/// but llama-1b from 63655 to 60036 with Q4_K touched on both tiles: on
+/// the 64 x 64 tile they cost 39 registers over 128 (three workgroups per
+/// multiprocessor instead of four), on the wide one 55 under the 256 that
+/// keep its one. The Q6_K kernel alone (wide tile, 4096 x 14336 at 512
+/// tokens) ran 173 TFLOPS without them and 169 with them.
+fn prefetch_wanted(ty: WeightFormat, layout: &FragsTile) -> bool {
     PREFETCH_OVERRIDE.with(Cell::get).unwrap_or_else(|| {
         match std::env::var("FISH_VK_FRAGS_PREFETCH").as_deref() {
             Ok("1") => true,
             Ok("0") => false,
-            _ => ty == WeightFormat::Ggml(GgmlType::Q4_K),
+            _ => ty == WeightFormat::Ggml(GgmlType::Q4_K) && layout.tokens() >= 128,
         }
     })
 }
@@ -294,9 +297,10 @@ impl Gpu {
         if input != MatmulInput::F16 || !decodes(ty) || tile.staging == Staging::PerSubgroup {
             return None;
         }
+        let layout = layout_for(tile.rows(), tile.tokens())?;
         let layout = FragsTile {
-            prefetch: prefetch_wanted(ty),
-            ..layout_for(tile.rows(), tile.tokens())?
+            prefetch: prefetch_wanted(ty, &layout),
+            ..layout
         };
         let emu = if emulated { "_emu" } else { "" };
         let form = match gate_up {
@@ -373,6 +377,27 @@ mod tests {
         assert_eq!(small.spec(), [2, 2, 2, 4, 128, 0]);
         // Rows that no subgroup of 32 divides.
         assert_eq!(layout_for(48, 64), None);
+    }
+
+    #[test]
+    fn the_touches_go_to_q4_k_on_the_wide_tile_by_default() {
+        if std::env::var_os("FISH_VK_FRAGS_PREFETCH").is_some() {
+            return; // the variable decides instead of the default
+        }
+        let (wide, small) = (layout_for(128, 128).unwrap(), layout_for(64, 64).unwrap());
+        let (q4, q6) = (
+            WeightFormat::Ggml(GgmlType::Q4_K),
+            WeightFormat::Ggml(GgmlType::Q6_K),
+        );
+        assert!(prefetch_wanted(q4, &wide));
+        assert!(!prefetch_wanted(q4, &small));
+        assert!(!prefetch_wanted(q6, &wide));
+        // The thread's override decides for every type and tile.
+        let forced = with_override(&PREFETCH_OVERRIDE, true, || prefetch_wanted(q6, &small));
+        assert!(forced);
+        assert!(!with_override(&PREFETCH_OVERRIDE, false, || {
+            prefetch_wanted(q4, &wide)
+        }));
     }
 
     #[test]
