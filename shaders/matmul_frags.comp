@@ -14,9 +14,9 @@
 // 8t + 7 of a 32-value block, of rows g and g + 8 in A and of token g in B,
 // permuted alike in both: each x word (two adjacent values) is one register
 // of B as loaded, and the weights are paired to match (the `_adjacent`
-// pairs of frag16_pairs.glsl), so x costs no instructions past its loads. Subgroups never wait for each other; the
-// subgroups of a workgroup share their tokens, so x comes from L1 after the
-// first of them.
+// pairs of frag16_pairs.glsl), so x costs no instructions past its loads.
+// Subgroups never wait for each other; the subgroups of a workgroup share
+// their tokens, so x comes from L1 after the first of them.
 //
 // Same bindings and push constants as matmul_coopmat.comp, and the same
 // output tiles: a workgroup computes a BM x BN block of y (rows x tokens)
@@ -191,7 +191,7 @@ uint h2_pack(H2 v) { return packHalf2x16(v); }
 #else
 uint h2_pack(H2 v) { return packFloat2x16(v); }
 #endif
-// Chunk scales and mins pass between the lanes of a row (main): lane_scale
+// Chunk scales and mins pass between the lanes of a row (see main): lane_scale
 // (h, src) is row slot h's scale pair of lane src of this subgroup. The
 // emulation's subgroups are not the device's, so it passes them through
 // shared memory between two barriers of the workgroup (every subgroup

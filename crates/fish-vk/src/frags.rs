@@ -111,8 +111,9 @@ impl FragsTile {
 /// H200's 128 x 128 tile), or of 32 x 32 on tiles of fewer than 128 tokens
 /// (the 64 x 64 tile's measured layout); None where neither divides it.
 pub(crate) fn layout_for(rows: u32, tokens: u32) -> Option<FragsTile> {
-    // The touches depend on the weight type (`frags_module` sets them).
-    let (ahead, prefetch) = (ahead_wanted(), false);
+    let ahead = ahead_wanted();
+    // The touches depend on the weight type: `frags_module` sets them.
+    let prefetch = false;
     let forced = std::env::var("FISH_VK_FRAGS_TILE")
         .ok()
         .and_then(|v| FragsTile::parse(&v))

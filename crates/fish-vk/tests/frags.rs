@@ -99,18 +99,16 @@ fn loads_ahead_give_the_same_bits() {
                     let (plain, ahead) = (run(false), run(true));
                     let what = format!("{ty:?} {kernel:?} wide={wide} ahead");
                     check_f16_x_matrix_product(w, &x, n_tok, &ahead, &what);
-                    let same = plain
-                        .iter()
-                        .zip(&ahead)
-                        .all(|(a, b)| a.to_bits() == b.to_bits());
-                    assert!(same, "{what}: other bits than without the loads ahead");
+                    assert!(
+                        same_bits(&plain, &ahead),
+                        "{what}: other bits than without the loads ahead"
+                    );
                     // The next super-block touched before it is loaded.
                     let touched = gpu.with_frags_prefetch(true, || run(false));
-                    let same = plain
-                        .iter()
-                        .zip(&touched)
-                        .all(|(a, b)| a.to_bits() == b.to_bits());
-                    assert!(same, "{what}: other bits with the touches");
+                    assert!(
+                        same_bits(&plain, &touched),
+                        "{what}: other bits with the touches"
+                    );
                 }
             });
         }
@@ -244,38 +242,28 @@ fn gate_up_epilogue_gives_the_plain_kernels_sums_through_the_activation() {
                     .expect("plain");
                     for act in [GatedActivation::Silu, GatedActivation::Gelu] {
                         let what = format!("{kernel:?} wide={wide} {act:?}");
-                        let fused = forced(&|| {
-                            gpu.prefill_gate_up((gate, up), &x, n_tok, kernel, act)
-                                .map(|y| vec![y])
-                        })
-                        .unwrap_or_else(|e| panic!("{what}: {e}"))
-                        .remove(0);
+                        let fuse = |how: &str| {
+                            forced(&|| {
+                                gpu.prefill_gate_up((gate, up), &x, n_tok, kernel, act)
+                                    .map(|y| vec![y])
+                            })
+                            .unwrap_or_else(|e| panic!("{what}{how}: {e}"))
+                            .remove(0)
+                        };
+                        let fused = fuse("");
                         assert_eq!(fused.len(), n_tok * n_out, "{what}");
-                        // Code words loaded a step ahead: the same bits.
-                        let ahead = gpu.with_frags_ahead(true, || {
-                            forced(&|| {
-                                gpu.prefill_gate_up((gate, up), &x, n_tok, kernel, act)
-                                    .map(|y| vec![y])
-                            })
-                        });
-                        let ahead = ahead.unwrap_or_else(|e| panic!("{what} ahead: {e}"));
-                        let same = fused
-                            .iter()
-                            .zip(&ahead[0])
-                            .all(|(a, b)| a.to_bits() == b.to_bits());
-                        assert!(same, "{what}: other bits with the loads ahead");
-                        let touched = gpu.with_frags_prefetch(true, || {
-                            forced(&|| {
-                                gpu.prefill_gate_up((gate, up), &x, n_tok, kernel, act)
-                                    .map(|y| vec![y])
-                            })
-                        });
-                        let touched = touched.unwrap_or_else(|e| panic!("{what} touched: {e}"));
-                        let same = fused
-                            .iter()
-                            .zip(&touched[0])
-                            .all(|(a, b)| a.to_bits() == b.to_bits());
-                        assert!(same, "{what}: other bits with the touches");
+                        // Code words loaded a step ahead, and the next
+                        // super-block touched: the same bits.
+                        let ahead = gpu.with_frags_ahead(true, || fuse(" ahead"));
+                        assert!(
+                            same_bits(&fused, &ahead),
+                            "{what}: other bits with the loads ahead"
+                        );
+                        let touched = gpu.with_frags_prefetch(true, || fuse(" touched"));
+                        assert!(
+                            same_bits(&fused, &touched),
+                            "{what}: other bits with the touches"
+                        );
                         for (i, &got) in fused.iter().enumerate() {
                             let (g, u) = (plain[0][i], plain[1][i]);
                             let want = half::f16::from_f32(gated_act(g, act) * u).to_f32();
@@ -326,4 +314,9 @@ fn gate_up_epilogue_refuses_what_it_does_not_hold() {
         });
     });
     assert_no_validation_messages(gpu);
+}
+
+/// Whether two outputs hold the same f32 bits, element for element.
+fn same_bits(a: &[f32], b: &[f32]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).all(|(a, b)| a.to_bits() == b.to_bits())
 }
