@@ -218,10 +218,35 @@ fn wide_split_min_workgroups() -> u64 {
 }
 
 fn wide_min_workgroups() -> u64 {
-    static MIN: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
+    wide_min_override().unwrap_or(WIDE_MIN_WORKGROUPS)
+}
+
+/// FISH_VK_WIDE_MIN, where set (1..=1048576, read once): it also puts
+/// plans on the fragments kernel back on the workgroup-count rule.
+fn wide_min_override() -> Option<u64> {
+    static MIN: std::sync::OnceLock<Option<u64>> = std::sync::OnceLock::new();
     *MIN.get_or_init(|| {
-        crate::config::env_number_in("FISH_VK_WIDE_MIN", 1..=1 << 20, WIDE_MIN_WORKGROUPS)
+        std::env::var("FISH_VK_WIDE_MIN").is_ok().then(|| {
+            crate::config::env_number_in("FISH_VK_WIDE_MIN", 1..=1 << 20, WIDE_MIN_WORKGROUPS)
+        })
     })
+}
+
+/// Whether `n` wide tiles on the fragments kernel, which holds one wide
+/// workgroup per multiprocessor (248 registers at 256 invocations), keep
+/// at least three quarters of the `multiprocessors` busy over their waves
+/// (n against whole waves of them): a plan whose last wave leaves more
+/// idle takes the 64 x 64 tile, whose workgroups spread over every
+/// multiprocessor. On an H100 (132 multiprocessors; llama-8b pp512,
+/// `fish-cli bench MODEL -p 512 -n 0 -r 4 --each`, docs/BENCHMARKS.md)
+/// each change alone: q/k/v's 192 wide tiles (73% over two waves) on the
+/// 64 x 64 tile took ~10745 tok/s to ~10940, wo's 128 (97%) on the wide
+/// tile to ~10860, the down projection's 128 unsplit (the staged kernel's
+/// rule splits them in two) to ~11140; all of this rule, gate/up's 896
+/// (97%) still wide, to ~11860 (llama-1b's plans are the same).
+fn wide_fills_its_waves(n: u64, multiprocessors: u32) -> bool {
+    let m = u64::from(multiprocessors.max(1));
+    n > 0 && 4 * n >= 3 * n.div_ceil(m) * m
 }
 
 /// The tile for batched decode (one row per sequence): 2 x 1 subgroups of
@@ -993,12 +1018,15 @@ impl crate::gpu::Gpu {
     /// (`workgroups` counts them for a tile), or at least
     /// WIDE_SPLIT_MIN_WORKGROUPS where every row (the shortest has `min_n_in`
     /// values) is long enough to split in two (split_k.rs SplitRule::wide);
-    /// or where forced.
+    /// or where forced. A plan whose tensors all go to the fragments kernel
+    /// (`on_frags`) on a device that reports its multiprocessors takes the
+    /// wide tile by `wide_fills_its_waves` instead, and splits no steps
+    /// unless the wide tile is forced.
     pub(crate) fn plan_tile(
         &self,
         kernel: Kernel,
         tile: Option<CoopMatTile>,
-        (min_n_in, n_tok): (usize, usize),
+        (min_n_in, n_tok, on_frags): (usize, usize, bool),
         workgroups: impl Fn(&CoopMatTile) -> u64,
     ) -> Result<(Option<CoopMatTile>, Option<SplitRule>)> {
         if matches!(kernel, Kernel::CoopMatBatch | Kernel::CoopMatBatchEmulated) {
@@ -1007,8 +1035,16 @@ impl crate::gpu::Gpu {
         let Some(wide) = self.wide_tile_of(kernel) else {
             return Ok((tile, None));
         };
-        let split = SplitRule::wide();
-        let take = match WIDE_OVERRIDE.with(Cell::get) {
+        let forced = WIDE_OVERRIDE.with(Cell::get);
+        let by_waves = self
+            .info
+            .multiprocessors
+            .filter(|_| on_frags && wide_min_override().is_none());
+        let split = match (forced, by_waves) {
+            (None, Some(_)) => None,
+            _ => SplitRule::wide(),
+        };
+        let take = match forced {
             Some(forced) => forced,
             None if n_tok < wide.tokens() as usize => false,
             None => {
@@ -1016,7 +1052,12 @@ impl crate::gpu::Gpu {
                 let splits = split.is_some_and(|rule| {
                     min_n_in / wide.k_step as usize >= 2 * rule.min_steps as usize
                 });
-                n >= wide_min_workgroups() || (splits && n >= wide_split_min_workgroups())
+                match by_waves {
+                    Some(multiprocessors) => wide_fills_its_waves(n, multiprocessors),
+                    None => {
+                        n >= wide_min_workgroups() || (splits && n >= wide_split_min_workgroups())
+                    }
+                }
             }
         };
         if !take {
@@ -1044,7 +1085,8 @@ impl crate::gpu::Gpu {
         (n_in, n_rows): (usize, usize),
         n_tok: usize,
     ) -> Result<Option<CoopMatTile>> {
-        let size = (n_in, n_tok);
+        // The staged kernel's rule (the fragments kernel's needs the type).
+        let size = (n_in, n_tok, false);
         let (tile, _) = self.plan_tile(kernel, self.coopmat_tile(kernel)?, size, |tile| {
             tile.workgroups(n_rows, n_tok)
         })?;
@@ -1077,6 +1119,28 @@ impl crate::gpu::Gpu {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_wide_tile_on_fragments_goes_where_its_waves_are_three_quarters_busy() {
+        // llama-8b at 512 tokens on 132 multiprocessors: q/k/v, wo,
+        // gate/up, down.
+        assert!(!wide_fills_its_waves(192, 132));
+        assert!(wide_fills_its_waves(128, 132));
+        assert!(wide_fills_its_waves(896, 132));
+        // llama-1b: q/k/v and wo stay on the 64 x 64 tile, gate/up is wide.
+        assert!(!wide_fills_its_waves(96, 132));
+        assert!(!wide_fills_its_waves(64, 132));
+        assert!(wide_fills_its_waves(512, 132));
+        // Chunks of 1024 tokens: gate/up's 1792 (a last wave 58% full of
+        // 14), q/k/v's 384.
+        assert!(wide_fills_its_waves(1792, 132));
+        assert!(wide_fills_its_waves(384, 132));
+        // Whole waves, the bound itself, and nothing at all.
+        assert!(wide_fills_its_waves(264, 132));
+        assert!(wide_fills_its_waves(99, 132));
+        assert!(!wide_fills_its_waves(98, 132));
+        assert!(!wide_fills_its_waves(0, 132));
+    }
 
     fn limits() -> TileLimits {
         TileLimits {

@@ -74,6 +74,11 @@ pub struct DeviceInfo {
     /// The largest subgroup size where cooperative-matrix pipelines can
     /// require full subgroups (full_subgroups.rs), else None.
     pub full_subgroups: Option<u32>,
+    /// Multiprocessors, where the device reports them
+    /// (VK_NV_shader_sm_builtins): how many workgroups of a kernel that
+    /// holds one per multiprocessor run at once (frags.rs, the wide tile's
+    /// rule on fragments).
+    pub multiprocessors: Option<u32>,
 }
 
 /// Lower is better; None: never chosen automatically.
@@ -176,14 +181,23 @@ fn describe_physical(
     index: usize,
     config: &Config,
 ) -> Result<DeviceInfo> {
+    let exts = unsafe { instance.enumerate_device_extension_properties(physical) }
+        .call("vkEnumerateDeviceExtensionProperties")?;
     let mut subgroup = vk::PhysicalDeviceSubgroupProperties::default();
     let mut maint3 = vk::PhysicalDeviceMaintenance3Properties::default();
+    let mut sm = vk::PhysicalDeviceShaderSMBuiltinsPropertiesNV::default();
+    let has_sm = has_extension(&exts, ash::nv::shader_sm_builtins::NAME);
     let mut props2 = vk::PhysicalDeviceProperties2::default()
         .push_next(&mut subgroup)
         .push_next(&mut maint3);
-    // SAFETY: a 1.1 query on a device that reports API >= 1.1.
+    if has_sm {
+        props2 = props2.push_next(&mut sm);
+    }
+    // SAFETY: a 1.1 query on a device that reports API >= 1.1; the SM
+    // structure is chained only where the device has its extension.
     unsafe { instance.get_physical_device_properties2(physical, &mut props2) };
     let props = props2.properties;
+    let multiprocessors = (has_sm && sm.shader_sm_count > 0).then_some(sm.shader_sm_count);
     let families = unsafe { instance.get_physical_device_queue_family_properties(physical) };
     let queue_family = pick_queue_family(&families, config.queue)
         .ok_or_else(|| VkError::NoDevice("no compute queue".into()))?;
@@ -196,8 +210,6 @@ fn describe_physical(
         .map(|h| h.size)
         .max()
         .unwrap_or(0);
-    let exts = unsafe { instance.enumerate_device_extension_properties(physical) }
-        .call("vkEnumerateDeviceExtensionProperties")?;
     let memory_budget_ext = has_extension(&exts, ext::memory_budget::NAME);
     // Whether compute shaders have the basic subgroup operations and `ops`.
     let compute_subgroup_ops = |ops: vk::SubgroupFeatureFlags| {
@@ -251,6 +263,7 @@ fn describe_physical(
         prefill_frags_gate_up: false,
         pipeline_stats,
         full_subgroups,
+        multiprocessors,
     })
 }
 

@@ -1214,10 +1214,15 @@ impl Gpu {
             Some(_) => 0,
             None => tensors.iter().map(|t| t.handle.n_in()).min().unwrap_or(0),
         };
+        // Whether every tensor goes to the fragments kernel (its wide tile
+        // holds one workgroup per multiprocessor: plan_tile's wave rule).
+        let on_frags = tensors
+            .iter()
+            .all(|t| self.frags_takes(kernel, t.handle.ty(), input).is_some());
         let (coop_tile, split_rule) = self.plan_tile(
             kernel,
             self.coopmat_tile(kernel)?,
-            (min_n_in, n_tok),
+            (min_n_in, n_tok, on_frags),
             |tile| {
                 tensors
                     .iter()
