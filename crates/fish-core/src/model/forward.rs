@@ -106,7 +106,9 @@ pub fn forward(
         LogitsFor::Last => &x[(n_tok - 1) * n_embd..],
         LogitsFor::All => &x[..],
     };
-    output_logits(model, rows)
+    let logits = output_logits(model, rows);
+    super::residual_buffer::recycle(x);
+    logits
 }
 
 /// Where a batch's keys and values go and where its queries attend: one
@@ -340,7 +342,9 @@ pub(super) fn embed(
         }
         Ok(())
     };
-    let mut x = vec![0f32; tokens.len() * n_embd];
+    // Every value is written below, so a recycled buffer's stale values
+    // never show (residual_buffer.rs).
+    let mut x = super::residual_buffer::take(tokens.len() * n_embd);
     if tokens.len() >= PARALLEL_TOKENS {
         x.par_chunks_exact_mut(n_embd)
             .zip(tokens.par_iter())

@@ -10,6 +10,7 @@ pub mod gpu;
 pub mod kv_cache;
 pub mod layer_range;
 pub mod ops;
+mod residual_buffer;
 mod span_run;
 mod swiglu;
 mod vec_math;

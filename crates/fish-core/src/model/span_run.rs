@@ -8,6 +8,7 @@ use std::time::Instant;
 use super::forward::{output_logits, LogitsFor};
 use super::kv_cache::KvCache;
 use super::layer_range::{embed_tokens, forward_layers};
+use super::residual_buffer::recycle;
 use super::Model;
 use crate::backend::SpanBackend;
 use crate::error::{EngineError, Result};
@@ -167,6 +168,7 @@ pub(super) fn forward_with_span(
     if let Some(logits) = logits {
         let now = Instant::now();
         run.record_phases([start, embedded, span_start, now, now]);
+        recycle(x);
         return Ok(logits);
     }
     let n_embd = model.cfg.n_embd;
@@ -177,5 +179,6 @@ pub(super) fn forward_with_span(
     let output_start = Instant::now();
     let logits = output_logits(model, rows)?;
     run.record_phases([start, embedded, span_start, output_start, Instant::now()]);
+    recycle(x);
     Ok(logits)
 }
