@@ -76,8 +76,8 @@ pub struct DeviceInfo {
     pub full_subgroups: Option<u32>,
     /// Multiprocessors, where the device reports them
     /// (VK_NV_shader_sm_builtins): how many workgroups of a kernel that
-    /// holds one per multiprocessor run at once (frags.rs, the wide tile's
-    /// rule on fragments).
+    /// holds one per multiprocessor run at once (coopmat.rs
+    /// `wide_fills_its_waves`, the wide tile's rule on fragments).
     pub multiprocessors: Option<u32>,
 }
 
