@@ -1036,10 +1036,7 @@ impl crate::gpu::Gpu {
             return Ok((tile, None));
         };
         let forced = WIDE_OVERRIDE.with(Cell::get);
-        let by_waves = self
-            .info
-            .multiprocessors
-            .filter(|_| on_frags && wide_min_override().is_none());
+        let by_waves = self.frags_wide_by_waves().filter(|_| on_frags);
         let split = match (forced, by_waves) {
             (None, Some(_)) => None,
             _ => SplitRule::wide(),
@@ -1074,6 +1071,16 @@ impl crate::gpu::Gpu {
                 .map_err(VkError::KernelUnavailable),
             _ => Ok(tile),
         }
+    }
+
+    /// The multiprocessors over which plans on the fragments kernel count
+    /// the wide tile's waves (`wide_fills_its_waves`), where the device
+    /// reports them and FISH_VK_WIDE_MIN does not put those plans back on
+    /// the workgroup-count rule.
+    pub(crate) fn frags_wide_by_waves(&self) -> Option<u32> {
+        self.info
+            .multiprocessors
+            .filter(|_| wide_min_override().is_none())
     }
 
     /// The tile a plan of `kernel` takes for one matrix of `n_rows` rows of

@@ -235,9 +235,16 @@ impl Gpu {
             let checked =
                 gpu.check_prefill_frags_of(crate::Kernel::CoopMat, &crate::frags::default_types());
             if config.verbose {
+                // How their plans take the wide tile (coopmat.rs plan_tile).
+                let wide_rule = match gpu.frags_wide_by_waves() {
+                    Some(m) => {
+                        format!("the wide tile where it keeps 3/4 of {m} multiprocessors busy")
+                    }
+                    None => "the wide tile by workgroup counts".to_string(),
+                };
                 match &checked {
                     Ok(()) => eprintln!(
-                        "fish-vk: prefill matmuls of {:?} on fragments built in registers",
+                        "fish-vk: prefill matmuls of {:?} on fragments built in registers, {wide_rule}",
                         crate::frags::default_types()
                     ),
                     Err(why) => eprintln!(
