@@ -276,8 +276,9 @@ impl Gpu {
     }
 
     /// Whether a plan of `kernel` on x arriving as `input` gives weights of
-    /// `ty` to the fragments kernel on a tile it has a layout for: Some
-    /// (whether the emulated form), or None (the staged kernel).
+    /// `ty` to the fragments kernel (where its tile has a layout,
+    /// `frags_module`): Some(whether the emulated form), or None (the
+    /// staged kernel).
     pub(crate) fn frags_takes(
         &self,
         kernel: Kernel,
