@@ -8,18 +8,16 @@ use vk_mem::{
     Alloc, Allocation, AllocationCreateFlags, AllocationCreateInfo, Allocator, MemoryUsage,
 };
 
-/// Reads of at least this many bytes copy in parallel chunks: the logits
-/// of a batched decode step (8 x 128256 floats, 4 MB) took ~0.54 ms on one
-/// thread of the H200's host, a fresh vector's page faults included. On the
-/// pool: llama-1b B = 8 / 16 +4% (2193 / 2204 -> 2280 / 2280, 2920 -> 3027
-/// tok/s), llama-8b B = 16 +3%, B = 8 level (939 -> 925 / 934).
-const PARALLEL_READ_BYTES: usize = 1 << 20;
-const PARALLEL_READ_CHUNK: usize = 256 << 10;
-/// Writes of at least PARALLEL_READ_BYTES copy in parallel chunks of the
-/// same size likewise: a 512-token prefill uploads its x (8 MB of f32 on
-/// llama-8b) into host-visible memory, which one thread fills at a few
-/// GB/s.
-const PARALLEL_WRITE_CHUNK: usize = PARALLEL_READ_CHUNK;
+/// Reads and writes of at least this many bytes copy in parallel chunks
+/// of PARALLEL_COPY_CHUNK bytes. Reads: the logits of a batched decode step
+/// (8 x 128256 floats, 4 MB) took ~0.54 ms on one thread of the H200's
+/// host, a fresh vector's page faults included; on the pool llama-1b B = 8
+/// / 16 +4% (2193 / 2204 -> 2280 / 2280, 2920 -> 3027 tok/s), llama-8b
+/// B = 16 +3%, B = 8 level (939 -> 925 / 934). Writes: a 512-token prefill
+/// uploads its x (8 MB of f32 on llama-8b) into host-visible memory, ~2.0
+/// ms on one thread of an H100's host, ~0.7 ms on the pool (pp512 +1.8%).
+const PARALLEL_COPY_BYTES: usize = 1 << 20;
+const PARALLEL_COPY_CHUNK: usize = 256 << 10;
 
 /// Where a buffer lives.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -109,20 +107,20 @@ impl Buffer {
         let dst = self.mapped as usize + offset as usize;
         let copy = |(i, chunk): (usize, &[u8])| {
             // SAFETY: bounds checked above; chunk i starts at byte
-            // i * PARALLEL_WRITE_CHUNK of `bytes` and of the destination
+            // i * PARALLEL_COPY_CHUNK of `bytes` and of the destination
             // range; the mapping lives as long as the allocation.
             unsafe {
                 std::ptr::copy_nonoverlapping(
                     chunk.as_ptr(),
-                    (dst + i * PARALLEL_WRITE_CHUNK) as *mut u8,
+                    (dst + i * PARALLEL_COPY_CHUNK) as *mut u8,
                     chunk.len(),
                 )
             }
         };
-        if bytes.len() >= PARALLEL_READ_BYTES {
+        if bytes.len() >= PARALLEL_COPY_BYTES {
             use rayon::prelude::*;
             bytes
-                .par_chunks(PARALLEL_WRITE_CHUNK)
+                .par_chunks(PARALLEL_COPY_CHUNK)
                 .enumerate()
                 .for_each(copy);
         } else {
@@ -157,18 +155,18 @@ impl Buffer {
         let src = self.mapped as usize + offset as usize;
         let copy = |(i, chunk): (usize, &mut [MaybeUninit<u8>])| {
             // SAFETY: bounds checked above; chunk i starts at byte
-            // i * PARALLEL_READ_CHUNK of `out`, and of the source range.
+            // i * PARALLEL_COPY_CHUNK of `out`, and of the source range.
             unsafe {
                 std::ptr::copy_nonoverlapping(
-                    (src + i * PARALLEL_READ_CHUNK) as *const MaybeUninit<u8>,
+                    (src + i * PARALLEL_COPY_CHUNK) as *const MaybeUninit<u8>,
                     chunk.as_mut_ptr(),
                     chunk.len(),
                 )
             }
         };
-        if out.len() >= PARALLEL_READ_BYTES {
+        if out.len() >= PARALLEL_COPY_BYTES {
             use rayon::prelude::*;
-            out.par_chunks_mut(PARALLEL_READ_CHUNK)
+            out.par_chunks_mut(PARALLEL_COPY_CHUNK)
                 .enumerate()
                 .for_each(copy);
         } else {
