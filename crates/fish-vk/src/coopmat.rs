@@ -12,6 +12,7 @@ use crate::error::{Result, VkError};
 use crate::instance::has_extension;
 use crate::kernels::Kernel;
 use crate::split_k::SplitRule;
+use crate::thread_override::with_override;
 use crate::tile_padding::{padded_row_stride, PaddingRule, RowStride, SharedLayout};
 use ash::{khr, vk};
 use std::cell::Cell;
@@ -651,24 +652,10 @@ thread_local! {
     /// Wide prefill tiles forced on (Some(true)) or off (Some(false)) for
     /// this thread's plans (Gpu::with_wide_tiles), over the size rule.
     static WIDE_OVERRIDE: Cell<Option<bool>> = const { Cell::new(None) };
-}
-
-/// Puts the thread's previous wide-tile override back.
-struct RestoreWide(Option<bool>);
-
-impl Drop for RestoreWide {
-    fn drop(&mut self) {
-        WIDE_OVERRIDE.with(|s| s.set(self.0));
-    }
-}
-
-/// Puts the thread's previous override back, also when the closure panics.
-struct RestoreStaging(Option<Staging>);
-
-impl Drop for RestoreStaging {
-    fn drop(&mut self) {
-        STAGING_OVERRIDE.with(|s| s.set(self.0));
-    }
+    /// Multiprocessors the wide tile's wave rule counts for this thread's
+    /// plans on the fragments kernel (Gpu::with_multiprocessors), over the
+    /// device's report.
+    static MULTIPROCESSORS_OVERRIDE: Cell<Option<u32>> = const { Cell::new(None) };
 }
 
 fn env_rule() -> PaddingRule {
@@ -974,16 +961,21 @@ impl crate::gpu::Gpu {
     /// spans recorded inside `f` keep the staging they were recorded with.
     /// `CoopMatTile::STAGINGS` lists the choices.
     pub fn with_coopmat_staging<R>(&self, staging: Staging, f: impl FnOnce() -> R) -> R {
-        let _restore = RestoreStaging(STAGING_OVERRIDE.with(|s| s.replace(Some(staging))));
-        f()
+        with_override(&STAGING_OVERRIDE, staging, f)
     }
 
     /// Runs `f` with this thread's prefill plans taking the wide tile
     /// wherever the device has one (`true`) or never (`false`), whatever
     /// the dispatch sizes (tests, benches).
     pub fn with_wide_tiles<R>(&self, wide: bool, f: impl FnOnce() -> R) -> R {
-        let _restore = RestoreWide(WIDE_OVERRIDE.with(|s| s.replace(Some(wide))));
-        f()
+        with_override(&WIDE_OVERRIDE, wide, f)
+    }
+
+    /// Runs `f` with this thread's plans on the fragments kernel counting
+    /// the wide tile's waves over `multiprocessors`, as on a device that
+    /// reports them (tests: lavapipe reports none).
+    pub fn with_multiprocessors<R>(&self, multiprocessors: u32, f: impl FnOnce() -> R) -> R {
+        with_override(&MULTIPROCESSORS_OVERRIDE, multiprocessors, f)
     }
 
     /// The wide prefill tile, if the device holds it.
@@ -1078,8 +1070,9 @@ impl crate::gpu::Gpu {
     /// reports them and FISH_VK_WIDE_MIN does not put those plans back on
     /// the workgroup-count rule.
     pub(crate) fn frags_wide_by_waves(&self) -> Option<u32> {
-        self.info
-            .multiprocessors
+        MULTIPROCESSORS_OVERRIDE
+            .with(Cell::get)
+            .or(self.info.multiprocessors)
             .filter(|_| wide_min_override().is_none())
     }
 

@@ -1,23 +1,28 @@
-//! Per-thread on/off overrides of a device default: tests and benches run
-//! both sides of a choice in one process. Plans and spans are made on the
+//! Per-thread overrides of a device default: tests and benches run both
+//! sides of a choice in one process. Plans and spans are made on the
 //! calling thread, so an override reaches everything `f` records.
 
 use std::cell::Cell;
 
-/// A thread-local switch: None follows the device default.
-pub(crate) type Override = std::thread::LocalKey<Cell<Option<bool>>>;
+/// A thread-local setting: None follows the device default (an on/off
+/// switch unless said otherwise).
+pub(crate) type Override<T = bool> = std::thread::LocalKey<Cell<Option<T>>>;
 
 /// Puts a thread's previous setting back, also when the closure panics.
-struct Restore(&'static Override, Option<bool>);
+struct Restore<T: Copy + 'static>(&'static Override<T>, Option<T>);
 
-impl Drop for Restore {
+impl<T: Copy + 'static> Drop for Restore<T> {
     fn drop(&mut self) {
         self.0.with(|s| s.set(self.1));
     }
 }
 
-/// Runs `f` with `key` set to `on` on this thread.
-pub(crate) fn with_override<R>(key: &'static Override, on: bool, f: impl FnOnce() -> R) -> R {
-    let _restore = Restore(key, key.with(|s| s.replace(Some(on))));
+/// Runs `f` with `key` set to `value` on this thread.
+pub(crate) fn with_override<T: Copy + 'static, R>(
+    key: &'static Override<T>,
+    value: T,
+    f: impl FnOnce() -> R,
+) -> R {
+    let _restore = Restore(key, key.with(|s| s.replace(Some(value))));
     f()
 }

@@ -160,6 +160,45 @@ fn a_group_of_tensors_lays_its_outputs_one_after_the_other() {
     assert_no_validation_messages(gpu);
 }
 
+/// Plans on the fragments kernel take the wide tile where its workgroups
+/// keep 3/4 of the multiprocessors busy over their waves (coopmat.rs
+/// `wide_fills_its_waves`), as counted over `Gpu::with_multiprocessors`
+/// (lavapipe reports none, and then the workgroup-count rule keeps these
+/// four wide tiles off the wide tile), with the CPU's products either way.
+#[test]
+fn plans_on_fragments_take_the_wide_tile_by_its_waves() {
+    let Some(gpu) = frags_gpu() else { return };
+    // 512 rows x 128 tokens: four wide tiles (128 x 128), sixteen 64 x 64.
+    let (n_in, n_out, n_tok) = (256, 512, 128);
+    for kernel in kernels(gpu) {
+        with_uploaded(gpu, GgmlType::Q4_K, (n_in, n_out), 860, |w, h| {
+            let x = random_values(n_in * n_tok, 861);
+            // (multiprocessors, whether the plan is wide): 4 of 5 busy,
+            // 4 of 6, one wave of 4.
+            for (multiprocessors, wide) in [(5, true), (6, false), (4, true)] {
+                gpu.take_requested_pipelines();
+                let y = gpu
+                    .with_prefill_frags(true, || {
+                        gpu.with_multiprocessors(multiprocessors, || {
+                            gpu.matmul_group_on(&[h], &x, n_tok, kernel, MatmulInput::F16)
+                        })
+                    })
+                    .unwrap_or_else(|e| panic!("{kernel:?} over {multiprocessors}: {e}"))
+                    .remove(0);
+                let what = format!("{kernel:?} over {multiprocessors} multiprocessors");
+                check_f16_x_matrix_product(w, &x, n_tok, &y, &what);
+                // The wide tile's layout: 4 x 2 subgroups of 2 x 8 fragments.
+                let requested = gpu.take_requested_pipelines();
+                let took_wide = requested
+                    .iter()
+                    .any(|p| p.contains("coopmat_frags") && p.contains("[4, 2, 2, 8,"));
+                assert_eq!(took_wide, wide, "{what}: {requested:?}");
+            }
+        });
+    }
+    assert_no_validation_messages(gpu);
+}
+
 #[test]
 fn forced_off_or_other_types_keep_the_staged_kernel() {
     let Some(gpu) = frags_gpu() else { return };
