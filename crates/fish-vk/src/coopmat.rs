@@ -14,6 +14,7 @@ use crate::kernels::Kernel;
 use crate::split_k::SplitRule;
 use crate::thread_override::with_override;
 use crate::tile_padding::{padded_row_stride, PaddingRule, RowStride, SharedLayout};
+use crate::{MatmulInput, WeightFormat};
 use ash::{khr, vk};
 use std::cell::Cell;
 use std::ffi::CStr;
@@ -1078,15 +1079,38 @@ impl crate::gpu::Gpu {
 
     /// The tile a plan of `kernel` takes for one matrix of `n_rows` rows of
     /// `n_in` values at `n_tok` tokens (None: not a cooperative-matrix
-    /// kernel).
+    /// kernel), by the staged kernel's rule.
     pub fn plan_tile_for(
         &self,
         kernel: Kernel,
         (n_in, n_rows): (usize, usize),
         n_tok: usize,
     ) -> Result<Option<CoopMatTile>> {
-        // The staged kernel's rule (the fragments kernel's needs the type).
-        let size = (n_in, n_tok, false);
+        self.plan_tile_of_one(kernel, (n_in, n_rows), n_tok, false)
+    }
+
+    /// `plan_tile_for` for weights of `ty` on x arriving as `input`: by the
+    /// fragments kernel's rule where a plan gives it those weights
+    /// (`Gpu::frags_takes`), as `Gpu::matmul_group_on` would plan them.
+    pub fn plan_tile_for_weights(
+        &self,
+        kernel: Kernel,
+        (ty, input): (WeightFormat, MatmulInput),
+        (n_in, n_rows): (usize, usize),
+        n_tok: usize,
+    ) -> Result<Option<CoopMatTile>> {
+        let on_frags = self.frags_takes(kernel, ty, input).is_some();
+        self.plan_tile_of_one(kernel, (n_in, n_rows), n_tok, on_frags)
+    }
+
+    fn plan_tile_of_one(
+        &self,
+        kernel: Kernel,
+        (n_in, n_rows): (usize, usize),
+        n_tok: usize,
+        on_frags: bool,
+    ) -> Result<Option<CoopMatTile>> {
+        let size = (n_in, n_tok, on_frags);
         let (tile, _) = self.plan_tile(kernel, self.coopmat_tile(kernel)?, size, |tile| {
             tile.workgroups(n_rows, n_tok)
         })?;

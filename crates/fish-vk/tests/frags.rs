@@ -170,33 +170,48 @@ fn plans_on_fragments_take_the_wide_tile_by_its_waves() {
     let Some(gpu) = frags_gpu() else { return };
     // 512 rows x 128 tokens: four wide tiles (128 x 128), sixteen 64 x 64.
     let (n_in, n_out, n_tok) = (256, 512, 128);
+    let weights = (GgmlType::Q4_K.into(), MatmulInput::F16);
     for kernel in kernels(gpu) {
         with_uploaded(gpu, GgmlType::Q4_K, (n_in, n_out), 860, |w, h| {
             let x = random_values(n_in * n_tok, 861);
             // (multiprocessors, whether the plan is wide): 4 of 5 busy,
-            // 4 of 6, one wave of 4.
-            for (multiprocessors, wide) in [(5, true), (6, false), (4, true)] {
-                gpu.take_requested_pipelines();
-                let y = gpu
-                    .with_prefill_frags(true, || {
-                        gpu.with_multiprocessors(multiprocessors, || {
-                            gpu.matmul_group_on(&[h], &x, n_tok, kernel, MatmulInput::F16)
-                        })
-                    })
-                    .unwrap_or_else(|e| panic!("{kernel:?} over {multiprocessors}: {e}"))
-                    .remove(0);
-                let what = format!("{kernel:?} over {multiprocessors} multiprocessors");
+            // 4 of 6, one wave of 4; None: the device's count (lavapipe:
+            // none, so the workgroup-count rule).
+            let cases = [(Some(5), true), (Some(6), false), (Some(4), true)];
+            let cases = cases.into_iter().chain(
+                gpu.info()
+                    .multiprocessors
+                    .is_none()
+                    .then_some((None, false)),
+            );
+            for (multiprocessors, wide) in cases {
+                let what = format!("{kernel:?} over {multiprocessors:?} multiprocessors");
+                let tile = with_count(gpu, multiprocessors, || {
+                    gpu.plan_tile_for_weights(kernel, weights, (n_in, n_out), n_tok)
+                })
+                .unwrap_or_else(|e| panic!("{what}: {e}"))
+                .expect("a cooperative tile");
+                assert_eq!(tile.rows() == 128, wide, "{what}: {}", tile.describe());
+                let y = with_count(gpu, multiprocessors, || {
+                    gpu.matmul_group_on(&[h], &x, n_tok, kernel, MatmulInput::F16)
+                })
+                .unwrap_or_else(|e| panic!("{what}: {e}"))
+                .remove(0);
                 check_f16_x_matrix_product(w, &x, n_tok, &y, &what);
-                // The wide tile's layout: 4 x 2 subgroups of 2 x 8 fragments.
-                let requested = gpu.take_requested_pipelines();
-                let took_wide = requested
-                    .iter()
-                    .any(|p| p.contains("coopmat_frags") && p.contains("[4, 2, 2, 8,"));
-                assert_eq!(took_wide, wide, "{what}: {requested:?}");
             }
         });
     }
     assert_no_validation_messages(gpu);
+}
+
+/// `f` with the fragments kernel forced on and, where given, the wide
+/// tile's waves counted over `multiprocessors` (thread overrides: other
+/// tests' plans do not see them).
+fn with_count<R>(gpu: &Gpu, multiprocessors: Option<u32>, f: impl FnOnce() -> R) -> R {
+    gpu.with_prefill_frags(true, || match multiprocessors {
+        Some(m) => gpu.with_multiprocessors(m, f),
+        None => f(),
+    })
 }
 
 #[test]
