@@ -19,6 +19,36 @@ use vk_mem::{
 const PARALLEL_COPY_BYTES: usize = 1 << 20;
 const PARALLEL_COPY_CHUNK: usize = 256 << 10;
 
+/// Copies `len` bytes from `src` to `dst`, in PARALLEL_COPY_CHUNK chunks on
+/// the pool where they are at least PARALLEL_COPY_BYTES.
+///
+/// # Safety
+/// `src` must be valid for reads and `dst` for writes of `len` bytes, and
+/// the two ranges must not overlap.
+unsafe fn copy_bytes(src: *const u8, dst: *mut u8, len: usize) {
+    if len < PARALLEL_COPY_BYTES {
+        // SAFETY: the caller's contract.
+        unsafe { std::ptr::copy_nonoverlapping(src, dst, len) };
+        return;
+    }
+    // Addresses: raw pointers are not Send.
+    let (src, dst) = (src as usize, dst as usize);
+    use rayon::prelude::*;
+    (0..len.div_ceil(PARALLEL_COPY_CHUNK))
+        .into_par_iter()
+        .for_each(|i| {
+            let at = i * PARALLEL_COPY_CHUNK;
+            // SAFETY: chunk i lies within both ranges (the caller's contract).
+            unsafe {
+                std::ptr::copy_nonoverlapping(
+                    (src + at) as *const u8,
+                    (dst + at) as *mut u8,
+                    PARALLEL_COPY_CHUNK.min(len - at),
+                )
+            }
+        });
+}
+
 /// Where a buffer lives.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum MemoryKind {
@@ -103,29 +133,15 @@ impl Buffer {
             offset + bytes.len() as u64 <= self.size,
             "write past the end of a buffer"
         );
-        // The destination as an address: raw pointers are not Send.
-        let dst = self.mapped as usize + offset as usize;
-        let copy = |(i, chunk): (usize, &[u8])| {
-            // SAFETY: bounds checked above; chunk i starts at byte
-            // i * PARALLEL_COPY_CHUNK of `bytes` and of the destination
-            // range; the mapping lives as long as the allocation.
-            unsafe {
-                std::ptr::copy_nonoverlapping(
-                    chunk.as_ptr(),
-                    (dst + i * PARALLEL_COPY_CHUNK) as *mut u8,
-                    chunk.len(),
-                )
-            }
+        // SAFETY: bounds checked above; `bytes` is borrowed apart from the
+        // mapping, which lives as long as the allocation.
+        unsafe {
+            copy_bytes(
+                bytes.as_ptr(),
+                self.mapped.add(offset as usize),
+                bytes.len(),
+            )
         };
-        if bytes.len() >= PARALLEL_COPY_BYTES {
-            use rayon::prelude::*;
-            bytes
-                .par_chunks(PARALLEL_COPY_CHUNK)
-                .enumerate()
-                .for_each(copy);
-        } else {
-            copy((0, bytes));
-        }
         allocator
             .flush_allocation(&self.allocation, offset, bytes.len() as u64)
             .call("vmaFlushAllocation")
@@ -151,27 +167,15 @@ impl Buffer {
         allocator
             .invalidate_allocation(&self.allocation, offset, out.len() as u64)
             .call("vmaInvalidateAllocation")?;
-        // The source as an address: raw pointers are not Send.
-        let src = self.mapped as usize + offset as usize;
-        let copy = |(i, chunk): (usize, &mut [MaybeUninit<u8>])| {
-            // SAFETY: bounds checked above; chunk i starts at byte
-            // i * PARALLEL_COPY_CHUNK of `out`, and of the source range.
-            unsafe {
-                std::ptr::copy_nonoverlapping(
-                    (src + i * PARALLEL_COPY_CHUNK) as *const MaybeUninit<u8>,
-                    chunk.as_mut_ptr(),
-                    chunk.len(),
-                )
-            }
+        // SAFETY: bounds checked above; `out` is borrowed apart from the
+        // mapping, and valid for writes of its length.
+        unsafe {
+            copy_bytes(
+                self.mapped.add(offset as usize),
+                out.as_mut_ptr().cast::<u8>(),
+                out.len(),
+            )
         };
-        if out.len() >= PARALLEL_COPY_BYTES {
-            use rayon::prelude::*;
-            out.par_chunks_mut(PARALLEL_COPY_CHUNK)
-                .enumerate()
-                .for_each(copy);
-        } else {
-            copy((0, out));
-        }
         Ok(())
     }
 
