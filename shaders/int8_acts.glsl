@@ -58,6 +58,30 @@ void store_int8_block(vec4 v[8], uint row, uint blk, uint n) {
 // d * (sum of the quants of their 16 values) (`half_sum`; 0 elsewhere).
 // Every invocation must call it (barriers); those without a block pass v
 // zero. The slots are free again after a barrier.
+#if defined(QUANT_IN_SUBGROUP)
+// The same block met through lane shuffles instead of shared memory: the
+// eight parts of a block are eight consecutive invocations, so lanes of one
+// subgroup (the host requires subgroup shuffles and subgroups of at least
+// eight). Max and integer sums are exact in any order, so the bits are
+// those of the shared-memory form; no barrier, no slots.
+void quantise_part(vec4 v, out uint word, out float d, out float half_sum) {
+    uint part = gl_LocalInvocationID.x % 8u;
+    vec4 a = abs(v);
+    float amax = max(max(a.x, a.y), max(a.z, a.w));
+    amax = max(amax, subgroupShuffleXor(amax, 1u));
+    amax = max(amax, subgroupShuffleXor(amax, 2u));
+    amax = max(amax, subgroupShuffleXor(amax, 4u));
+    d = amax / 127.0;
+    float id = amax > 0.0 ? 127.0 / amax : 0.0;
+    ivec4 q = ivec4(round(v * id));
+    int sum = (q.x + q.y) + (q.z + q.w);
+    sum += subgroupShuffleXor(sum, 1u);
+    sum += subgroupShuffleXor(sum, 2u);
+    uvec4 b = uvec4(q) & 0xFFu;
+    word = b.x | (b.y << 8) | (b.z << 16) | (b.w << 24);
+    half_sum = part % 4u == 0u ? d * float(sum) : 0.0;
+}
+#else
 void quantise_part(vec4 v, out uint word, out float d, out float half_sum) {
     uint tid = gl_LocalInvocationID.x;
     uint part = tid % 8u;
@@ -81,6 +105,7 @@ void quantise_part(vec4 v, out uint word, out float d, out float half_sum) {
         half_sum = d * float(sum);
     }
 }
+#endif
 #endif
 
 #if defined(INT8_PARTS_WRITER)

@@ -54,6 +54,12 @@
 #extension GL_KHR_shader_subgroup_basic : require
 #extension GL_EXT_spirv_intrinsics : require
 #extension GL_EXT_control_flow_attributes : enable
+#if defined(GATE_UP_INT8) || defined(NORM_PROLOGUE)
+// Blocks quantised within subgroups (int8_acts.glsl quantise_part): the
+// prologue's quantisation and the gate/up epilogue's take no barrier.
+#extension GL_KHR_shader_subgroup_shuffle : require
+#define QUANT_IN_SUBGROUP 1
+#endif
 
 layout(constant_id = 0) const uint WG = 128;
 layout(constant_id = 1) const uint ROWS = 4;
@@ -94,8 +100,6 @@ layout(std430, binding = 5) readonly buffer UpWeights4 { uvec4 up_w4[]; };
 #include "gated_act.glsl"
 // The block's int8 copy (int8_acts.glsl) goes to binding 2.
 layout(std430, binding = 2) writeonly buffer Int8Out { uint q8[]; };
-shared float part_max[WG_ALL];
-shared int part_sum[WG_ALL];
 #define INT8_PARTS_WRITER 1
 #include "int8_acts.glsl"
 float acc[ROWS][NT];
@@ -104,9 +108,6 @@ float acc[ROWS][NT];
 shared float partial[SLICES][ROWS * NT][WG / 4u];
 shared float block_sums[SLICES * ROWS][NT];
 #elif defined(SLICED)
-// The norm's quantisation (quantise_part) meets in these.
-shared float part_max[WG_ALL];
-shared int part_sum[WG_ALL];
 #if defined(NORM_PROLOGUE)
 #define INT8_PARTS 1
 #include "int8_acts.glsl"
@@ -201,15 +202,10 @@ void x_run(uint t, uint v16, out uvec4 q, out float d, out float s) {
 layout(std430, binding = 3) readonly buffer NormWeights4 { vec4 norm_w4[]; };
 shared float norm_partial[WG_ALL];
 shared float norm_partial16[16];
-// Words of x (and of the norm's weights) each invocation keeps in
-// registers from its first loads: all of a row of up to 4 * WG_ALL words
-// (4096 values at 256 invocations), so the quantisation waits for no
-// second round of loads. Longer rows reload the rest.
-const uint HELD_WORDS = 4u;
-
 // Quantises word w (v, 4 values; in_row false past the row's end) into
 // xq / xd / xs: part w % 8 of block w / 8, as store_int8_part writes it.
-// Every invocation must call it (barriers).
+// Every invocation must call it (the block meets in its subgroup); the
+// caller's barrier makes the words visible.
 void quantise_word(vec4 v, bool in_row, uint w) {
     uint word;
     float d;
@@ -226,7 +222,6 @@ void quantise_word(vec4 v, bool in_row, uint w) {
             xs[2u * blk + part / 4u] = half_sum;
         }
     }
-    barrier();
 }
 
 // The RMS norm of token 0 of x times the weights at float p.norm_off,
@@ -236,24 +231,19 @@ void quantise_word(vec4 v, bool in_row, uint w) {
 // that norm would write. Needs WG_ALL == 256 and n_in and p.norm_off
 // multiples of 4 (kernels.rs checks both). Every invocation must call it.
 void load_x_normed() {
+#if defined(TIMING_NO_NORM)
+    barrier();
+    return;
+#endif
     uint tid = gl_LocalInvocationID.x;
     uint words = p.n_in / 4u;
     uint w_base = p.norm_off / 4u;
-    vec4 xv[HELD_WORDS];
-    vec4 gv[HELD_WORDS];
-    [[unroll]] for (uint k = 0u; k < HELD_WORDS; k++) {
-        uint w = tid + k * WG_ALL;
-        bool in_row = w < words;
-        xv[k] = in_row ? x[w] : vec4(0.0);
-        gv[k] = in_row ? norm_w4[w_base + w] : vec4(0.0);
-    }
+    // Both passes over the words (the sum of squares, then the
+    // quantisation) load them: held across the reduction they would take
+    // the registers of the weight units loaded before the prologue
+    // (PRELOAD_FIRST_ROUND), and the second loads come from L1.
     float sum = 0.0;
-    [[unroll]] for (uint k = 0u; k < HELD_WORDS; k++) {
-        if (tid + k * WG_ALL < words) {
-            sum += dot(xv[k], xv[k]);
-        }
-    }
-    for (uint i = tid + HELD_WORDS * WG_ALL; i < words; i += WG_ALL) {
+    for (uint i = tid; i < words; i += WG_ALL) {
         vec4 v = x[i];
         sum += dot(v, v);
     }
@@ -272,19 +262,12 @@ void load_x_normed() {
         total += norm_partial16[k];
     }
     float scale = 1.0 / sqrt(total / float(p.n_in) + p.norm_eps);
-    [[unroll]] for (uint k = 0u; k < HELD_WORDS; k++) {
-        // Uniform: every invocation takes the same rounds.
-        if (k * WG_ALL < words) {
-            uint w = tid + k * WG_ALL;
-            bool in_row = w < words;
-            quantise_word(in_row ? xv[k] * scale * gv[k] : vec4(0.0), in_row, w);
-        }
-    }
-    for (uint j0 = HELD_WORDS * WG_ALL; j0 < words; j0 += WG_ALL) {
+    for (uint j0 = 0u; j0 < words; j0 += WG_ALL) {
         uint w = j0 + tid;
         bool in_row = w < words;
         quantise_word(in_row ? x[w] * scale * norm_w4[w_base + w] : vec4(0.0), in_row, w);
     }
+    barrier();
 }
 #endif
 
@@ -306,18 +289,67 @@ layout(constant_id = 7) const uint RG = 8;
 // Loads units u0, u0 + WG, ... (UNROLL of them) of rows rg .. rg + RG - 1
 // from the weights at binding 0, or with GATE_UP_INT8 and `up` from the up
 // weights; units past the end reload u0 (skipped when computing).
+Unit load_row_unit(uint row_byte, uint u, bool up) {
+#if defined(GATE_UP_INT8)
+    return up ? load_up_unit(row_byte, u) : load_unit(row_byte, u);
+#else
+    return load_unit(row_byte, u);
+#endif
+}
+
+// The unit that the i-th of UNROLL loads from u0 reads (past the end: u0,
+// whose sums are skipped).
+uint unrolled_unit(uint u0, uint i, uint n_units) {
+    return u0 + i * WG < n_units ? u0 + i * WG : u0;
+}
+
 void load_units(out Unit un[UNROLL][RG], uint row_byte[ROWS], uint rg, uint u0, uint n_units, bool up) {
     for (uint i = 0u; i < UNROLL; i++) {
-        uint u = u0 + i * WG < n_units ? u0 + i * WG : u0;
+        uint u = unrolled_unit(u0, i, n_units);
         for (uint r = 0u; r < RG; r++) {
-#if defined(GATE_UP_INT8)
-            un[i][r] = up ? load_up_unit(row_byte[rg + r], u) : load_unit(row_byte[rg + r], u);
-#else
-            un[i][r] = load_unit(row_byte[rg + r], u);
-#endif
+            un[i][r] = load_row_unit(row_byte[rg + r], u, up);
         }
     }
 }
+
+#if defined(PRELOAD_FIRST_ROUND)
+// The units of the first PRELOAD_ROWS rows of an invocation's first round
+// (from unit tid), loaded before the norm prologue so that those weights
+// stream while it runs; sum_pass takes them instead of loading them. Their
+// registers are live across the prologue, which therefore holds no words
+// of x (load_x_normed).
+#if !defined(PRELOAD_ROWS)
+#define PRELOAD_ROWS RG
+#endif
+Unit first_round[UNROLL][PRELOAD_ROWS];
+bool first_round_pending = false;
+
+void preload_first_round(uint row_byte[ROWS], uint tid, bool up) {
+    uint n_units = p.n_in / UNIT_VALUES;
+    for (uint i = 0u; i < UNROLL; i++) {
+        uint u = unrolled_unit(tid, i, n_units);
+        for (uint r = 0u; r < PRELOAD_ROWS; r++) {
+            first_round[i][r] = load_row_unit(row_byte[r], u, up);
+        }
+    }
+    first_round_pending = true;
+}
+
+// The first round: the preloaded rows, then the others loaded now.
+void take_first_round(out Unit un[UNROLL][RG], uint row_byte[ROWS], uint u0, uint n_units, bool up) {
+    for (uint i = 0u; i < UNROLL; i++) {
+        uint u = unrolled_unit(u0, i, n_units);
+        for (uint r = 0u; r < RG; r++) {
+            if (r < PRELOAD_ROWS) {
+                un[i][r] = first_round[i][min(r, PRELOAD_ROWS - 1u)];
+            } else {
+                un[i][r] = load_row_unit(row_byte[r], u, up);
+            }
+        }
+    }
+    first_round_pending = false;
+}
+#endif
 
 // Sets acc to this invocation's sums of the rows at row_byte for tokens t0
 // .. t0 + NT - 1 (invocation tid of WG strides over the row's units).
@@ -332,6 +364,11 @@ void sum_pass(uint row_byte[ROWS], uint t0, uint tid, bool up) {
         for (uint rg = 0u; rg < ROWS; rg += RG) {
             // All loads of UNROLL units first, so that they are in flight together.
             Unit un[UNROLL][RG];
+#if defined(PRELOAD_FIRST_ROUND)
+            if (first_round_pending) {
+                take_first_round(un, row_byte, u0, n_units, up);
+            } else
+#endif
             load_units(un, row_byte, rg, u0, n_units, up);
             for (uint i = 0u; i < UNROLL; i++) {
                 uint u = u0 + i * WG;
@@ -412,6 +449,9 @@ void main() {
     uint sg_per_slice = WG / gl_SubgroupSize;
     uint sg_in_slice = gl_SubgroupID % sg_per_slice;
 #if defined(NORM_PROLOGUE)
+#if defined(PRELOAD_FIRST_ROUND)
+    preload_first_round(row_byte, tid, up);
+#endif
     load_x_normed();
 #endif
     for (uint t0 = 0u; t0 < p.n_tok; t0 += NT) {
@@ -457,6 +497,9 @@ void main() {
     }
     uint sg_per_slice = WG / gl_SubgroupSize;
     uint sg_in_slice = gl_SubgroupID % sg_per_slice;
+#if defined(PRELOAD_FIRST_ROUND)
+    preload_first_round(row_byte, tid, false);
+#endif
     load_x_normed();
     sum_pass(row_byte, 0u, tid, false);
     // The plain kernel's reduction (store_sums), per slice.

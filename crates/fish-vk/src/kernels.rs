@@ -1616,9 +1616,18 @@ impl Gpu {
         has_int8_matvec(gate.ty())
             && blocks
             && INT8_GATE_UP_ROWS.is_multiple_of(shape.rows)
-            && subgroup > 0
+            && self.quantises_blocks_in_subgroups()
             && shape.threads.is_multiple_of(subgroup)
             && threads <= self.info.max_workgroup_threads
+    }
+
+    /// Whether the device can quantise a 32-value block within one subgroup
+    /// (int8_acts.glsl `quantise_part` under QUANT_IN_SUBGROUP, which the
+    /// gate/up epilogue and the norm prologues of matvec_i8.comp take): the
+    /// block's eight invocations meet through lane shuffles, so subgroups
+    /// must shuffle and hold at least eight invocations.
+    fn quantises_blocks_in_subgroups(&self) -> bool {
+        self.info.subgroup_shuffle && self.info.subgroup_size >= 8
     }
 
     /// Whether the gate/up group `handles` can take
@@ -1653,7 +1662,7 @@ impl Gpu {
         let subgroup = self.info.subgroup_size;
         self.int8_group(handles)
             && norm_off.is_multiple_of(4)
-            && subgroup > 0
+            && self.quantises_blocks_in_subgroups()
             && handles.iter().all(|h| {
                 let shape = MatvecShape::new(h.ty(), Kernel::MatvecInt8Normed, 1, h.n_in());
                 h.n_in().is_multiple_of(32)
