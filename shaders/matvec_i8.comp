@@ -199,9 +199,17 @@ void x_run(uint t, uint v16, out uvec4 q, out float d, out float s) {
 #endif
 
 #if defined(NORM_PROLOGUE)
+// Rows of an invocation's first weight round loaded before the prologue,
+// so that they stream while it runs (0: none; at most the rows of a round;
+// kernels.rs `FISH_VK_PRELOAD_ROWS`). No row's sums change with it.
+layout(constant_id = 8) const uint PRELOAD_ROWS = 0;
+const bool PRELOAD = PRELOAD_ROWS > 0u;
 layout(std430, binding = 3) readonly buffer NormWeights4 { vec4 norm_w4[]; };
 shared float norm_partial[WG_ALL];
 shared float norm_partial16[16];
+// Words of x held per invocation by the prologue (load_x_normed).
+const uint HELD_WORDS = 4u;
+
 // Quantises word w (v, 4 values; in_row false past the row's end) into
 // xq / xd / xs: part w % 8 of block w / 8, as store_int8_part writes it.
 // Every invocation must call it (the block meets in its subgroup); the
@@ -238,12 +246,29 @@ void load_x_normed() {
     uint tid = gl_LocalInvocationID.x;
     uint words = p.n_in / 4u;
     uint w_base = p.norm_off / 4u;
-    // Both passes over the words (the sum of squares, then the
-    // quantisation) load them: held across the reduction they would take
-    // the registers of the weight units loaded before the prologue
-    // (PRELOAD_FIRST_ROUND), and the second loads come from L1.
+    // With weights preloaded, both passes over the words (the sum of
+    // squares, then the quantisation) load them: held across the reduction
+    // they would take registers beside the preloaded units, and the second
+    // loads come from L1. Without, each invocation keeps the words of its
+    // first loads (x and the norm's weights, all of a row of up to
+    // 4 * WG_ALL words: 4096 values) in registers, so the quantisation
+    // waits for no second round of loads.
+    vec4 xv[HELD_WORDS];
+    vec4 gv[HELD_WORDS];
+    uint held = PRELOAD ? 0u : HELD_WORDS;
+    [[unroll]] for (uint k = 0u; k < HELD_WORDS; k++) {
+        uint w = tid + k * WG_ALL;
+        bool in_row = w < words && k < held;
+        xv[k] = in_row ? x[w] : vec4(0.0);
+        gv[k] = in_row ? norm_w4[w_base + w] : vec4(0.0);
+    }
     float sum = 0.0;
-    for (uint i = tid; i < words; i += WG_ALL) {
+    [[unroll]] for (uint k = 0u; k < HELD_WORDS; k++) {
+        if (tid + k * WG_ALL < words && k < held) {
+            sum += dot(xv[k], xv[k]);
+        }
+    }
+    for (uint i = tid + held * WG_ALL; i < words; i += WG_ALL) {
         vec4 v = x[i];
         sum += dot(v, v);
     }
@@ -262,7 +287,16 @@ void load_x_normed() {
         total += norm_partial16[k];
     }
     float scale = 1.0 / sqrt(total / float(p.n_in) + p.norm_eps);
-    for (uint j0 = 0u; j0 < words; j0 += WG_ALL) {
+    [[unroll]] for (uint k = 0u; k < HELD_WORDS; k++) {
+        // Uniform: every invocation takes the same rounds.
+        if (k * WG_ALL < words && k < held) {
+            uint w = tid + k * WG_ALL;
+            bool in_row = w < words;
+            quantise_word(in_row ? xv[k] * scale * gv[k] : vec4(0.0), in_row, w);
+        }
+    }
+    uint j_rest = held * WG_ALL;
+    for (uint j0 = j_rest; j0 < words; j0 += WG_ALL) {
         uint w = j0 + tid;
         bool in_row = w < words;
         quantise_word(in_row ? x[w] * scale * norm_w4[w_base + w] : vec4(0.0), in_row, w);
@@ -312,23 +346,23 @@ void load_units(out Unit un[UNROLL][RG], uint row_byte[ROWS], uint rg, uint u0, 
     }
 }
 
-#if defined(PRELOAD_FIRST_ROUND)
+#if defined(NORM_PROLOGUE)
 // The units of the first PRELOAD_ROWS rows of an invocation's first round
-// (from unit tid), loaded before the norm prologue so that those weights
-// stream while it runs; sum_pass takes them instead of loading them. Their
-// registers are live across the prologue, which therefore holds no words
-// of x (load_x_normed).
-#if !defined(PRELOAD_ROWS)
-#define PRELOAD_ROWS RG
-#endif
-Unit first_round[UNROLL][PRELOAD_ROWS];
+// (from unit tid), loaded before the norm prologue; sum_pass takes them
+// instead of loading them. Their registers are live across the prologue,
+// which then holds no words of x (load_x_normed).
+const uint PRELOAD_SLOTS = PRELOAD ? PRELOAD_ROWS : 1u;
+Unit first_round[UNROLL][PRELOAD_SLOTS];
 bool first_round_pending = false;
 
 void preload_first_round(uint row_byte[ROWS], uint tid, bool up) {
+    if (!PRELOAD) {
+        return;
+    }
     uint n_units = p.n_in / UNIT_VALUES;
     for (uint i = 0u; i < UNROLL; i++) {
         uint u = unrolled_unit(tid, i, n_units);
-        for (uint r = 0u; r < PRELOAD_ROWS; r++) {
+        for (uint r = 0u; r < PRELOAD_SLOTS; r++) {
             first_round[i][r] = load_row_unit(row_byte[r], u, up);
         }
     }
@@ -340,8 +374,8 @@ void take_first_round(out Unit un[UNROLL][RG], uint row_byte[ROWS], uint u0, uin
     for (uint i = 0u; i < UNROLL; i++) {
         uint u = unrolled_unit(u0, i, n_units);
         for (uint r = 0u; r < RG; r++) {
-            if (r < PRELOAD_ROWS) {
-                un[i][r] = first_round[i][min(r, PRELOAD_ROWS - 1u)];
+            if (r < PRELOAD_SLOTS) {
+                un[i][r] = first_round[i][min(r, PRELOAD_SLOTS - 1u)];
             } else {
                 un[i][r] = load_row_unit(row_byte[r], u, up);
             }
@@ -364,8 +398,8 @@ void sum_pass(uint row_byte[ROWS], uint t0, uint tid, bool up) {
         for (uint rg = 0u; rg < ROWS; rg += RG) {
             // All loads of UNROLL units first, so that they are in flight together.
             Unit un[UNROLL][RG];
-#if defined(PRELOAD_FIRST_ROUND)
-            if (first_round_pending) {
+#if defined(NORM_PROLOGUE)
+            if (PRELOAD && first_round_pending) {
                 take_first_round(un, row_byte, u0, n_units, up);
             } else
 #endif
@@ -449,9 +483,7 @@ void main() {
     uint sg_per_slice = WG / gl_SubgroupSize;
     uint sg_in_slice = gl_SubgroupID % sg_per_slice;
 #if defined(NORM_PROLOGUE)
-#if defined(PRELOAD_FIRST_ROUND)
     preload_first_round(row_byte, tid, up);
-#endif
     load_x_normed();
 #endif
     for (uint t0 = 0u; t0 < p.n_tok; t0 += NT) {
@@ -497,9 +529,7 @@ void main() {
     }
     uint sg_per_slice = WG / gl_SubgroupSize;
     uint sg_in_slice = gl_SubgroupID % sg_per_slice;
-#if defined(PRELOAD_FIRST_ROUND)
     preload_first_round(row_byte, tid, false);
-#endif
     load_x_normed();
     sum_pass(row_byte, 0u, tid, false);
     // The plain kernel's reduction (store_sums), per slice.

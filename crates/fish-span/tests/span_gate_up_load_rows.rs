@@ -36,7 +36,8 @@ fn gate_up_slices_loading_two_rows_at_a_time_keep_the_bits() {
     assert!(
         built
             .iter()
-            .any(|p| p.starts_with("matvec_i8x_gateup_norm_q4_1") && p.contains(", 2]")),
+            // Constants 6 and 7: the 256 invocations, 2 rows per round.
+            .any(|p| p.starts_with("matvec_i8x_gateup_norm_q4_1") && p.contains(", 256, 2, ")),
         "the gate/up kernel did not run with 2 rows per round: {built:?}"
     );
     assert_eq!(gpu.gpu().validation_messages(), 0);

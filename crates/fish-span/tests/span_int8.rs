@@ -17,8 +17,9 @@
 //! (FISH_GPU_INT8_ACT_FUSED=0), and the layer norms in the prologues of
 //! that kernel (the default for one-token steps) and of the q/k/v matvec
 //! (both the default) the bits of the norm dispatches
-//! (FISH_GPU_INT8_NORM_FUSED=0): one test in this binary, since the
-//! variables are process-wide.
+//! (FISH_GPU_INT8_NORM_FUSED=0), also with their first weight rounds
+//! loaded before the prologues (Gpu::with_preload_rows): one test in this
+//! binary, since the variables are process-wide.
 
 mod common;
 
@@ -109,6 +110,18 @@ fn int8_span_decode_matches_the_cpu_and_answers_paris() {
     assert_same_bits_with_off("FISH_GPU_INT8_ACT_FUSED", "the act*mul dispatch");
     // The prologues sum and round the norms as their dispatches do.
     assert_same_bits_with_off("FISH_GPU_INT8_NORM_FUSED", "the norms dispatched");
+    // Their first weight rounds loaded before the prologues (part of a
+    // round, and whole rounds): the same units summed in the same order.
+    for rows in [1, 8] {
+        let other = gpu
+            .gpu()
+            .with_preload_rows(rows, || span_teacher_forced(&gpu, &forced).1);
+        let differing = differing_bits(&logits, &other);
+        assert_eq!(
+            differing, 0,
+            "{differing} logits differ with {rows} rows preloaded"
+        );
+    }
 
     // SmolLM2's layers are Q4_1, its output Q8_0: both on pre-quantised x.
     let built = gpu.gpu().built_matmul_pipelines();
@@ -120,6 +133,15 @@ fn int8_span_decode_matches_the_cpu_and_answers_paris() {
         assert!(
             built.iter().any(|p| p.starts_with(module)),
             "{module} did not run: {built:?}"
+        );
+    }
+    // Both normed kernels ran with rows preloaded (their last constant).
+    for module in ["matvec_i8x_gateup_norm_q4_1[", "matvec_i8x_norm_q4_1["] {
+        assert!(
+            built
+                .iter()
+                .any(|p| p.starts_with(module) && p.ends_with(", 1]")),
+            "{module} did not run with a row preloaded: {built:?}"
         );
     }
     for ty in ["q4_1", "q8_0"] {

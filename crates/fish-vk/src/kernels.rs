@@ -12,6 +12,7 @@ use crate::upload::{ResidentTensor, TensorHandle};
 use crate::weight_format::WeightFormat;
 use ash::vk;
 use fish_gguf::GgmlType;
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
 /// Rows this long or shorter take the short-row matvec shape (MatvecShape::new).
@@ -316,6 +317,7 @@ struct MatvecOverrides {
     tokens: Option<u32>,
     gate_up_rows: Option<u32>,
     gate_up_load_rows: Option<u32>,
+    preload_rows: Option<u32>,
 }
 
 impl MatvecOverrides {
@@ -339,6 +341,7 @@ impl MatvecOverrides {
                 }),
                 gate_up_rows: var("FISH_VK_GATE_UP_ROWS", |r| (1..=8).contains(&r)),
                 gate_up_load_rows: var("FISH_VK_GATE_UP_LOAD_ROWS", |r| (1..=8).contains(&r)),
+                preload_rows: var("FISH_VK_PRELOAD_ROWS", |r| r <= 8),
             }
         })
     }
@@ -446,6 +449,31 @@ const INT8_GATE_UP_SLICE_ROWS: u32 = 8;
 /// the wider loads keep more bytes in flight per invocation (llama-1b's 256
 /// workgroups: tg128 -3% with 4 rows).
 const INT8_GATE_UP_ONE_WAVE: u32 = 264;
+
+/// Rows preloaded before the decode norm prologues while
+/// Gpu::with_preload_rows runs (NO_PRELOAD_OVERRIDE: none), over
+/// FISH_VK_PRELOAD_ROWS. Process-wide, not per thread: a session records
+/// its forwards on its own pool's threads.
+static PRELOAD_ROWS_OVERRIDE: AtomicU32 = AtomicU32::new(NO_PRELOAD_OVERRIDE);
+const NO_PRELOAD_OVERRIDE: u32 = u32::MAX;
+
+/// Rows of a normed decode kernel's first weight round
+/// (`Kernel::MatvecInt8Normed`, `Kernel::MatvecInt8GateUpNormed`) loaded
+/// before its norm prologue (matvec_i8.comp PRELOAD_ROWS), at most
+/// `round_rows`, the rows of one of its rounds: 0 unless this thread's
+/// override or FISH_VK_PRELOAD_ROWS says otherwise. The loads then stream
+/// while the prologue runs, at the price of their registers across it (on
+/// the H100 the 2026-12-03 form, which also held x there, took the gate/up
+/// kernel from 64 to 95 registers and lost: docs/BENCHMARKS.md); the
+/// prologue then holds no x. No row's sums change with it.
+fn preload_rows(round_rows: u32) -> u32 {
+    let forced = PRELOAD_ROWS_OVERRIDE.load(Ordering::Relaxed);
+    let rows = Some(forced)
+        .filter(|&r| r != NO_PRELOAD_OVERRIDE)
+        .or(MatvecOverrides::get().preload_rows)
+        .unwrap_or(0);
+    rows.min(round_rows)
+}
 
 /// Rows whose units one round of a `Kernel::MatvecInt8GateUp(Normed)` slice
 /// loads together (the shader's RG): `forced` (FISH_VK_GATE_UP_LOAD_ROWS)
@@ -1284,21 +1312,33 @@ impl Gpu {
                     let mut spec = matvec.spec().to_vec();
                     let slices = 2 * INT8_GATE_UP_ROWS / matvec.rows;
                     let workgroups = (h.n_out() as u32).div_ceil(INT8_GATE_UP_ROWS);
+                    let load_rows = int8_gate_up_load_rows(
+                        matvec.rows,
+                        workgroups,
+                        MatvecOverrides::get().gate_up_load_rows,
+                    );
                     spec.extend([
                         (h.n_in() / 16) as u32,
                         act.selector(),
                         slices * matvec.threads,
-                        int8_gate_up_load_rows(
-                            matvec.rows,
-                            workgroups,
-                            MatvecOverrides::get().gate_up_load_rows,
-                        ),
+                        load_rows,
                     ]);
+                    if matches!(kernel, Kernel::MatvecInt8GateUpNormed(_)) {
+                        spec.push(preload_rows(load_rows));
+                    }
                     spec
                 }
                 (Kernel::MatvecInt8Normed, _) => {
                     let mut spec = matvec.spec().to_vec();
-                    spec.extend([(h.n_in() / 16) as u32, 0, INT8_NORM_WORKGROUP]);
+                    // Constant 7 (the gate/up kernel's rows per round) is
+                    // not in this module: its rounds take all its rows.
+                    spec.extend([
+                        (h.n_in() / 16) as u32,
+                        0,
+                        INT8_NORM_WORKGROUP,
+                        0,
+                        preload_rows(matvec.rows),
+                    ]);
                     spec
                 }
                 (k, _) if k.is_int8() => {
@@ -1705,6 +1745,24 @@ impl Gpu {
                 .config
                 .int8_matvec
                 .allows(self.info.int8_dot, ty.into())
+    }
+
+    /// Runs `f` with the normed decode kernels loading `rows` rows of their
+    /// first weight round before the norm prologue (0: none; at most a
+    /// round's rows), whatever FISH_VK_PRELOAD_ROWS says: tests compare the
+    /// logits of both forms, which must be the same bits. Process-wide
+    /// while `f` runs (sessions record on their own threads), so a test
+    /// that uses it runs alone in its binary; spans keep the kernels they
+    /// were recorded with.
+    pub fn with_preload_rows<R>(&self, rows: u32, f: impl FnOnce() -> R) -> R {
+        struct Restore(u32);
+        impl Drop for Restore {
+            fn drop(&mut self) {
+                PRELOAD_ROWS_OVERRIDE.store(self.0, Ordering::Relaxed);
+            }
+        }
+        let _restore = Restore(PRELOAD_ROWS_OVERRIDE.swap(rows, Ordering::Relaxed));
+        f()
     }
 
     /// Runs `f` with this thread's spans and lone matvecs on int8
