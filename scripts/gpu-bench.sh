@@ -5,7 +5,8 @@
 # without it the run measured the CPU), then decode (tg128) and prefill
 # (pp512) in alternating rounds (each `fish-cli bench` discards its own
 # warm-up run; compare rounds, not single runs), and one decode and one
-# prefill profile of llama-8b.
+# prefill profile of llama-8b, prefill and decode kernel variants, and the
+# registers of the normed decode kernels.
 #
 #   scripts/gpu-bench.sh [FISH_CLI] [MODEL_DIR] [ROUNDS]
 #
@@ -52,6 +53,19 @@ for model in "$l8b" "$l1b"; do
     FISH_VK_FRAGS_AHEAD=1 row ahead "$model" -p 512 -n 0 -r 3
     # q/k/v (192 wide tiles on llama-8b) on the 64 x 64 tile instead.
     FISH_VK_WIDE_MIN=200 row wide200 "$model" -p 512 -n 0 -r 3
+done
+
+echo "## decode kernels (tg128)"
+for model in "$l8b" "$l1b"; do
+    # Weight rows loaded before the decode norm prologues (default 0).
+    for rows in 0 2 4 8; do
+        FISH_VK_PRELOAD_ROWS=$rows row "pre$rows" "$model" -p 0 -n 128 -r 2
+    done
+done
+echo "## registers of the normed decode kernels"
+for rows in 0 4 8; do
+    FISH_VK_PRELOAD_ROWS=$rows FISH_VK_PIPELINE_STATS=1 "$cli" bench "$l8b" -p 0 -n 2 -r 1 2>&1 |
+        grep -oE "matvec_i8x_(gateup_)?norm_q[46]_k\[[0-9, ]*\]|Register Count=[0-9]+" | paste - - || true
 done
 
 echo "## llama-8b profiles"
