@@ -327,16 +327,9 @@ impl DeviceFeatures {
 }
 
 thread_local! {
-    /// Whether this thread's plans may take the kernel (Gpu::with_tensor_tiles).
-    static ALLOWED: Cell<bool> = const { Cell::new(true) };
-}
-
-struct Restore(bool);
-
-impl Drop for Restore {
-    fn drop(&mut self) {
-        ALLOWED.with(|a| a.set(self.0));
-    }
+    /// Whether this thread's plans may take the kernel
+    /// (Gpu::with_tensor_tiles; None: the default, they may).
+    static ALLOWED: Cell<Option<bool>> = const { Cell::new(None) };
 }
 
 impl crate::gpu::Gpu {
@@ -345,8 +338,7 @@ impl crate::gpu::Gpu {
     /// that one process can compare it with the staged kernel (tests,
     /// benches).
     pub fn with_tensor_tiles<R>(&self, allowed: bool, f: impl FnOnce() -> R) -> R {
-        let _restore = Restore(ALLOWED.with(|a| a.replace(allowed)));
-        f()
+        crate::thread_override::with_override(&ALLOWED, allowed, f)
     }
 
     /// Whether the device runs prefill through matmul_coopmat2.comp.
@@ -382,7 +374,7 @@ impl crate::gpu::Gpu {
     ) -> Option<(String, Vec<u32>)> {
         let c = self.info.cooperative_tensor?;
         let applies = kernel == crate::Kernel::CoopMat
-            && ALLOWED.with(Cell::get)
+            && ALLOWED.with(Cell::get).unwrap_or(true)
             && tile.staging != Staging::PerSubgroup
             && has_module(ty)
             // The kernel's y loads and stores start on 16-byte boundaries.
