@@ -239,10 +239,6 @@ void quantise_word(vec4 v, bool in_row, uint w) {
 // that norm would write. Needs WG_ALL == 256 and n_in and p.norm_off
 // multiples of 4 (kernels.rs checks both). Every invocation must call it.
 void load_x_normed() {
-#if defined(TIMING_NO_NORM)
-    barrier();
-    return;
-#endif
     uint tid = gl_LocalInvocationID.x;
     uint words = p.n_in / 4u;
     uint w_base = p.norm_off / 4u;
