@@ -60,10 +60,12 @@ void store_int8_block(vec4 v[8], uint row, uint blk, uint n) {
 // zero. The slots are free again after a barrier.
 #if defined(QUANT_IN_SUBGROUP)
 // The same block met through lane shuffles instead of shared memory: the
-// eight parts of a block are eight consecutive invocations, so lanes of one
-// subgroup (the host requires subgroup shuffles and subgroups of at least
-// eight). Max and integer sums are exact in any order, so the bits are
-// those of the shared-memory form; no barrier, no slots.
+// eight parts of a block are eight consecutive invocations, so eight
+// neighbouring lanes of one subgroup (the host requires subgroup shuffles
+// and subgroups of at least eight; invocations fill a workgroup's
+// subgroups in order, as the matvec slices' subgroup reductions assume
+// too). Max and integer sums are exact in any order, so the bits are those
+// of the shared-memory form; no barrier, no slots.
 void quantise_part(vec4 v, out uint word, out float d, out float half_sum) {
     uint part = gl_LocalInvocationID.x % 8u;
     vec4 a = abs(v);
