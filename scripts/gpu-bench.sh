@@ -61,6 +61,9 @@ for model in "$l8b" "$l1b"; do
     for rows in 0 2 4 8; do
         FISH_VK_PRELOAD_ROWS=$rows row "pre$rows" "$model" -p 0 -n 128 -r 2
     done
+    # Two units per thread and round in every matvec (the same order of
+    # sums): twice the weight bytes in flight, more registers.
+    FISH_VK_MATVEC_UNROLL=2 row unroll2 "$model" -p 0 -n 128 -r 2
 done
 echo "## registers of the normed decode kernels"
 for rows in 0 4 8; do
