@@ -460,10 +460,10 @@ const NO_PRELOAD_OVERRIDE: u32 = u32::MAX;
 /// Rows of a normed decode kernel's first weight round
 /// (`Kernel::MatvecInt8Normed`, `Kernel::MatvecInt8GateUpNormed`) loaded
 /// before its norm prologue (matvec_i8.comp PRELOAD_ROWS), at most
-/// `round_rows`, the rows of one of its rounds: 0 unless this thread's
-/// override or FISH_VK_PRELOAD_ROWS says otherwise. The loads then stream
-/// while the prologue runs, at the price of their registers across it (on
-/// the H100 the 2026-12-03 form, which also held x there, took the gate/up
+/// `round_rows`, the rows of one of its rounds: 0 unless
+/// Gpu::with_preload_rows or FISH_VK_PRELOAD_ROWS says otherwise. The loads
+/// then stream while the prologue runs, at the price of their registers
+/// across it (the earlier tries, which also held x there, took the gate/up
 /// kernel from 64 to 95 registers and lost: docs/BENCHMARKS.md); the
 /// prologue then holds no x. No row's sums change with it.
 fn preload_rows(round_rows: u32) -> u32 {
