@@ -4,6 +4,10 @@
 // then the scale d = max|x| / 127 of each 32 values (n / 32 floats, padded
 // to whole words), then d * (sum of quants) of each 16 values (n / 16
 // floats, padded). crates/fish-vk/src/int8_dot.rs computes the same sizes.
+// Included once per module: the writers a module needs are defined before
+// its first include.
+#if !defined(INT8_ACTS_GLSL)
+#define INT8_ACTS_GLSL 1
 
 uint int8_quant_vec4s(uint n) { return n / 16u; }
 uint int8_scale_vec4s(uint n) { return (n / 32u + 3u) / 4u; }
@@ -19,6 +23,28 @@ uint int8_sums_vec4(uint row, uint n) {
     return int8_scales_vec4(row, n) + int8_scale_vec4s(n);
 }
 
+// The arithmetic every writer of the layout shares, so that they all round
+// alike: the largest |value| of four, the inverse step of a block whose
+// largest |value| is amax (its scale d = amax / 127), four values' quants
+// at that step, and four quants packed as bytes.
+float max_abs4(vec4 v) {
+    vec4 a = abs(v);
+    return max(max(a.x, a.y), max(a.z, a.w));
+}
+float inverse_step(float amax) {
+    return amax > 0.0 ? 127.0 / amax : 0.0;
+}
+ivec4 quants4(vec4 v, float id) {
+    return ivec4(round(v * id));
+}
+uint pack_quants(ivec4 q) {
+    uvec4 b = uvec4(q) & 0xFFu;
+    return b.x | (b.y << 8) | (b.z << 16) | (b.w << 24);
+}
+int sum4(ivec4 q) {
+    return (q.x + q.y) + (q.z + q.w);
+}
+
 #if defined(INT8_WRITER)
 // Writes block `blk` (32 values, v) of row `row` of rows of n values into
 // q8 (a uint buffer the including shader declares): d = max|v| / 127, the
@@ -30,17 +56,15 @@ void store_int8_block(vec4 v[8], uint row, uint blk, uint n) {
     uint sums = 4u * int8_sums_vec4(row, n);
     float amax = 0.0;
     for (uint k = 0u; k < 8u; k++) {
-        vec4 a = abs(v[k]);
-        amax = max(amax, max(max(a.x, a.y), max(a.z, a.w)));
+        amax = max(amax, max_abs4(v[k]));
     }
     float d = amax / 127.0;
-    float id = amax > 0.0 ? 127.0 / amax : 0.0;
+    float id = inverse_step(amax);
     int sum[2] = int[2](0, 0);
     for (uint k = 0u; k < 8u; k++) {
-        ivec4 q = ivec4(round(v[k] * id));
-        sum[k / 4u] += (q.x + q.y) + (q.z + q.w);
-        uvec4 u = uvec4(q) & 0xFFu;
-        q8[base + 8u * blk + k] = u.x | (u.y << 8) | (u.z << 16) | (u.w << 24);
+        ivec4 q = quants4(v[k], id);
+        sum[k / 4u] += sum4(q);
+        q8[base + 8u * blk + k] = pack_quants(q);
     }
     q8[scales + blk] = floatBitsToUint(d);
     q8[sums + 2u * blk] = floatBitsToUint(d * float(sum[0]));
@@ -68,39 +92,33 @@ void store_int8_block(vec4 v[8], uint row, uint blk, uint n) {
 // of the shared-memory form; no barrier, no slots.
 void quantise_part(vec4 v, out uint word, out float d, out float half_sum) {
     uint part = gl_LocalInvocationID.x % 8u;
-    vec4 a = abs(v);
-    float amax = max(max(a.x, a.y), max(a.z, a.w));
+    float amax = max_abs4(v);
     amax = max(amax, subgroupShuffleXor(amax, 1u));
     amax = max(amax, subgroupShuffleXor(amax, 2u));
     amax = max(amax, subgroupShuffleXor(amax, 4u));
     d = amax / 127.0;
-    float id = amax > 0.0 ? 127.0 / amax : 0.0;
-    ivec4 q = ivec4(round(v * id));
-    int sum = (q.x + q.y) + (q.z + q.w);
+    ivec4 q = quants4(v, inverse_step(amax));
+    int sum = sum4(q);
     sum += subgroupShuffleXor(sum, 1u);
     sum += subgroupShuffleXor(sum, 2u);
-    uvec4 b = uvec4(q) & 0xFFu;
-    word = b.x | (b.y << 8) | (b.z << 16) | (b.w << 24);
+    word = pack_quants(q);
     half_sum = part % 4u == 0u ? d * float(sum) : 0.0;
 }
 #else
 void quantise_part(vec4 v, out uint word, out float d, out float half_sum) {
     uint tid = gl_LocalInvocationID.x;
     uint part = tid % 8u;
-    vec4 a = abs(v);
-    part_max[tid] = max(max(a.x, a.y), max(a.z, a.w));
+    part_max[tid] = max_abs4(v);
     barrier();
     float amax = 0.0;
     for (uint k = 0u; k < 8u; k++) {
         amax = max(amax, part_max[tid - part + k]);
     }
     d = amax / 127.0;
-    float id = amax > 0.0 ? 127.0 / amax : 0.0;
-    ivec4 q = ivec4(round(v * id));
-    part_sum[tid] = (q.x + q.y) + (q.z + q.w);
+    ivec4 q = quants4(v, inverse_step(amax));
+    part_sum[tid] = sum4(q);
     barrier();
-    uvec4 b = uvec4(q) & 0xFFu;
-    word = b.x | (b.y << 8) | (b.z << 16) | (b.w << 24);
+    word = pack_quants(q);
     half_sum = 0.0;
     if (part % 4u == 0u) {
         int sum = (part_sum[tid] + part_sum[tid + 1u]) + (part_sum[tid + 2u] + part_sum[tid + 3u]);
@@ -134,4 +152,5 @@ void store_int8_part(vec4 v, bool write, uint row, uint blk, uint n) {
         q8[sums + 2u * blk + part / 4u] = floatBitsToUint(half_sum);
     }
 }
+#endif
 #endif

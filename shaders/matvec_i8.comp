@@ -157,6 +157,9 @@ void x_run(uint t, uint v16, out uvec4 q, out float d, out float s) {
     s = x_int8_f[4u * sums + v16];
 }
 #else
+// The block arithmetic of the int8 writers (max_abs4, quants4, ...).
+#include "int8_acts.glsl"
+
 // Quantises the x of tokens t0 .. t0 + NT - 1 (past the end: the last token).
 void load_x(uint t0) {
     uint blocks = p.n_in / 32u;
@@ -168,18 +171,16 @@ void load_x(uint t0) {
         float amax = 0.0;
         for (uint k = 0u; k < 8u; k++) {
             v[k] = x[src + k];
-            vec4 a = abs(v[k]);
-            amax = max(amax, max(max(a.x, a.y), max(a.z, a.w)));
+            amax = max(amax, max_abs4(v[k]));
         }
         float d = amax / 127.0;
-        float id = amax > 0.0 ? 127.0 / amax : 0.0;
+        float id = inverse_step(amax);
         uint words[8];
         int sums[2] = int[2](0, 0);
         for (uint k = 0u; k < 8u; k++) {
-            ivec4 q = ivec4(round(v[k] * id));
-            sums[k / 4u] += (q.x + q.y) + (q.z + q.w);
-            uvec4 u = uvec4(q) & 0xFFu;
-            words[k] = u.x | (u.y << 8) | (u.z << 16) | (u.w << 24);
+            ivec4 q = quants4(v[k], id);
+            sums[k / 4u] += sum4(q);
+            words[k] = pack_quants(q);
         }
         uint dst = t * IN_VEC4 + 2u * b;
         xq[dst] = uvec4(words[0], words[1], words[2], words[3]);
