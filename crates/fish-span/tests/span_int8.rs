@@ -18,7 +18,8 @@
 //! that kernel (the default for one-token steps) and of the q/k/v matvec
 //! (both the default) the bits of the norm dispatches
 //! (FISH_GPU_INT8_NORM_FUSED=0), also with their first weight rounds
-//! loaded before the prologues (Gpu::with_preload_rows): one test in this
+//! loaded before the prologues (Gpu::with_preload_rows); so must the L2
+//! prefetch at every place (FISH_GPU_PREFETCH_AT=all): one test in this
 //! binary, since the variables are process-wide.
 
 mod common;
@@ -122,6 +123,16 @@ fn int8_span_decode_matches_the_cpu_and_answers_paris() {
             "{differing} logits differ with {rows} rows preloaded"
         );
     }
+    // The L2 prefetch at every place (beside attention: wo and the fused
+    // gate/up's gate and up weights; beside gate/up: down; beside down: the
+    // next layer's q/k/v) only reads weights: the same bits.
+    std::env::set_var("FISH_GPU_PREFETCH", "64");
+    std::env::set_var("FISH_GPU_PREFETCH_AT", "all");
+    let prefetched = span_teacher_forced(&gpu, &forced).1;
+    std::env::remove_var("FISH_GPU_PREFETCH");
+    std::env::remove_var("FISH_GPU_PREFETCH_AT");
+    let differing = differing_bits(&logits, &prefetched);
+    assert_eq!(differing, 0, "{differing} logits differ with the prefetch");
 
     // SmolLM2's layers are Q4_1, its output Q8_0: both on pre-quantised x.
     let built = gpu.gpu().built_matmul_pipelines();
@@ -142,6 +153,12 @@ fn int8_span_decode_matches_the_cpu_and_answers_paris() {
                 .iter()
                 .any(|p| p.starts_with(module) && p.ends_with(", 1]")),
             "{module} did not run with a row preloaded: {built:?}"
+        );
+    }
+    for module in ["l2_prefetch", "l2_prefetch_up"] {
+        assert!(
+            built.iter().any(|p| p.starts_with(&format!("{module}["))),
+            "{module} did not run: {built:?}"
         );
     }
     for ty in ["q4_1", "q8_0"] {

@@ -36,6 +36,7 @@ pub const SPAN_MODULES: &[(&str, &str, &[&str])] = &[
     ("span_persistent_layer", "span_persistent_layer.comp", &[]),
     // Spans record it with the matmul bindings (shaders/common.glsl).
     ("l2_prefetch", "l2_prefetch.comp", &[]),
+    ("l2_prefetch_up", "l2_prefetch.comp", &["READ_UP"]),
 ];
 
 /// Measurement-only modules compiled with glslc: (name, source, defines).

@@ -11,7 +11,7 @@ use super::persistent::PersistentRecording;
 use super::pipelines::{
     SpanKernel, SpanPipelines, COOPMAT_ATTENTION_QUERIES, PUSH_WORDS, TILED_ATTENTION_QUERIES,
 };
-use super::prefetch::L2Prefetch;
+use super::prefetch::{L2Prefetch, PrefetchAt, PrefetchGroup};
 use super::profile::{Profiler, SpanStage};
 use crate::error::{Result, VkError};
 use crate::gpu::Gpu;
@@ -758,7 +758,7 @@ pub(crate) struct NormedGroup<'a> {
     pub fused: &'a Option<MatmulSets>,
 }
 
-impl NormedGroup<'_> {
+impl<'a> NormedGroup<'a> {
     /// The plan and input for a chunk of `n_tok` tokens: int8 chunks
     /// (`PlanMode::int8`) read the int8 copy where the group has one, else
     /// the xn a residual matvec prepared (`deferred`, set only where that matvec is planned
@@ -817,7 +817,7 @@ impl NormedGroup<'_> {
         }
     }
 
-    fn sets(&self, input: NormedInput) -> &[vk::DescriptorSet] {
+    fn sets(&self, input: NormedInput) -> &'a [vk::DescriptorSet] {
         let chosen = match input {
             NormedInput::Float | NormedInput::Half | NormedInput::Deferred(_) => None,
             NormedInput::Int8 => self.int8.as_ref(),
@@ -1267,7 +1267,18 @@ impl Recording<'_> {
             .concat()
         };
         r.dispatch(attention_kernel, sets.attention, &push, attention_groups);
-        self.prefetch(r, chunk, &chunk.matmuls[il][1], &sets.wo.sets);
+        // wo's weights, then as much of gate/up's as the budget leaves.
+        let wo_weights = PrefetchGroup {
+            plan: &chunk.matmuls[il][1],
+            sets: &sets.wo.sets,
+            up: false,
+        };
+        self.prefetch(
+            r,
+            chunk,
+            PrefetchAt::ATTENTION,
+            &[wo_weights, self.gate_up_weights(chunk, il)],
+        );
         r.end(SpanStage::Attention);
         let [wo_prepares, down_prepares] = chunk.resnorm[il];
         let (wo_sets, wo_next) = match (&sets.wo_resnorm, wo_int8) {
@@ -1277,19 +1288,26 @@ impl Recording<'_> {
         };
         self.residual_matmul(
             r,
-            n,
+            chunk,
             &chunk.matmuls[il][1],
             wo_sets,
             x_off,
             lp.post_attn_norm,
             wo_next,
+            None,
         );
 
         // Feed-forward block.
         let gate_up_plan = &chunk.matmuls[il][2];
+        let down_weights = PrefetchGroup {
+            plan: &chunk.matmuls[il][3],
+            sets: &sets.down.sets,
+            up: false,
+        };
         match (&sets.gate_up_act, chunk.act_in_gate_up[il]) {
             (Some(act_sets), true) => {
                 self.matmul(r, gate_up_plan, &act_sets.sets);
+                self.prefetch(r, chunk, PrefetchAt::GATE_UP, &[down_weights]);
                 r.end(SpanStage::Matvec);
             }
             _ if chunk.f16_act_in_gate_up[il] => {
@@ -1314,6 +1332,7 @@ impl Recording<'_> {
                 if let Some(normed) = &sets.gate_up_int8_act_normed {
                     let plan = with_norm(gate_up_plan, lp.ffn_norm, s.rms_eps);
                     self.matmul(r, &plan, &normed.sets);
+                    self.prefetch(r, chunk, PrefetchAt::GATE_UP, &[down_weights]);
                     r.end(SpanStage::Matvec);
                 }
             }
@@ -1347,7 +1366,12 @@ impl Recording<'_> {
             let gelu = u32::from(s.activation == SpanActivation::GeGlu);
             let push = [count as u32, gelu, gx, layer.n_ff as u32, quantise];
             r.dispatch(SpanKernel::Act, set, &push, (gx, gy));
-            self.prefetch(r, chunk, &chunk.matmuls[il][3], &sets.down.sets);
+            let down_weights = PrefetchGroup {
+                plan: &chunk.matmuls[il][3],
+                sets: &sets.down.sets,
+                up: false,
+            };
+            self.prefetch(r, chunk, PrefetchAt::ATTENTION, &[down_weights]);
             r.end(SpanStage::ActMul);
         }
         let next_layer = self.params.layers.get(il + 1);
@@ -1363,14 +1387,23 @@ impl Recording<'_> {
             (Some(d), Some(next), None) if down_prepares => (&d.sets, Some(next.attn_norm)),
             _ => (&sets.down.sets, None),
         };
+        // Beside down: the next layer's q/k/v weights.
+        let next_qkv = (il + 1 < chunk.matmuls.len()).then(|| PrefetchGroup {
+            plan: &chunk.matmuls[il + 1][0],
+            sets: self.bindings.layers[il + 1]
+                .qkv_group()
+                .sets(chunk.inputs[il + 1][0]),
+            up: false,
+        });
         self.residual_matmul(
             r,
-            n,
+            chunk,
             &chunk.matmuls[il][3],
             down_sets,
             x_off,
             lp.post_ffn_norm,
             down_next,
+            next_qkv,
         );
     }
 
@@ -1407,7 +1440,12 @@ impl Recording<'_> {
         };
         let set = self.bindings.norm_x;
         self.norm(r, set, chunk.n, s.n_embd, x_off, 0, norm, out);
-        self.prefetch(r, chunk, plan, group.sets(input));
+        let weights = PrefetchGroup {
+            plan,
+            sets: group.sets(input),
+            up: false,
+        };
+        self.prefetch(r, chunk, PrefetchAt::ATTENTION, &[weights]);
         r.end(SpanStage::RmsNorm);
         self.matmul(r, plan, group.sets(input));
         r.end(SpanStage::Matvec);
@@ -1420,16 +1458,19 @@ impl Recording<'_> {
     /// With `next_norm` (the plan is a `Kernel::MatvecResNorm` on `sets`) it
     /// also prepares the norm at that float offset for the matvec after it.
     #[allow(clippy::too_many_arguments)]
+    #[allow(clippy::too_many_arguments)]
     unsafe fn residual_matmul(
         &self,
         r: &mut Recorder<'_>,
-        n: usize,
+        chunk: &Chunk,
         plan: &[Dispatch],
         sets: &[vk::DescriptorSet],
         x_off: u32,
         post_norm: Option<u32>,
         next_norm: Option<u32>,
+        beside: Option<PrefetchGroup<'_>>,
     ) {
+        let n = chunk.n;
         match post_norm {
             None => {
                 let into_x = with_params(plan, |p| {
@@ -1440,6 +1481,9 @@ impl Recording<'_> {
                     }
                 });
                 self.matmul(r, &into_x, sets);
+                if let Some(group) = beside {
+                    self.prefetch(r, chunk, PrefetchAt::DOWN, &[group]);
+                }
                 r.end(SpanStage::Matvec);
             }
             Some(w) => {
@@ -1491,17 +1535,44 @@ impl Recording<'_> {
         r.dispatch(SpanKernel::RmsNorm, set, &push, (rows as u32, 1));
     }
 
-    /// Reads the weights of `plan` into L2 beside the stage being recorded,
-    /// when the chunk prefetches.
+    /// Reads the weights of `groups` into L2 beside the stage being
+    /// recorded, when the chunk prefetches at `place`.
     unsafe fn prefetch(
         &self,
         r: &mut Recorder<'_>,
         chunk: &Chunk,
-        plan: &[Dispatch],
-        sets: &[vk::DescriptorSet],
+        place: PrefetchAt,
+        groups: &[PrefetchGroup<'_>],
     ) {
-        if let Some(p) = &chunk.prefetch {
-            self.gpu.record_prefetch(r.cmd, p, plan, sets);
+        if let Some(p) = chunk.prefetch.as_ref().filter(|p| p.at.has(place)) {
+            self.gpu.record_prefetch(r.cmd, p, groups);
+        }
+    }
+
+    /// The weights layer `il`'s gate/up stage reads, bound as its sets bind
+    /// them (the branches of record_layer's feed-forward block): the fused
+    /// kernels carry the up weights at binding 5.
+    fn gate_up_weights<'a>(&'a self, chunk: &'a Chunk, il: usize) -> PrefetchGroup<'a> {
+        let sets = &self.bindings.layers[il];
+        let plan = &chunk.matmuls[il][2];
+        let fused = match &sets.gate_up_act {
+            Some(act) if chunk.act_in_gate_up[il] => Some(act),
+            _ if chunk.f16_act_in_gate_up[il] => sets.gate_up_act_f16.as_ref(),
+            _ if chunk.norm_in_gate_up[il] => sets.gate_up_int8_act_normed.as_ref(),
+            _ if chunk.int8_act_in_gate_up[il] => sets.gate_up_int8_act.as_ref(),
+            _ => None,
+        };
+        match fused {
+            Some(f) => PrefetchGroup {
+                plan,
+                sets: &f.sets,
+                up: true,
+            },
+            None => PrefetchGroup {
+                plan,
+                sets: sets.gate_up_group().sets(chunk.inputs[il][1]),
+                up: false,
+            },
         }
     }
 
