@@ -1,6 +1,9 @@
 //! Per-thread overrides of a device default: tests and benches run both
-//! sides of a choice in one process. Plans and spans are made on the
-//! calling thread, so an override reaches everything `f` records.
+//! sides of a choice in one process. An override reaches what `f` plans
+//! and records on the calling thread (lone matmul calls, and spans built
+//! and recorded there), not what a session's own pool threads record: a
+//! choice those must see is set process-wide instead (kernels.rs
+//! `Gpu::with_preload_rows`).
 
 use std::cell::Cell;
 
