@@ -57,19 +57,15 @@ done
 
 echo "## decode kernels (tg128)"
 for model in "$l8b" "$l1b"; do
-    # Weight rows loaded before the decode norm prologues (default 0).
-    for rows in 0 2 4 8; do
-        FISH_VK_PRELOAD_ROWS=$rows row "pre$rows" "$model" -p 0 -n 128 -r 2
+    # Rows per workgroup of the pre-quantised K-quant matvecs (wo, down,
+    # the output projection): 2 by default, 4 before (H100: -1% / -3%).
+    for rows in 2 4; do
+        FISH_VK_MATVEC_ROWS=$rows row "rows$rows" "$model" -p 0 -n 128 -r 2
     done
-    # Two units per thread and round in every matvec (the same order of
-    # sums): twice the weight bytes in flight, more registers.
-    FISH_VK_MATVEC_UNROLL=2 row unroll2 "$model" -p 0 -n 128 -r 2
 done
 echo "## registers of the normed decode kernels"
-for rows in 0 4 8; do
-    FISH_VK_PRELOAD_ROWS=$rows FISH_VK_PIPELINE_STATS=1 "$cli" bench "$l8b" -p 0 -n 2 -r 1 2>&1 |
-        grep -oE "matvec_i8x_(gateup_)?norm_q[46]_k\[[0-9, ]*\]|Register Count=[0-9]+" | paste - - || true
-done
+FISH_VK_PIPELINE_STATS=1 "$cli" bench "$l8b" -p 0 -n 2 -r 1 2>&1 |
+    grep -oE "matvec_i8x_(gateup_)?norm_q[46]_k\[[0-9, ]*\]|Register Count=[0-9]+" | paste - - || true
 
 echo "## llama-8b profiles"
 FISH_GPU_PROFILE=3 "$cli" bench "$l8b" -p 0 -n 32 -r 1 2>&1 | grep -E "span profile" || true

@@ -408,6 +408,16 @@ const INT8X_THREADS: u32 = 32;
 const INT8X_LONG_ROW: usize = 8192;
 const INT8X_LONG_ROW_THREADS: u32 = 128;
 
+/// Rows per workgroup of the pre-quantised matvec on Q4_K / Q6_K weights
+/// (wo, down and the output projection of a decode step), whatever the row
+/// length: 2 rather than the float kernel's 4 for rows longer than
+/// SHORT_ROW, so twice the workgroups, each with half the accumulators.
+/// Measured on an H100 (`FISH_VK_MATVEC_ROWS=2` against the default 4,
+/// three alternating rounds, docs/BENCHMARKS.md): llama-1b tg128 +3%, its
+/// down projection 10.6 -> 9.4 us; llama-8b +1%; 1 row was level or
+/// slower. The rows change no row's sums.
+const INT8X_K_ROWS: u32 = 2;
+
 /// INT8X_THREADS, or INT8X_LONG_ROW_THREADS for long Q4_K / Q6_K rows.
 fn int8x_threads(ty: WeightFormat, n_in: usize) -> u32 {
     use GgmlType::*;
@@ -463,9 +473,10 @@ const NO_PRELOAD_OVERRIDE: u32 = u32::MAX;
 /// `round_rows`, the rows of one of its rounds: 0 unless
 /// Gpu::with_preload_rows or FISH_VK_PRELOAD_ROWS says otherwise. The loads
 /// then stream while the prologue runs, at the price of their registers
-/// across it (the earlier tries, which also held x there, took the gate/up
-/// kernel from 64 to 95 registers and lost: docs/BENCHMARKS.md); the
-/// prologue then holds no x. No row's sums change with it.
+/// across it: the prologue then holds no x, yet the gate/up kernel still
+/// went from 64 to 93 registers and lost (H100 llama-8b tg128 313 against
+/// 333, docs/BENCHMARKS.md "Decode knobs timed"). No row's sums change
+/// with it.
 fn preload_rows(round_rows: u32) -> u32 {
     let forced = PRELOAD_ROWS_OVERRIDE.load(Ordering::Relaxed);
     let rows = Some(forced)
@@ -520,6 +531,10 @@ impl MatvecShape {
             // in the same order as alone, so verifying drafted tokens gives
             // exactly the logits of decoding them one by one.
             WeightFormat::Ggml(Q4_0 | Q4_1 | Q8_0) => (8, 128),
+            // On pre-quantised x (threads from int8x_threads).
+            WeightFormat::Ggml(Q4_K | Q6_K) if kernel == Kernel::MatvecInt8Prequantised => {
+                (INT8X_K_ROWS, INT8X_THREADS)
+            }
             WeightFormat::Ggml(Q5_0 | Q5_1 | Q4_K | Q5_K | Q6_K) if n_in <= SHORT_ROW => (2, 32),
             WeightFormat::Ggml(Q5_0 | Q5_1 | Q4_K | Q5_K | Q6_K) => (4, 64),
             _ => (4, 128),
@@ -2006,6 +2021,22 @@ mod tests {
             own.for_int8(Kernel::MatvecInt8, 1 << 20, subgroup, max_shared),
             None
         );
+    }
+
+    #[test]
+    fn k_quant_rows_on_pre_quantised_x_take_two_rows_per_workgroup() {
+        for ty in [GgmlType::Q4_K, GgmlType::Q6_K] {
+            for n_in in [2048, 4096, 14336] {
+                for n_tok in [1, 4] {
+                    let shape =
+                        MatvecShape::new(ty.into(), Kernel::MatvecInt8Prequantised, n_tok, n_in);
+                    assert_eq!(shape.rows, INT8X_K_ROWS, "{ty:?} {n_in} x {n_tok}");
+                }
+            }
+            // The float kernel keeps its own rows.
+            let float = MatvecShape::new(ty.into(), Kernel::Matvec, 1, 4096);
+            assert_eq!(float.rows, 4);
+        }
     }
 
     #[test]

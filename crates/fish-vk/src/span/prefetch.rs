@@ -6,9 +6,12 @@
 //! the memory bus is partly idle. A prefetch recorded beside such a stage
 //! (no barrier between them) reads later weights into L2 meanwhile, so that
 //! their matvec starts on cached bytes. `FISH_GPU_PREFETCH` sets the budget
-//! per place in MB (off by default: beside attention, with wo alone, the
-//! H200 measured it slower, docs/BENCHMARKS.md); `FISH_GPU_PREFETCH_AT`
-//! names the places (`PrefetchAt`). A budget smaller than a group's weights
+//! per place in MB, `FISH_GPU_PREFETCH_AT` names the places (`PrefetchAt`).
+//! Off by default: slower at every place and budget measured, since a
+//! stage whose weights are all in L2 ran only 5-15% faster (its chain of
+//! dependent loads and sums bounds it, not the memory) while the prefetch
+//! lengthened the stage beside it by nearly its transfer time
+//! (docs/BENCHMARKS.md, "Decode knobs timed"). A budget smaller than a group's weights
 //! reads the same prefix of every row (the shader's comment says why).
 
 use crate::error::Result;
