@@ -67,6 +67,7 @@ pub(crate) struct L2Prefetch {
 
 /// One group to prefetch: its plan, the sets it binds, and whether those
 /// sets carry up weights at binding 5 (read after binding 0's).
+#[derive(Clone, Copy)]
 pub(crate) struct PrefetchGroup<'a> {
     pub plan: &'a [Dispatch],
     pub sets: &'a [vk::DescriptorSet],
@@ -115,9 +116,12 @@ impl Gpu {
         let max_x = u64::from(self.info.max_workgroups_x.clamp(1, 65535));
         let mut left = prefetch.budget;
         for group in groups {
-            let total = group.bytes();
-            if total == 0 || left < SECTOR {
+            if left < SECTOR {
                 break;
+            }
+            let total = group.bytes();
+            if total == 0 {
+                continue;
             }
             // The share of each row read: all of it, or the budget's part.
             let share = |stride: u64| -> u64 {

@@ -1366,11 +1366,6 @@ impl Recording<'_> {
             let gelu = u32::from(s.activation == SpanActivation::GeGlu);
             let push = [count as u32, gelu, gx, layer.n_ff as u32, quantise];
             r.dispatch(SpanKernel::Act, set, &push, (gx, gy));
-            let down_weights = PrefetchGroup {
-                plan: &chunk.matmuls[il][3],
-                sets: &sets.down.sets,
-                up: false,
-            };
             self.prefetch(r, chunk, PrefetchAt::ATTENTION, &[down_weights]);
             r.end(SpanStage::ActMul);
         }
@@ -1457,7 +1452,6 @@ impl Recording<'_> {
     /// and the norm adds norm(o) * w into x.
     /// With `next_norm` (the plan is a `Kernel::MatvecResNorm` on `sets`) it
     /// also prepares the norm at that float offset for the matvec after it.
-    #[allow(clippy::too_many_arguments)]
     #[allow(clippy::too_many_arguments)]
     unsafe fn residual_matmul(
         &self,
