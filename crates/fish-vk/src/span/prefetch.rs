@@ -11,8 +11,9 @@
 //! stage whose weights are all in L2 ran only 5-15% faster (its chain of
 //! dependent loads and sums bounds it, not the memory) while the prefetch
 //! lengthened the stage beside it by nearly its transfer time
-//! (docs/BENCHMARKS.md, "Decode knobs timed"). A budget smaller than a group's weights
-//! reads the same prefix of every row (the shader's comment says why).
+//! (docs/BENCHMARKS.md, "Decode knobs timed"). A budget smaller than a
+//! group's weights reads the same prefix of every row (the shader's
+//! comment says why).
 
 use crate::error::Result;
 use crate::gpu::Gpu;
@@ -44,7 +45,7 @@ impl PrefetchAt {
                 "attention" => Self::ATTENTION.0,
                 "gate_up" => Self::GATE_UP.0,
                 "down" => Self::DOWN.0,
-                "all" => 7,
+                "all" => Self::ATTENTION.0 | Self::GATE_UP.0 | Self::DOWN.0,
                 _ => 0,
             };
         }
