@@ -49,12 +49,27 @@
 // rows exactly as a workgroup of the kernel on pre-quantised x does (the
 // same units, sums and reduction), so the same bits, and storing them as
 // that kernel does.
+//
+// With GATE_UP_NARROW (on pre-quantised x) it is the gate/up matvec of an
+// int8 decode step in narrow workgroups: one slice of WG invocations
+// computing ROWS / 2 rows of gate and the same rows of up, each exactly as
+// a workgroup of the plain kernel does (so the same bits as the
+// GATE_UP_INT8 form), whose act(gate) * up go to a scratch at binding 4.
+// A block of the int8 copy then spans 64 / ROWS workgroups: each counts
+// itself in at the block's arrival counter (binding 4 too, zeroed before
+// the first use), and the last to arrive quantises the block from the
+// scratch as the GATE_UP_INT8 epilogue does. The narrow form keeps many
+// short workgroups in flight, as the plain kernel does, where the 32-row
+// blocks of GATE_UP_INT8 make few long ones.
 #extension GL_GOOGLE_include_directive : require
 #extension GL_KHR_shader_subgroup_arithmetic : require
 #extension GL_KHR_shader_subgroup_basic : require
 #extension GL_EXT_spirv_intrinsics : require
 #extension GL_EXT_control_flow_attributes : enable
-#if defined(GATE_UP_INT8) || defined(NORM_PROLOGUE)
+#if defined(GATE_UP_INT8) || defined(GATE_UP_NARROW)
+#define GATE_UP_EPILOGUE 1
+#endif
+#if defined(GATE_UP_EPILOGUE) || defined(NORM_PROLOGUE)
 // Blocks quantised within subgroups (int8_acts.glsl quantise_part): the
 // prologue's quantisation and the gate/up epilogue's take no barrier.
 #extension GL_KHR_shader_subgroup_shuffle : require
@@ -66,8 +81,10 @@ layout(constant_id = 1) const uint ROWS = 4;
 layout(constant_id = 2) const uint NT = 1;
 layout(constant_id = 3) const uint UNROLL = 1;
 layout(constant_id = 4) const uint IN_VEC4 = 16;
-#if defined(GATE_UP_INT8) || defined(SLICED)
+#if defined(GATE_UP_EPILOGUE) || defined(SLICED)
 layout(constant_id = 5) const uint GELU = 0;
+#endif
+#if defined(GATE_UP_INT8) || defined(SLICED)
 layout(constant_id = 6) const uint WG_ALL = 512;
 layout(local_size_x_id = 6) in;
 #endif
@@ -80,13 +97,19 @@ const uint SLICES = WG_ALL / WG;
 #else
 layout(local_size_x_id = 0) in;
 #endif
+#if defined(GATE_UP_NARROW)
+// Rows of a block, and of each matrix in a workgroup.
+const uint BLOCK_ROWS = 32u;
+const uint OUT_ROWS = ROWS / 2u;
+const uint SLICES = 1u;
+#endif
 
 #define USE_SUBGROUP 1
 #include "common.glsl"
 layout(std430, binding = 0) readonly buffer Weights4 { uvec4 w4[]; };
 #include "dequant.glsl"
 #include "matvec_units.glsl"
-#if defined(GATE_UP_INT8)
+#if defined(GATE_UP_EPILOGUE)
 layout(std430, binding = 5) readonly buffer UpWeights { uint up_w[]; };
 layout(std430, binding = 5) readonly buffer UpWeights4 { uvec4 up_w4[]; };
 // load_up_unit: load_unit over the up weights.
@@ -104,9 +127,20 @@ layout(std430, binding = 2) writeonly buffer Int8Out { uint q8[]; };
 #include "int8_acts.glsl"
 float acc[ROWS][NT];
 // Per slice, row and token: the partial sums of its subgroups (at least 4
-// invocations each), then the gate and up values of the block.
+// invocations each).
 shared float partial[SLICES][ROWS * NT][WG / 4u];
+#if defined(GATE_UP_INT8)
+// The gate and up values of the block.
 shared float block_sums[SLICES * ROWS][NT];
+#else
+// The arrival counters, one per block of the int8 copy, then the scratch of
+// act(gate) * up (act_at). Coherent: the last workgroup of a block reads
+// what the others wrote.
+layout(std430, binding = 4) coherent buffer Arrivals { uint arrivals[]; };
+layout(std430, binding = 4) coherent buffer ActScratch { float act_scratch[]; };
+// Whether this workgroup arrived last at its block.
+shared uint last_here;
+#endif
 #elif defined(SLICED)
 #if defined(NORM_PROLOGUE)
 #define INT8_PARTS 1
@@ -134,7 +168,7 @@ shared float xs[NT * IN_VEC4];
 #endif
 
 #if defined(X_PREQUANTISED)
-#if !defined(GATE_UP_INT8)
+#if !defined(GATE_UP_EPILOGUE)
 #include "int8_acts.glsl"
 #endif
 layout(std430, binding = 1) readonly buffer XQ { uvec4 x_int8[]; };
@@ -321,7 +355,7 @@ layout(constant_id = 7) const uint RG = 8;
 // from the weights at binding 0, or with GATE_UP_INT8 and `up` from the up
 // weights; units past the end reload u0 (skipped when computing).
 Unit load_row_unit(uint row_byte, uint u, bool up) {
-#if defined(GATE_UP_INT8)
+#if defined(GATE_UP_EPILOGUE)
     return up ? load_up_unit(row_byte, u) : load_unit(row_byte, u);
 #else
     return load_unit(row_byte, u);
@@ -334,11 +368,21 @@ uint unrolled_unit(uint u0, uint i, uint n_units) {
     return u0 + i * WG < n_units ? u0 + i * WG : u0;
 }
 
+// Whether row r of a workgroup is an up row: the second half of a narrow
+// gate/up workgroup's rows.
+bool is_up_row(uint r) {
+#if defined(GATE_UP_NARROW)
+    return r >= OUT_ROWS;
+#else
+    return false;
+#endif
+}
+
 void load_units(out Unit un[UNROLL][RG], uint row_byte[ROWS], uint rg, uint u0, uint n_units, bool up) {
     for (uint i = 0u; i < UNROLL; i++) {
         uint u = unrolled_unit(u0, i, n_units);
         for (uint r = 0u; r < RG; r++) {
-            un[i][r] = load_row_unit(row_byte[rg + r], u, up);
+            un[i][r] = load_row_unit(row_byte[rg + r], u, up || is_up_row(rg + r));
         }
     }
 }
@@ -436,7 +480,7 @@ void sum_pass(uint row_byte[ROWS], uint t0, uint tid, bool up) {
     }
 }
 
-#if defined(GATE_UP_INT8) || defined(SLICED)
+#if defined(GATE_UP_EPILOGUE) || defined(SLICED)
 // The plain kernel's reduction, per slice, first half: each subgroup's sum
 // of every row and token into partial[slice]. A barrier must come between
 // it and slice_sum.
@@ -511,6 +555,75 @@ void main() {
         // chunk's rows start at y_offset.
         store_int8_part(v, write, t0 + t, (p.y_offset + block_row0) / BLOCK_ROWS, p.y_stride);
         barrier();
+    }
+}
+#elif defined(GATE_UP_NARROW)
+// Float offset in the binding-4 scratch of act(gate) * up of row `row` of
+// token t: past the arrival counters (one per block, whole vec4s).
+uint act_at(uint t, uint row) {
+    uint counters = (p.y_stride / BLOCK_ROWS + 3u) & ~3u;
+    return counters + t * p.y_stride + row;
+}
+
+void main() {
+    // Rows row0 .. row0 + OUT_ROWS - 1 of gate (sums acc[0 ..]) and of up
+    // (acc[OUT_ROWS ..]); in the int8 copy, rows from out_row0 (y_offset:
+    // the chunk's first row) in block blk.
+    uint tid = gl_LocalInvocationID.x;
+    uint row0 = workgroup_index() * OUT_ROWS;
+    uint row_byte[ROWS];
+    for (uint r = 0u; r < ROWS; r++) {
+        row_byte[r] = min(row0 + r % OUT_ROWS, p.n_rows - 1u) * p.row_stride;
+    }
+    uint sg_per_slice = WG / gl_SubgroupSize;
+    uint out_row0 = p.y_offset + row0;
+    uint blk = out_row0 / BLOCK_ROWS;
+    for (uint t0 = 0u; t0 < p.n_tok; t0 += NT) {
+        sum_pass(row_byte, t0, tid, false);
+        // The plain kernel's reduction, then the GATE_UP_INT8 epilogue's
+        // product, per row and token.
+        store_slice_partials(0u, gl_SubgroupID);
+        barrier();
+        for (uint i = tid; i < OUT_ROWS * NT; i += WG) {
+            uint r = i / NT;
+            uint t = i % NT;
+            if (t0 + t < p.n_tok) {
+                float gate = slice_sum(0u, r * NT + t, sg_per_slice);
+                float up = slice_sum(0u, (OUT_ROWS + r) * NT + t, sg_per_slice);
+                act_scratch[act_at(t0 + t, out_row0 + r)] = gated_act(gate, GELU) * up;
+            }
+        }
+        barrier();
+    }
+    // Count this workgroup in; the last of the block's to arrive quantises
+    // it for every token.
+    memoryBarrierBuffer();
+    barrier();
+    if (tid == 0u) {
+        uint arrived = atomicAdd(arrivals[blk], 1u);
+        last_here = arrived + 1u == BLOCK_ROWS / OUT_ROWS ? 1u : 0u;
+    }
+    barrier();
+    if (last_here == 0u) {
+        return;
+    }
+    memoryBarrierBuffer();
+    if (tid == 0u) {
+        arrivals[blk] = 0u;
+    }
+    // Eight invocations per token, four values each (store_int8_part, as
+    // span_act.comp and the GATE_UP_INT8 epilogue).
+    for (uint t0 = 0u; t0 < p.n_tok; t0 += WG / 8u) {
+        uint t = t0 + tid / 8u;
+        uint part = tid % 8u;
+        bool write = t < p.n_tok;
+        vec4 v = vec4(0.0);
+        if (write) {
+            for (uint c = 0u; c < 4u; c++) {
+                v[c] = act_scratch[act_at(t, BLOCK_ROWS * blk + 4u * part + c)];
+            }
+        }
+        store_int8_part(v, write, t, blk, p.y_stride);
     }
 }
 #elif defined(SLICED)

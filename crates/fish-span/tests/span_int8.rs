@@ -111,6 +111,17 @@ fn int8_span_decode_matches_the_cpu_and_answers_paris() {
     assert_same_bits_with_off("FISH_GPU_INT8_ACT_FUSED", "the act*mul dispatch");
     // The prologues sum and round the norms as their dispatches do.
     assert_same_bits_with_off("FISH_GPU_INT8_NORM_FUSED", "the norms dispatched");
+    // The gate/up in narrow workgroups, the norm dispatched before it: each
+    // row summed as in the 32-row blocks, and the last workgroup of a block
+    // to arrive quantising it as their epilogue does.
+    std::env::set_var("FISH_GPU_NARROW_GATE_UP", "1");
+    let narrow = span_teacher_forced(&gpu, &forced).1;
+    std::env::remove_var("FISH_GPU_NARROW_GATE_UP");
+    let differing = differing_bits(&logits, &narrow);
+    assert_eq!(
+        differing, 0,
+        "{differing} logits differ with the narrow gate/up"
+    );
     // Their first weight rounds loaded before the prologues (part of a
     // round, and whole rounds): the same units summed in the same order.
     for rows in [1, 8] {
@@ -139,6 +150,7 @@ fn int8_span_decode_matches_the_cpu_and_answers_paris() {
     for module in [
         "matvec_i8x_gateup_q4_1",
         "matvec_i8x_gateup_norm_q4_1",
+        "matvec_i8x_gateup_narrow_q4_1",
         "matvec_i8x_norm_q4_1",
     ] {
         assert!(

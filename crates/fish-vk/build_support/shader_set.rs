@@ -221,6 +221,14 @@ const TYPE_VARIANTS: &[TypeVariant] = &[
         compiler: ShaderCompiler::Glslc,
         quantised_only: true,
     },
+    // The same in narrow workgroups whose last of a block quantises it.
+    TypeVariant {
+        prefix: "matvec_i8x_gateup_narrow",
+        source: "matvec_i8.comp",
+        defines: &["X_PREQUANTISED", "GATE_UP_NARROW"],
+        compiler: ShaderCompiler::Glslc,
+        quantised_only: true,
+    },
     // The plain one-token matvec with the attention norm in that prologue
     // (q/k/v of span decode steps).
     TypeVariant {

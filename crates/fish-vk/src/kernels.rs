@@ -116,6 +116,15 @@ pub enum Kernel {
     /// same bits). One token, workgroups of `INT8_NORM_WORKGROUP`
     /// invocations; runs only inside a span.
     MatvecInt8GateUpNormed(GatedActivation),
+    /// `MatvecInt8GateUp` in narrow workgroups (matvec_i8.comp
+    /// GATE_UP_NARROW): one subgroup-sized slice per workgroup computing
+    /// `INT8_NARROW_GATE_UP_ROWS` rows of gate and of up, each as
+    /// `MatvecInt8Prequantised` would (the same bits), with act(gate) * up
+    /// stored to the scratch at binding 4; the last workgroup of a 32-row
+    /// block to arrive at its counter there quantises the block. The same
+    /// sets as `MatvecInt8GateUp` (which leaves binding 4 alone); runs only
+    /// inside a span.
+    MatvecInt8GateUpNarrow(GatedActivation),
     /// `MatvecInt8Prequantised` for one token with the norm before it in a
     /// prologue (matvec_i8.comp SLICED + NORM_PROLOGUE; q/k/v of decode
     /// steps): x and the norm's weights as `MatvecInt8GateUpNormed` reads
@@ -223,6 +232,7 @@ impl Kernel {
                 | Kernel::MatvecInt8Normed
                 | Kernel::MatvecInt8GateUp(_)
                 | Kernel::MatvecInt8GateUpNormed(_)
+                | Kernel::MatvecInt8GateUpNarrow(_)
         )
     }
 
@@ -231,7 +241,9 @@ impl Kernel {
     fn is_int8_prequantised_matvec(self) -> bool {
         matches!(
             self,
-            Kernel::MatvecInt8Prequantised | Kernel::MatvecInt8Normed
+            Kernel::MatvecInt8Prequantised
+                | Kernel::MatvecInt8Normed
+                | Kernel::MatvecInt8GateUpNarrow(_)
         ) || self.is_int8_gate_up()
     }
 
@@ -318,6 +330,7 @@ struct MatvecOverrides {
     gate_up_rows: Option<u32>,
     gate_up_load_rows: Option<u32>,
     preload_rows: Option<u32>,
+    narrow_rows: Option<u32>,
 }
 
 impl MatvecOverrides {
@@ -342,6 +355,9 @@ impl MatvecOverrides {
                 gate_up_rows: var("FISH_VK_GATE_UP_ROWS", |r| (1..=8).contains(&r)),
                 gate_up_load_rows: var("FISH_VK_GATE_UP_LOAD_ROWS", |r| (1..=8).contains(&r)),
                 preload_rows: var("FISH_VK_PRELOAD_ROWS", |r| r <= 8),
+                narrow_rows: var("FISH_VK_NARROW_ROWS", |r| {
+                    (1..=16).contains(&r) && r.is_power_of_two()
+                }),
             }
         })
     }
@@ -442,6 +458,13 @@ const INT8_NORMED_SLICE_ROWS: u32 = 2;
 /// Output rows of a `Kernel::MatvecInt8GateUp` workgroup: one 32-value block
 /// of the int8 copy it writes (the shader's BLOCK_ROWS).
 pub(crate) const INT8_GATE_UP_ROWS: u32 = 32;
+
+/// Rows of gate (and as many of up) per `Kernel::MatvecInt8GateUpNarrow`
+/// workgroup, unless FISH_VK_NARROW_ROWS says otherwise (a power of two
+/// up to 16: a block's rows must split into whole workgroups). 1 keeps
+/// the per-invocation work of the plain kernel on pre-quantised x, whose
+/// Q4_K / Q6_K workgroups take 2 rows.
+pub(crate) const INT8_NARROW_GATE_UP_ROWS: u32 = 1;
 
 /// Rows per slice of a `Kernel::MatvecInt8GateUp` workgroup (8 slices of 32
 /// invocations): on the H200, llama-1b decode 856 tok/s against 839 with
@@ -556,6 +579,10 @@ impl MatvecShape {
             // Its slices sum gate or up rows only, and the rows per slice
             // do not change any row's sums (FISH_VK_GATE_UP_ROWS: tuning).
             k if k.is_int8_gate_up() => o.gate_up_rows.unwrap_or(INT8_GATE_UP_SLICE_ROWS),
+            // Its gate rows, then as many up rows.
+            Kernel::MatvecInt8GateUpNarrow(_) => {
+                2 * o.narrow_rows.unwrap_or(INT8_NARROW_GATE_UP_ROWS)
+            }
             // Rows per slice change no row's sums.
             Kernel::MatvecInt8Normed => INT8_NORMED_SLICE_ROWS,
             _ => rows,
@@ -655,6 +682,7 @@ impl Gpu {
             Kernel::MatvecInt8Prequantised => format!("matvec_i8x_{suffix}"),
             Kernel::MatvecInt8GateUp(_) => format!("matvec_i8x_gateup_{suffix}"),
             Kernel::MatvecInt8GateUpNormed(_) => format!("matvec_i8x_gateup_norm_{suffix}"),
+            Kernel::MatvecInt8GateUpNarrow(_) => format!("matvec_i8x_gateup_narrow_{suffix}"),
             Kernel::MatvecInt8Normed => format!("matvec_i8x_norm_{suffix}"),
             Kernel::MatvecInt8Matrix => format!("matvec_i8mm{x16}_{suffix}"),
             Kernel::MatvecInt8MatrixEmulated => format!("matvec_i8mm_emu{x16}_{suffix}"),
@@ -721,6 +749,7 @@ impl Gpu {
                 | Kernel::MatvecGateUp(_)
                 | Kernel::MatvecInt8GateUp(_)
                 | Kernel::MatvecInt8GateUpNormed(_)
+                | Kernel::MatvecInt8GateUpNarrow(_)
                 | Kernel::MatvecInt8Normed
                 | Kernel::MatvecInt8MatrixGateUp(_)
         ) {
@@ -1343,6 +1372,11 @@ impl Gpu {
                     }
                     spec
                 }
+                (Kernel::MatvecInt8GateUpNarrow(act), _) => {
+                    let mut spec = matvec.spec().to_vec();
+                    spec.extend([(h.n_in() / 16) as u32, act.selector()]);
+                    spec
+                }
                 (Kernel::MatvecInt8Normed, _) => {
                     let mut spec = matvec.spec().to_vec();
                     // Constant 7 (the gate/up kernel's rows per round) is
@@ -1425,6 +1459,7 @@ impl Gpu {
                             (Some(shape), Kernel::MatvecInt8MatrixGateUp(_)) => shape.rows() / 2,
                             (Some(shape), _) => shape.rows(),
                             (None, k) if k.is_int8_gate_up() => INT8_GATE_UP_ROWS,
+                            (None, Kernel::MatvecInt8GateUpNarrow(_)) => matvec.rows / 2,
                             (None, Kernel::MatvecInt8Normed) => {
                                 INT8_NORM_WORKGROUP / matvec.threads * matvec.rows
                             }
@@ -1674,6 +1709,21 @@ impl Gpu {
             && self.quantises_blocks_in_subgroups()
             && shape.threads.is_multiple_of(subgroup)
             && threads <= self.info.max_workgroup_threads
+    }
+
+    /// Whether a gate/up group that takes `Kernel::MatvecInt8GateUp`
+    /// (`int8_gate_up_fusable`) on gate tensor `gate` can take
+    /// `Kernel::MatvecInt8GateUpNarrow` as well: narrow workgroups of whole
+    /// subgroups, whole workgroups per block.
+    pub(crate) fn int8_gate_up_narrow_fits(&self, gate: &TensorHandle) -> bool {
+        let shape = MatvecShape::new(
+            gate.ty(),
+            Kernel::MatvecInt8GateUpNarrow(GatedActivation::Silu),
+            MATVEC_MAX_TOKENS,
+            gate.n_in(),
+        );
+        shape.threads.is_multiple_of(self.info.subgroup_size)
+            && INT8_GATE_UP_ROWS.is_multiple_of(shape.rows / 2)
     }
 
     /// Whether the device can quantise a 32-value block within one subgroup

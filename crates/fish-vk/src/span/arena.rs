@@ -61,6 +61,19 @@ pub(crate) struct Arena {
     /// counters, zeroed at the start of every submit, then partials).
     pub attn_split: Buffer,
     pub attn_split_counter_bytes: u64,
+    /// The narrow int8 gate/up's scratch (`Kernel::MatvecInt8GateUpNarrow`,
+    /// binding 4 of the gate/up epilogue sets): one arrival counter per
+    /// 32-row block, zeroed at the start of every submit, then act(gate) *
+    /// up of up to INT8_CHUNK_MAX_TOKENS tokens.
+    pub gate_up_arrivals: Buffer,
+    pub gate_up_arrival_counter_bytes: u64,
+}
+
+/// Words of the narrow gate/up's arrival counters for rows of `n_ff`
+/// values: one per 32-row block, whole vec4s (shaders/matvec_i8.comp
+/// `act_at`, which finds the scratch past them).
+fn gate_up_counter_words(n_ff: usize) -> usize {
+    (n_ff / 32).next_multiple_of(4)
 }
 
 /// Float offset in xn of the sums of squares a `Kernel::MatvecResNorm`
@@ -76,7 +89,7 @@ fn f32_bytes(n: usize) -> u64 {
 }
 
 /// The arena's buffers in allocation order: (f32 values, memory kind).
-fn sizes(shape: &SpanShape, n_ff: usize) -> [(usize, MemoryKind); 12] {
+fn sizes(shape: &SpanShape, n_ff: usize) -> [(usize, MemoryKind); 13] {
     let c = span_chunk_tokens();
     let int8_width = shape.n_embd.max(n_ff).max(shape.attn_dim());
     let int8_values = (INT8_CHUNK_MAX_TOKENS * int8_token_bytes(int8_width)).div_ceil(4);
@@ -105,6 +118,10 @@ fn sizes(shape: &SpanShape, n_ff: usize) -> [(usize, MemoryKind); 12] {
         (INITIAL_TOKENS * shape.n_embd, MemoryKind::Readback),
         (STEP_WORDS, MemoryKind::Device),
         (STEP_WORDS, MemoryKind::Upload),
+        (
+            gate_up_counter_words(n_ff) + INT8_CHUNK_MAX_TOKENS * n_ff,
+            MemoryKind::Device,
+        ),
     ]
 }
 
@@ -165,6 +182,8 @@ impl Arena {
             readback: next(),
             step: next(),
             step_upload: next(),
+            gate_up_arrivals: next(),
+            gate_up_arrival_counter_bytes: 4 * gate_up_counter_words(n_ff) as u64,
             split: next(),
             split_counter_bytes: split.counter_bytes,
             attn_split: next(),
@@ -216,6 +235,7 @@ impl Arena {
             &self.step,
             &self.split,
             &self.attn_split,
+            &self.gate_up_arrivals,
         ]
         .iter()
         .map(|b| b.size)
@@ -238,6 +258,7 @@ impl Arena {
             self.step_upload,
             self.split,
             self.attn_split,
+            self.gate_up_arrivals,
         ] {
             gpu.release(b);
         }

@@ -340,9 +340,9 @@ impl Bindings {
                         .map(|(&gw, &uw)| {
                             let set = allocate(gpu, pool, gpu.pipelines.set_layout)?;
                             // Binding 3 is the parameters (read only by the
-                            // normed kernel), binding 4 unused.
-                            let unused = a.split.raw;
-                            write_set(gpu, set, &[gw, x, y, p, unused, uw]);
+                            // normed kernel), binding 4 the narrow kernel's
+                            // scratch (`Kernel::MatvecInt8GateUpNarrow`).
+                            write_set(gpu, set, &[gw, x, y, p, a.gate_up_arrivals.raw, uw]);
                             Ok(set)
                         })
                         .collect::<Result<_>>()?;

@@ -142,6 +142,10 @@ impl Gpu {
                 span.arena.attn_split.raw,
                 span.arena.attn_split_counter_bytes,
             ),
+            gate_up_arrivals: (
+                span.arena.gate_up_arrivals.raw,
+                span.arena.gate_up_arrival_counter_bytes,
+            ),
             persistent: None,
             result: match (logit_rows, span.output.as_ref()) {
                 (Some(rows), Some(o)) => (
@@ -309,6 +313,8 @@ struct Copies {
     split: (vk::Buffer, u64),
     /// The key-split attention's scratch and the bytes of its counters.
     attn_split: (vk::Buffer, u64),
+    /// The narrow gate/up's scratch and the bytes of its counters.
+    gate_up_arrivals: (vk::Buffer, u64),
     /// The persistent layers' scratch, the bytes of its failure word and
     /// counters (zeroed first), and the failure word's host copy.
     persistent: Option<(vk::Buffer, u64, vk::Buffer)>,
@@ -410,6 +416,7 @@ unsafe fn record_forward(
     d.cmd_copy_buffer(cmd, c.step_upload, c.step, &region(STEP_BYTES));
     d.cmd_fill_buffer(cmd, c.split.0, 0, c.split.1, 0);
     d.cmd_fill_buffer(cmd, c.attn_split.0, 0, c.attn_split.1, 0);
+    d.cmd_fill_buffer(cmd, c.gate_up_arrivals.0, 0, c.gate_up_arrivals.1, 0);
     if let Some((scratch, header, _)) = c.persistent {
         d.cmd_fill_buffer(cmd, scratch, 0, header, 0);
     }

@@ -343,12 +343,21 @@ pub(crate) fn plan_chunks(
                 (NormedInput::Int8, Some(act), Some(down)) if !gated && n == 1 => Some((act, down)),
                 _ => None,
             };
+            // Or in narrow workgroups, the last of a block quantising it
+            // (the same bits), with the norm dispatched before it.
+            let narrow = int8_act.is_some_and(|(sets, _)| {
+                narrow_gate_up_wanted()
+                    && sets
+                        .handles
+                        .first()
+                        .is_some_and(|gate| gpu.int8_gate_up_narrow_fits(gate))
+            });
             // And the norm before it into that kernel's prologue, where it
             // reads x from its start (the same bits as the norm dispatch).
             let normed = ls
                 .gate_up_int8_act_normed
                 .as_ref()
-                .filter(|_| int8_act.is_some() && tok0 == 0);
+                .filter(|_| int8_act.is_some() && tok0 == 0 && !narrow);
             let gate_up_plan = match (int8_act, normed) {
                 (_, Some(sets)) => plan_group(
                     gpu,
@@ -357,7 +366,11 @@ pub(crate) fn plan_chunks(
                     Kernel::MatvecInt8GateUpNormed(activation(shape)),
                 )?,
                 (Some((sets, _)), None) => {
-                    plan_group(gpu, sets, n, Kernel::MatvecInt8GateUp(activation(shape)))?
+                    let kernel = match narrow {
+                        true => Kernel::MatvecInt8GateUpNarrow(activation(shape)),
+                        false => Kernel::MatvecInt8GateUp(activation(shape)),
+                    };
+                    plan_group(gpu, sets, n, kernel)?
                 }
                 (None, None) => gate_up_plan,
             };
@@ -568,6 +581,15 @@ fn attends_tiled(shape: &SpanShape, layout: TokenLayout, n: usize) -> bool {
 pub(crate) fn tiled_attention_enabled() -> bool {
     static ENABLED: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     *ENABLED.get_or_init(|| !crate::config::env_switched_off("FISH_GPU_ATTN_TILED"))
+}
+
+/// Whether single-token int8 decode steps run the gate/up matvec in narrow
+/// workgroups (`Kernel::MatvecInt8GateUpNarrow`, the feed-forward norm
+/// dispatched before it) instead of 32-row blocks with the norm in their
+/// prologue (`Kernel::MatvecInt8GateUpNormed`): only with
+/// `FISH_GPU_NARROW_GATE_UP=1`, read per plan.
+fn narrow_gate_up_wanted() -> bool {
+    std::env::var("FISH_GPU_NARROW_GATE_UP").as_deref() == Ok("1")
 }
 
 /// Chunks of at least TILED_ATTENTION_MIN_TOKENS tokens of one sequence
