@@ -331,6 +331,8 @@ struct MatvecOverrides {
     gate_up_load_rows: Option<u32>,
     preload_rows: Option<u32>,
     narrow_rows: Option<u32>,
+    short_row_unroll: Option<u32>,
+    long_row_unroll: Option<u32>,
 }
 
 impl MatvecOverrides {
@@ -355,6 +357,8 @@ impl MatvecOverrides {
                 gate_up_rows: var("FISH_VK_GATE_UP_ROWS", |r| (1..=8).contains(&r)),
                 gate_up_load_rows: var("FISH_VK_GATE_UP_LOAD_ROWS", |r| (1..=8).contains(&r)),
                 preload_rows: var("FISH_VK_PRELOAD_ROWS", |r| r <= 8),
+                short_row_unroll: var("FISH_VK_I8X_UNROLL", |u| (1..=4).contains(&u)),
+                long_row_unroll: var("FISH_VK_I8X_LONG_UNROLL", |u| (1..=4).contains(&u)),
                 narrow_rows: var("FISH_VK_NARROW_ROWS", |r| {
                     (1..=16).contains(&r) && r.is_power_of_two()
                 }),
@@ -595,7 +599,21 @@ impl MatvecShape {
             },
             rows,
             tokens: n_tok.clamp(1, pass_tokens(ty, kernel, o.tokens)) as u32,
-            unroll: o.unroll.unwrap_or(1),
+            unroll: o
+                .unroll
+                .or(match kernel {
+                    // Tuning: the one-token matvecs of rows shorter than
+                    // INT8X_LONG_ROW (q/k/v, wo, the output projection).
+                    Kernel::MatvecInt8Prequantised | Kernel::MatvecInt8Normed
+                        if n_in < INT8X_LONG_ROW =>
+                    {
+                        o.short_row_unroll
+                    }
+                    // And of longer rows (the down projections).
+                    Kernel::MatvecInt8Prequantised => o.long_row_unroll,
+                    _ => None,
+                })
+                .unwrap_or(1),
         }
     }
 
