@@ -116,10 +116,12 @@ layout(std430, binding = 5) readonly buffer UpWeights4 { uvec4 up_w4[]; };
 #define LOAD_UNIT load_up_unit
 #define LOAD_WORDS4 up_w4
 #define LOAD_WORDS up_w
+#define TOUCH_UNIT touch_up_unit
 #include "matvec_loads.glsl"
 #undef LOAD_UNIT
 #undef LOAD_WORDS4
 #undef LOAD_WORDS
+#undef TOUCH_UNIT
 #include "gated_act.glsl"
 // The block's int8 copy (int8_acts.glsl) goes to binding 2.
 layout(std430, binding = 2) writeonly buffer Int8Out { uint q8[]; };
@@ -239,6 +241,15 @@ void x_run(uint t, uint v16, out uvec4 q, out float d, out float s) {
 // kernels.rs `FISH_VK_PRELOAD_ROWS`). No row's sums change with it.
 layout(constant_id = 8) const uint PRELOAD_ROWS = 0;
 const bool PRELOAD = PRELOAD_ROWS > 0u;
+// Rows of an invocation's first weight round touched before the prologue
+// (0: none; kernels.rs `FISH_VK_TOUCH_ROWS`): one word of each 32-byte
+// sector its units' loads will read (touch_unit, K-quants only), so that
+// the sectors stream into the caches while the prologue runs and the
+// round's loads find them there. Unlike PRELOAD_ROWS the words are folded
+// into one register (touch_word) and consumed at the prologue's end, not
+// kept for the round. No row's sums change.
+layout(constant_id = 9) const uint TOUCH_ROWS = 0;
+uint touch_word = 0u;
 layout(std430, binding = 3) readonly buffer NormWeights4 { vec4 norm_w4[]; };
 shared float norm_partial[WG_ALL];
 shared float norm_partial16[16];
@@ -332,6 +343,12 @@ void load_x_normed() {
         bool in_row = w < words;
         quantise_word(in_row ? x[w] * scale * norm_w4[w_base + w] : vec4(0.0), in_row, w);
     }
+    // The touched words meet here, under p.parts (0 in these kernels: the
+    // deferred norm's parts belong to matvec.comp), so that they are
+    // loaded and change nothing.
+    if ((touch_word & p.parts) != 0u) {
+        xd[0] = 0.0;
+    }
     barrier();
 }
 #endif
@@ -395,6 +412,20 @@ void load_units(out Unit un[UNROLL][RG], uint row_byte[ROWS], uint rg, uint u0, 
 const uint PRELOAD_SLOTS = PRELOAD ? PRELOAD_ROWS : 1u;
 Unit first_round[UNROLL][PRELOAD_SLOTS];
 bool first_round_pending = false;
+
+// Touches the first TOUCH_ROWS rows of the invocation's first round (units
+// from unit tid) before the prologue.
+void touch_first_round(uint row_byte[ROWS], uint tid, bool up) {
+    uint n_units = p.n_in / UNIT_VALUES;
+    uint u = min(tid, n_units - 1u);
+    for (uint r = 0u; r < min(TOUCH_ROWS, uint(ROWS)); r++) {
+#if defined(GATE_UP_EPILOGUE)
+        touch_word ^= up ? touch_up_unit(row_byte[r], u) : touch_unit(row_byte[r], u);
+#else
+        touch_word ^= touch_unit(row_byte[r], u);
+#endif
+    }
+}
 
 void preload_first_round(uint row_byte[ROWS], uint tid, bool up) {
     if (!PRELOAD) {
@@ -524,6 +555,7 @@ void main() {
     uint sg_per_slice = WG / gl_SubgroupSize;
     uint sg_in_slice = gl_SubgroupID % sg_per_slice;
 #if defined(NORM_PROLOGUE)
+    touch_first_round(row_byte, tid, up);
     preload_first_round(row_byte, tid, up);
     load_x_normed();
 #endif
@@ -639,6 +671,7 @@ void main() {
     }
     uint sg_per_slice = WG / gl_SubgroupSize;
     uint sg_in_slice = gl_SubgroupID % sg_per_slice;
+    touch_first_round(row_byte, tid, false);
     preload_first_round(row_byte, tid, false);
     load_x_normed();
     sum_pass(row_byte, 0u, tid, false);

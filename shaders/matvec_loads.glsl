@@ -72,6 +72,22 @@ Unit LOAD_UNIT(uint row_byte, uint u) {
     return un;
 }
 
+#if defined(TOUCH_UNIT)
+// One word of each 32-byte sector of the unit's 16-byte loads (the head and
+// qs; Q5_K's qh too), each of which lies inside one sector: the touch of
+// the normed kernels' first round (matvec_i8.comp TOUCH_ROWS).
+uint TOUCH_UNIT(uint row_byte, uint u) {
+    uint sb = u / 8u;
+    uint v = u % 8u;
+    uint block = (row_byte + sb * BLOCK_BYTES) / 4u;
+    uint t = LOAD_WORDS[block] ^ LOAD_WORDS[block + QS_OFFSET / 4u + 4u * v];
+#if defined(TYPE_Q5_K)
+    t ^= LOAD_WORDS[block + QH_OFFSET / 4u + 4u * (v & 1u)];
+#endif
+    return t;
+}
+#endif
+
 #elif defined(TYPE_Q6_K)
 Unit LOAD_UNIT(uint row_byte, uint u) {
     Unit un;
@@ -87,6 +103,20 @@ Unit LOAD_UNIT(uint row_byte, uint u) {
     return un;
 }
 
+#if defined(TOUCH_UNIT)
+// One word of each of the unit's 16-byte loads but the row's scales d.
+uint TOUCH_UNIT(uint row_byte, uint u) {
+    uint sb = u / 4u;
+    uint n = (u / 2u) % 2u;
+    uint half_l = u % 2u;
+    uint block16 = (row_byte + sb * Q6_BODY_BYTES) / 16u;
+    return LOAD_WORDS[4u * (block16 + 4u * n + half_l)]
+         ^ LOAD_WORDS[4u * (block16 + 4u * n + 2u + half_l)]
+         ^ LOAD_WORDS[4u * (block16 + 8u + 2u * n + half_l)]
+         ^ LOAD_WORDS[4u * (block16 + 12u)];
+}
+#endif
+
 #elif defined(TYPE_FQ3)
 Unit LOAD_UNIT(uint row_byte, uint u) {
     Unit un;
@@ -98,6 +128,13 @@ Unit LOAD_UNIT(uint row_byte, uint u) {
     un.head = LOAD_WORDS4[row16 + 6u * nb + u / 2u];
     un.j0 = 4u * (u & 1u);
     return un;
+}
+#endif
+
+#if defined(TOUCH_UNIT) && !(defined(TYPE_Q4_K) || defined(TYPE_Q5_K) || defined(TYPE_Q6_K))
+// Only the K-quant units are touched.
+uint TOUCH_UNIT(uint row_byte, uint u) {
+    return 0u;
 }
 #endif
 

@@ -238,10 +238,12 @@ uint run_x4(uint u, uint run) { return 32u * u + 4u * run; }
 #define LOAD_UNIT load_unit
 #define LOAD_WORDS4 w4
 #define LOAD_WORDS w
+#define TOUCH_UNIT touch_unit
 #include "matvec_loads.glsl"
 #undef LOAD_UNIT
 #undef LOAD_WORDS4
 #undef LOAD_WORDS
+#undef TOUCH_UNIT
 
 #if defined(TYPE_Q4_1) || defined(TYPE_Q5_1) || defined(TYPE_Q4_K) || defined(TYPE_Q5_K) || defined(TYPE_FQ3)
 #define HAS_MIN 1

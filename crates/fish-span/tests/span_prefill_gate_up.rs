@@ -17,28 +17,9 @@ mod chunked;
 mod common;
 
 use chunked::{assert_mostly_cpu_argmax, on_gpu, prompt_logits, setup};
-use common::{compare, differing_bits};
+use common::{compare, differing_bits, tiny_model};
 use fish_core::model::Model;
 use std::path::PathBuf;
-
-/// The tiny Q4_K_M model, or None (skip) where neither it nor a device is
-/// required.
-fn tiny_model() -> Option<PathBuf> {
-    match std::env::var("FISH_TEST_TINY_Q4K") {
-        Ok(p) if !p.is_empty() => {
-            let p = PathBuf::from(p);
-            assert!(p.exists(), "FISH_TEST_TINY_Q4K={} is missing", p.display());
-            Some(p)
-        }
-        _ if std::env::var("FISH_REQUIRE_GPU").as_deref() == Ok("1") => {
-            panic!("FISH_TEST_TINY_Q4K is not set (scripts/test.sh makes the file)")
-        }
-        _ => {
-            eprintln!("skipped: FISH_TEST_TINY_Q4K is not set");
-            None
-        }
-    }
-}
 
 /// 140 byte tokens: two full chunks of 64 and a partial one.
 fn prompt() -> Vec<u32> {

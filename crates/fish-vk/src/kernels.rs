@@ -333,6 +333,7 @@ struct MatvecOverrides {
     narrow_rows: Option<u32>,
     short_row_unroll: Option<u32>,
     long_row_unroll: Option<u32>,
+    touch_rows: Option<u32>,
 }
 
 impl MatvecOverrides {
@@ -359,6 +360,7 @@ impl MatvecOverrides {
                 preload_rows: var("FISH_VK_PRELOAD_ROWS", |r| r <= 8),
                 short_row_unroll: var("FISH_VK_I8X_UNROLL", |u| (1..=4).contains(&u)),
                 long_row_unroll: var("FISH_VK_I8X_LONG_UNROLL", |u| (1..=4).contains(&u)),
+                touch_rows: var("FISH_VK_TOUCH_ROWS", |r| r <= 8),
                 narrow_rows: var("FISH_VK_NARROW_ROWS", |r| {
                     (1..=16).contains(&r) && r.is_power_of_two()
                 }),
@@ -511,6 +513,17 @@ fn preload_rows(round_rows: u32) -> u32 {
         .or(MatvecOverrides::get().preload_rows)
         .unwrap_or(0);
     rows.min(round_rows)
+}
+
+/// Rows of a normed decode kernel's first weight round touched before its
+/// norm prologue (matvec_i8.comp TOUCH_ROWS: a word of each sector, folded
+/// into one register), at most `round_rows`: 0 unless FISH_VK_TOUCH_ROWS
+/// says otherwise. No row's sums change with it.
+fn touch_rows(round_rows: u32) -> u32 {
+    MatvecOverrides::get()
+        .touch_rows
+        .unwrap_or(0)
+        .min(round_rows)
 }
 
 /// Rows whose units one round of a `Kernel::MatvecInt8GateUp(Normed)` slice
@@ -1386,7 +1399,7 @@ impl Gpu {
                         load_rows,
                     ]);
                     if matches!(kernel, Kernel::MatvecInt8GateUpNormed(_)) {
-                        spec.push(preload_rows(load_rows));
+                        spec.extend([preload_rows(load_rows), touch_rows(load_rows)]);
                     }
                     spec
                 }
@@ -1405,6 +1418,7 @@ impl Gpu {
                         INT8_NORM_WORKGROUP,
                         0,
                         preload_rows(matvec.rows),
+                        touch_rows(matvec.rows),
                     ]);
                     spec
                 }

@@ -13,6 +13,26 @@ use fish_span::VulkanBackend;
 pub const PROMPT: [u32; 5] = [504, 3575, 282, 4649, 314];
 pub const PARIS: u32 = 7042;
 
+/// The tiny Q4_K_M model (`fish-cli synth --shape tiny --type q4_k_m`,
+/// named by FISH_TEST_TINY_Q4K; scripts/test.sh makes it), or None (skip)
+/// where neither it nor a device is required.
+pub fn tiny_model() -> Option<PathBuf> {
+    match std::env::var("FISH_TEST_TINY_Q4K") {
+        Ok(p) if !p.is_empty() => {
+            let p = PathBuf::from(p);
+            assert!(p.exists(), "FISH_TEST_TINY_Q4K={} is missing", p.display());
+            Some(p)
+        }
+        _ if std::env::var("FISH_REQUIRE_GPU").as_deref() == Ok("1") => {
+            panic!("FISH_TEST_TINY_Q4K is not set (scripts/test.sh makes the file)")
+        }
+        _ => {
+            eprintln!("skipped: FISH_TEST_TINY_Q4K is not set");
+            None
+        }
+    }
+}
+
 pub fn model_path(file: &str) -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
         .join("../../models")

@@ -1,0 +1,57 @@
+//! The normed decode kernels touching their first weight round before the
+//! norm prologue (FISH_VK_TOUCH_ROWS=8, set here for the whole binary,
+//! since the shape overrides are read once) give the logits of the norms
+//! dispatched (FISH_GPU_INT8_NORM_FUSED=0: no normed kernel runs) bit for
+//! bit: the touched words change nothing. Only K-quant units are touched,
+//! so the test decodes the tiny Q4_K_M model (FISH_TEST_TINY_Q4K).
+
+mod common;
+
+use common::{differing_bits, int8_backend_or_skip, span_model_on, tiny_model};
+use fish_core::model::LogitsFor;
+use fish_core::session::Session;
+
+/// A prompt, then one forced token per step (ids inside the tiny
+/// vocabulary): the logits of the prompt's last token and of every step.
+fn decode(model: &fish_core::model::Model) -> Vec<Vec<f32>> {
+    let prompt: Vec<u32> = (0..6).map(|i| 3 + i * 61 % 500).collect();
+    let mut s = Session::new(model, 64, 2).expect("session");
+    let mut out = vec![s.set_prompt(&prompt).expect("prompt")];
+    for i in 0..12u32 {
+        out.push(
+            s.eval(&[5 + i * 37 % 500], LogitsFor::Last)
+                .expect("decode"),
+        );
+    }
+    out
+}
+
+#[test]
+fn touching_the_first_weight_round_keeps_the_bits() {
+    std::env::set_var("FISH_VK_TOUCH_ROWS", "8");
+    let Some(path) = tiny_model() else { return };
+    let Some(gpu) = int8_backend_or_skip() else {
+        return;
+    };
+    let touched = decode(&span_model_on(&gpu, &path));
+    std::env::set_var("FISH_GPU_INT8_NORM_FUSED", "0");
+    let dispatched = decode(&span_model_on(&gpu, &path));
+    std::env::remove_var("FISH_GPU_INT8_NORM_FUSED");
+    let differing = differing_bits(&touched, &dispatched);
+    assert_eq!(differing, 0, "{differing} logits differ with rows touched");
+    // The last constant of each normed kernel: the rows touched (the q/k/v
+    // slices hold 2 rows, the gate/up rounds 8).
+    let built = gpu.gpu().built_matmul_pipelines();
+    for (module, touch) in [
+        ("matvec_i8x_norm_q4_k[", ", 2]"),
+        ("matvec_i8x_gateup_norm_q4_k[", ", 8]"),
+    ] {
+        assert!(
+            built
+                .iter()
+                .any(|p| p.starts_with(module) && p.ends_with(touch)),
+            "{module} did not run with rows touched: {built:?}"
+        );
+    }
+    assert_eq!(gpu.gpu().validation_messages(), 0);
+}
