@@ -9,11 +9,7 @@
 
 mod common;
 
-use common::{
-    default_model, differing_bits, greedy_after_prompt, int8_backend_or_skip, span_teacher_forced,
-    PARIS,
-};
-use fish_core::model::Model;
+use common::{default_greedy, differing_bits, int8_backend_or_skip, span_teacher_forced, PARIS};
 use fish_core::sampling::argmax;
 
 #[test]
@@ -22,9 +18,7 @@ fn gate_up_slices_loading_two_rows_at_a_time_keep_the_bits() {
     let Some(gpu) = int8_backend_or_skip() else {
         return;
     };
-    let cpu = Model::load(default_model()).expect("load");
-    let forced = greedy_after_prompt(&cpu, 12);
-    drop(cpu);
+    let forced = default_greedy(12);
     let fused = span_teacher_forced(&gpu, &forced).1;
     assert_eq!(argmax(&fused[0]), PARIS);
     std::env::set_var("FISH_GPU_INT8_ACT_FUSED", "0");

@@ -198,6 +198,11 @@ pub fn greedy_after_prompt(model: &Model, n: usize) -> Vec<u32> {
     out
 }
 
+/// `n` greedy tokens after [`PROMPT`] on the CPU with the default model.
+pub fn default_greedy(n: usize) -> Vec<u32> {
+    greedy_after_prompt(&Model::load(default_model()).expect("load"), n)
+}
+
 /// (steps with the same argmax, worst max |dlogit| / max |logit|)
 /// How many values of two runs' rows differ in their bits.
 pub fn differing_bits(a: &[Vec<f32>], b: &[Vec<f32>]) -> usize {
