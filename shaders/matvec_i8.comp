@@ -155,11 +155,7 @@ shared float partial[SLICES][ROWS * NT][WG / 4u];
 #include "matvec_reduce.glsl"
 #endif
 
-// OpSUDot with the 4x8-bit packed format: the signed bytes of a times the
-// unsigned bytes of b, summed.
-spirv_instruction(extensions = ["SPV_KHR_integer_dot_product"], capabilities = [6019, 6018], id = 4452)
-int dot_i8_u8(uint a, uint b, spirv_literal int packed_format);
-const int PACKED_4X8 = 0;
+#include "int8_dot.glsl"
 
 // Per token: the quants (16 per uvec4), the scale of each 32 values and
 // d * (sum of quants) of each 16.
@@ -353,12 +349,6 @@ void load_x_normed() {
 }
 #endif
 
-// An int of magnitude < 2^22 as a float, without a conversion instruction
-// (a run's dot is at most 16 * 255 * 127).
-float int_float(int v) {
-    return intBitsToFloat(v + 0x4B400000) - 12582912.0;
-}
-
 #if defined(GATE_UP_INT8)
 // Rows whose units one round loads together (a divisor of ROWS): fewer than
 // ROWS hold fewer units in registers, so that more workgroups fit at once
@@ -498,10 +488,7 @@ void sum_pass(uint row_byte[ROWS], uint t0, uint tid, bool up) {
                         float s;
                         x_run(t0 + t, xv, q, d, s);
                         for (uint r = 0u; r < RG; r++) {
-                            int idot = dot_i8_u8(q.x, codes[r].x, PACKED_4X8)
-                                    + dot_i8_u8(q.y, codes[r].y, PACKED_4X8)
-                                    + dot_i8_u8(q.z, codes[r].z, PACKED_4X8)
-                                    + dot_i8_u8(q.w, codes[r].w, PACKED_4X8);
+                            int idot = dot16(q, codes[r]);
                             acc[rg + r][t] += scale[r] * (d * int_float(idot)) + offset[r] * s;
                         }
                     }

@@ -15,12 +15,6 @@
 // FAILURE_WORD), and a unit type of its own (BLOCK_UNIT, with
 // decode_run for it and UNIT_X4(un, unit, run) for its runs' x).
 
-#ifndef COUNTER_WORD
-#define COUNTER_WORD 0u
-#endif
-#ifndef FAILURE_WORD
-#define FAILURE_WORD 1u
-#endif
 #ifndef BLOCK_UNIT
 #define BLOCK_UNIT Unit
 #endif
@@ -122,42 +116,4 @@ bool block_sum(BLOCK_UNIT un[MAXU], Phase ph, uint b, out uint out_row, out floa
     return true;
 }
 
-// The phase is done here: the workgroup's stores of it are made available
-// at device scope (the control barrier's release), then its one arrival is
-// counted (a release of its own).
-void arrive() {
-    controlBarrier(gl_ScopeWorkgroup, gl_ScopeDevice, gl_StorageSemanticsBuffer,
-        gl_SemanticsAcquireRelease);
-    if (gl_LocalInvocationID.x == 0u) {
-        atomicAdd(arrivals[COUNTER_WORD], 1u, gl_ScopeDevice, gl_StorageSemanticsBuffer, gl_SemanticsRelease);
-    }
-}
-
-// Waits until every workgroup has arrived g times, after its dispatch's
-// phase g - 1 (an acquire that the control barrier passes on to the whole
-// workgroup; the counter starts at zero in each submission, so a dispatch
-// of several phases comes first in it); a wait that gives up raises the
-// failure word.
-void wait_for(uint g) {
-    if (gl_LocalInvocationID.x == 0u) {
-        uint target = g * p.groups_x;
-        uint arrived = 0u;
-        for (uint spins = 0u; spins < SPIN_LIMIT; spins++) {
-            arrived = atomicLoad(arrivals[COUNTER_WORD], gl_ScopeDevice, gl_StorageSemanticsBuffer, gl_SemanticsAcquire);
-            if (arrived >= target) {
-                break;
-            }
-        }
-        // Judged by the count, not by the loop. (On llvmpipe, lavapipe, a
-        // loop past 65535 iterations ends the invocation that runs it: its
-        // later stores, arrivals and this flag included, never happen, so a
-        // long wait there goes wrong silently; a wait split into nested
-        // loops made it compute later code of this SIMD row wrongly. Grid
-        // waits are for devices that keep every workgroup resident.)
-        if (arrived < target) {
-            arrivals[FAILURE_WORD] = 1u;
-        }
-    }
-    controlBarrier(gl_ScopeWorkgroup, gl_ScopeDevice, gl_StorageSemanticsBuffer,
-        gl_SemanticsAcquireRelease);
-}
+#include "grid_wait.glsl"

@@ -1,43 +1,57 @@
 #version 450
 // One span layer of a single-token decode step in ONE dispatch of resident
-// workgroups (span/persistent.rs, FISH_GPU_PERSISTENT): the five dependent
+// workgroups (span/persistent.rs, FISH_GPU_PERSISTENT): the dependent
 // stages of a llama layer separated by grid-wide waits instead of dispatch
-// boundaries, each workgroup loading its next block's weights before it
-// sums the current one, across stages too, so the next stage's first
-// weights stream during the wait. The form of the persistent_decode bench
-// (persistent_decode_layer.comp), on the span's own buffers:
-//   0 q/k/v: attention norm of x in the staging, q | k | v into the scratch;
-//   1 attention: one block per query head: RoPE from the span's cos/sin
+// boundaries, on int8 activations as the staged decode's matvecs take them
+// (matvec_i8.comp). Phases:
+//   0 q/k/v: each workgroup with rows to sum quantises the attention norm
+//     of x into shared memory (the blocks of int8_acts.glsl), then q | k | v
+//     into the scratch;
+//   1 attention: one workgroup per query head: RoPE from the span's cos/sin
 //     table on its q and its key-value head's k (the group's first query
 //     head stores k and v as f16 at the token's KV row), softmax(q k *
-//     attn_scale) over the positions up to the token's, the weighted values
-//     into the scratch;
-//   2 wo: x += wo times the attention output;
-//   3 gate/up: feed-forward norm of x in the staging, gate and up rows
-//     alternating (row 2i gate i, 2i + 1 up i), SiLU(gate) * up of each pair
-//     into the scratch;
-//   4 down: x += down times that.
+//     attn_scale) over the positions up to the token's, the weighted
+//     values quantised into wo's int8 input;
+//   2 wo: x += wo times that;
+//   3 gate/up: the feed-forward norm of x in shared memory as in phase 0,
+//     SiLU(gate) * up of each row into the scratch;
+//   4 that activation quantised into down's int8 input;
+//   5 down: x += down times that.
+//
+// A matvec phase is a list of tasks dealt to the subgroups in turn (a row;
+// for gate/up row i of gate and row i of up), each summed by its subgroup
+// alone in rounds of two units per lane, with no workgroup barrier, as the
+// staged kernel's one-subgroup workgroups sum their rows. Before a
+// subgroup arrives at the end of a phase it loads the first round of its
+// first task in the next matvec phase, so that those weights stream during
+// the wait (and, for wo, during the attention).
+//
 // Each matrix is Q4_K or Q6_K (the Q4_K_M mix; bit t of p.types: tensor t
 // is Q6_K), in its own binding. Both types are read as units of 32 values
-// in two runs of 16 that share a scale, so a phase's blocks are cut alike
-// whatever its rows' types.
+// in two runs of 16 that share a scale, so a phase's tasks are cut alike
+// whatever their rows' types.
 //
-// The staged inputs are rounded to f16 (shared memory holds 14336 of them);
-// scores of at most 7168 positions share that memory (the host keeps the
-// dispatch to those). A wait that outlasts SPIN_LIMIT polls gives up and
-// raises the failure word (scratch word 0); the host then discards the
-// forward.
+// wo's and down's int8 inputs are written in this dispatch at addresses
+// that no earlier phase of it reads, so they are read through the L1
+// cache; x (rewritten in place by wo and down) and the float slots are read
+// coherently. Scores of at most MAX_POS positions share the staging's
+// shared memory (the host keeps the dispatch to those). A wait that
+// outlasts SPIN_LIMIT polls gives up and raises the failure word (scratch
+// word 0); the host then discards the forward.
 #extension GL_GOOGLE_include_directive : require
 #extension GL_KHR_shader_subgroup_arithmetic : require
 #extension GL_KHR_shader_subgroup_basic : require
+#extension GL_KHR_shader_subgroup_shuffle : require
 #extension GL_KHR_memory_scope_semantics : require
+#extension GL_EXT_spirv_intrinsics : require
 
 #define TYPE_Q4_K
+// Blocks quantised within subgroups (int8_acts.glsl quantise_part).
+#define QUANT_IN_SUBGROUP 1
+#define INT8_PARTS 1
 layout(local_size_x = 128) in;
 const uint WG = 128u;
-// Units per invocation and block.
-const uint MAXU = 4u;
-const uint MAX_IN = 14336u;
+const uint MAX_EMBD = 8192u;
 const uint MAX_D = 128u;
 
 // span/persistent.rs `Push`; n_in is n_embd, named so for dequant.glsl.
@@ -61,7 +75,7 @@ layout(push_constant) uniform Layer {
     // Scratch words of this layer's arrival counter and of the first slot.
     uint counter_word;
     uint slots0;
-    // The phases this dispatch runs: first | end << 16 (0: all five). A
+    // The phases this dispatch runs: first | end << 16 (0: all six). A
     // layer recorded as one dispatch per phase, with pipeline barriers
     // between them, runs the same code without grid-wide waits.
     uint phase_range;
@@ -79,6 +93,9 @@ layout(std430, binding = 5) readonly buffer Wup4 { uvec4 wup4[]; };
 layout(std430, binding = 6) readonly buffer Wdown4 { uvec4 wdown4[]; };
 #include "dequant.glsl"
 #include "matvec_units.glsl"
+#include "int8_acts.glsl"
+#include "int8_dot.glsl"
+#include "gated_act.glsl"
 
 // The residual stream (token 0), read and written across workgroups.
 layout(std430, binding = 7) coherent buffer X { float x_f[]; };
@@ -89,24 +106,31 @@ layout(std430, binding = 8) buffer Keys4 { uvec4 k_cache4[]; };
 layout(std430, binding = 9) buffer Values { uint v_cache[]; };
 layout(std430, binding = 10) readonly buffer Params { float params[]; };
 layout(std430, binding = 10) readonly buffer Params4 { vec4 params4[]; };
-// The scratch: the failure word, the arrival counters, the vector slots.
+// The scratch: the failure word, the arrival counters, the slots.
 layout(std430, binding = 11) coherent buffer Scratch { float vec_f[]; };
 layout(std430, binding = 11) coherent buffer Scratch4 { vec4 vec_f4[]; };
+layout(std430, binding = 11) coherent buffer ScratchWords { uint q8[]; };
 layout(std430, binding = 11) volatile buffer Arrivals { uint arrivals[]; };
+// The int8 slots again, read through L1 (see above).
+layout(std430, binding = 11) readonly buffer Int8In4 { uvec4 in8_4[]; };
+layout(std430, binding = 11) readonly buffer Int8InF { float in8_f[]; };
 layout(std430, binding = 12) readonly buffer Step { uint step_words[]; };
 #include "span_rope.glsl"
 
 #define COUNTER_WORD p.counter_word
 #define FAILURE_WORD 0u
 const uint SPIN_LIMIT = 1u << 22;
-// Loads of the staging a thread issues together.
-const uint STAGE_LOADS = 8u;
+#include "grid_wait.glsl"
 
 const uint QKV = 0u;
 const uint ATTN = 1u;
 const uint WO = 2u;
 const uint GATE_UP = 3u;
-const uint DOWN = 4u;
+const uint ACT_Q = 4u;
+const uint DOWN = 5u;
+const uint PHASES = 6u;
+// No phase (after down).
+const uint NONE = 0xFFFFu;
 
 // Tensors, in binding order.
 const uint T_Q = 0u;
@@ -116,15 +140,19 @@ const uint T_WO = 3u;
 const uint T_GATE = 4u;
 const uint T_DOWN = 6u;
 
-shared uint xs[MAX_IN / 2u];
-shared float partial[WG * MAXU / 4u];
-shared float row_sums[WG * MAXU / 32u];
+// The normed input of q/k/v and gate/up in the int8_acts.glsl layout
+// (quants, the scale of each 32 values, d * sum of each 16). Its words
+// also hold the attention's scores (SCORE): MAX_EMBD / 4 positions.
+shared uvec4 sxq[MAX_EMBD / 16u];
+shared float sxd[MAX_EMBD / 32u];
+shared float sxs[MAX_EMBD / 16u];
+#define SCORE(t) sxq[(t) >> 2][(t) & 3u]
 shared float reduce_parts[WG];
 shared float kc[MAX_D];
 shared float vc[MAX_D];
 shared float qr[MAX_D];
+shared float head_out[MAX_D];
 shared float out_parts[2u * WG];
-shared float stage_scale;
 
 uint n_head() {
     return p.heads & 0xFFFFu;
@@ -139,16 +167,41 @@ uint q_dim() {
     return n_head() * p.head_dim;
 }
 
-// Scratch slots: q | k | v, the attention output, SiLU(gate) * up; each
-// starts on a 256-byte boundary.
+// Scratch slots, each on a 256-byte boundary: q | k | v (floats), wo's int8
+// input, SiLU(gate) * up (floats), down's int8 input (persistent.rs sizes
+// them alike).
+uint line(uint words) {
+    return (words + 63u) / 64u * 64u;
+}
+uint int8_words(uint n) {
+    return 4u * int8_token_vec4s(n);
+}
 uint qkv_slot() {
     return p.slots0;
 }
 uint attn_slot() {
-    return qkv_slot() + (q_dim() + 2u * kv_dim() + 63u) / 64u * 64u;
+    return qkv_slot() + line(q_dim() + 2u * kv_dim());
 }
 uint act_slot() {
-    return attn_slot() + (q_dim() + 63u) / 64u * 64u;
+    return attn_slot() + line(int8_words(q_dim()));
+}
+uint act8_slot() {
+    return act_slot() + line(p.n_ff);
+}
+
+// Part w % 8 of block w / 8 of the int8 vector of n values at scratch word
+// `slot`: its four quants (`word`), the block's scale d, and in parts 0
+// and 4 d * (sum of their 16 quants), as store_int8_part writes them.
+void store_slot_part(uint slot, uint n, uint w, uint word, float d, float half_sum) {
+    uint blk = w / 8u;
+    uint part = w % 8u;
+    q8[slot + w] = word;
+    if (part == 0u) {
+        q8[slot + 4u * int8_quant_vec4s(n) + blk] = floatBitsToUint(d);
+    }
+    if (part % 4u == 0u) {
+        q8[slot + 4u * (int8_quant_vec4s(n) + int8_scale_vec4s(n)) + 2u * blk + part / 4u] = floatBitsToUint(half_sum);
+    }
 }
 
 bool is_q6(uint t) {
@@ -181,13 +234,14 @@ uvec4 wload4(uint t, uint i) {
 // 16v .. 16v + 15, e the chunk v / 2; run 0 the low nibbles, run 1 the high
 // ones (matvec_units.glsl's Q4_K unit). Q6_K: half n = v / 4, quarters qq
 // and qq + 2 with qq = (v / 2) % 2, l from 16 (v % 2): a the ql bytes
-// 64n + 32qq + 16 (v % 2) .., b the qh bytes 32n + 16 (v % 2) .., c the 16
-// int8 scales, e the f16 d (bits 0..15) and v (16..18); run r is quarter
-// qq + 2r, the low (r = 0) or high nibbles of a.
+// 64n + 32qq + 16 (v % 2) .., b the qh bytes 32n + 16 (v % 2) .., c the
+// int8 scales of the two runs (bytes 0 and 1), e the f16 d (bits 0..15)
+// and v (16..18); run r is quarter qq + 2r, the low (r = 0) or high
+// nibbles of a. Bit 31 of e marks Q6_K.
 struct RUnit {
     uvec4 a;
     uvec4 b;
-    uvec4 c;
+    uint c;
     uint e;
 };
 
@@ -202,39 +256,23 @@ RUnit load_runit(uint t, uint row_byte, uint u, uint nb) {
         uint hl = v % 2u;
         un.a = wload4(t, body16 + 4u * n + 2u * qq + hl);
         un.b = wload4(t, body16 + 8u + 2u * n + hl);
-        un.c = wload4(t, body16 + 12u);
+        // Scales s0 = 8n + hl + 2qq (run 0) and s0 + 4 (run 1).
+        uvec4 scales = wload4(t, body16 + 12u);
+        uint s0 = 8u * n + hl + 2u * qq;
+        un.c = ((scales[s0 / 4u] >> (8u * (s0 % 4u))) & 0xFFu)
+             | (((scales[s0 / 4u + 1u] >> (8u * (s0 % 4u))) & 0xFFu) << 8);
         // The ds follow the bodies on a 16-byte boundary.
         uint d_word = (row_byte + 208u * nb) / 4u + sb / 2u;
         uint dw = wload4(t, d_word / 4u)[d_word % 4u];
-        un.e = ((dw >> (16u * (sb % 2u))) & 0xFFFFu) | (v << 16);
+        un.e = ((dw >> (16u * (sb % 2u))) & 0xFFFFu) | (v << 16) | (1u << 31);
     } else {
         uint block16 = (row_byte + 144u * sb) / 16u;
         un.a = wload4(t, block16);
         un.b = wload4(t, block16 + 1u + v);
-        un.c = uvec4(0u);
+        un.c = 0u;
         un.e = v / 2u;
     }
-    un.e |= is_q6(t) ? 1u << 31 : 0u;
     return un;
-}
-
-void decode_run(RUnit un, uint run, out vec4 q[4], out float scale, out float minv) {
-    if ((un.e >> 31) == 0u) {
-        Unit q4 = Unit(un.a, un.b, un.e);
-        decode_run(q4, run, q, scale, minv);
-        return;
-    }
-    uint v = (un.e >> 16) & 7u;
-    uint n = v / 4u;
-    uint qq = (v / 2u) % 2u + 2u * run;
-    uvec4 codes = ((un.a >> (4u * run)) & 0x0f0f0f0fu) | (((un.b >> (2u * qq)) & 0x03030303u) << 4);
-    for (uint k = 0u; k < 4u; k++) {
-        q[k] = byte_fields(codes[k], 32.0);
-    }
-    uint s = 8u * n + (v % 2u) + 2u * qq;
-    float d = unpackHalf2x16(un.e & 0xFFFFu).x;
-    scale = d * sbyte_float((un.c[s / 4u] >> (8u * (s % 4u))) & 0xFFu);
-    minv = 0.0;
 }
 
 // The first value / 4 of run `run` of unit u of a row.
@@ -244,86 +282,6 @@ uint runit_x4(RUnit un, uint u, uint run) {
     }
     uint v = u % 8u;
     return (256u * (u / 8u) + 128u * (v / 4u) + 32u * ((v / 2u) % 2u + 2u * run) + 16u * (v % 2u)) / 4u;
-}
-
-struct Phase {
-    uint stage;
-    uint rows;
-    uint n_in;
-};
-
-Phase phase_of(uint g) {
-    if (g == QKV) {
-        return Phase(g, q_dim() + 2u * kv_dim(), p.n_in);
-    } else if (g == ATTN) {
-        return Phase(g, n_head(), 0u);
-    } else if (g == WO) {
-        return Phase(g, p.n_in, q_dim());
-    } else if (g == GATE_UP) {
-        return Phase(g, 2u * p.n_ff, p.n_in);
-    }
-    return Phase(g, p.n_in, p.n_ff);
-}
-
-// The tensor and its row that row r of matvec phase g reads.
-uvec2 tensor_row(uint g, uint r) {
-    if (g == QKV) {
-        if (r < q_dim()) {
-            return uvec2(T_Q, r);
-        }
-        r -= q_dim();
-        return r < kv_dim() ? uvec2(T_K, r) : uvec2(T_V, r - kv_dim());
-    } else if (g == WO) {
-        return uvec2(T_WO, r);
-    } else if (g == GATE_UP) {
-        return uvec2(T_GATE + (r & 1u), r >> 1);
-    }
-    return uvec2(T_DOWN, r);
-}
-
-#define BLOCK_UNIT RUnit
-#define UNIT_X4(un, unit, run) runit_x4(un, unit, run)
-#include "persistent_blocks.glsl"
-
-uint blocks_of(uint g) {
-    Phase ph = phase_of(g);
-    if (ph.stage == ATTN) {
-        return ph.rows;
-    }
-    Cut c = cut_of(ph.n_in);
-    return (ph.rows + c.rb - 1u) / c.rb;
-}
-
-void load_block(out RUnit un[MAXU], uint g, uint b) {
-    Phase ph = phase_of(g);
-    if (ph.stage == ATTN) {
-        return;
-    }
-    Cut c = cut_of(ph.n_in);
-    for (uint k = 0u; k < MAXU; k++) {
-        uint row;
-        uint unit;
-        bool valid;
-        slot_place(ph, c, b, k, row, unit, valid);
-        uvec2 tr = tensor_row(g, row);
-        un[k] = load_runit(tr.x, tr.y * row_stride(tr.x, ph.n_in), unit, ph.n_in / 256u);
-    }
-}
-
-uint first_phase() {
-    return p.phase_range & 0xFFFFu;
-}
-uint end_phase() {
-    uint end = p.phase_range >> 16;
-    return end == 0u ? 5u : end;
-}
-
-void next_item(inout uint g, inout uint b) {
-    b += p.groups_x;
-    while (g < end_phase() && b >= blocks_of(g)) {
-        g += 1u;
-        b = gl_WorkGroupID.x;
-    }
 }
 
 float workgroup_sum(float v) {
@@ -354,72 +312,297 @@ float workgroup_max(float v) {
     return m;
 }
 
-float silu(float v) {
-    return v / (1.0 + exp(-v));
+uint first_phase() {
+    return p.phase_range & 0xFFFFu;
+}
+uint end_phase() {
+    uint end = p.phase_range >> 16;
+    return end == 0u ? PHASES : end;
 }
 
-// Stages phase g's input into xs (f16 pairs) and its scale into
-// stage_scale: q/k/v and gate/up x times the norm weight, the norm's factor
-// as the scale; wo and down their inputs as they are.
-void stage_input(uint g) {
-    Phase ph = phase_of(g);
-    bool normed = g == QKV || g == GATE_UP;
-    uint norm4 = (g == QKV ? p.attn_norm : p.ffn_norm) / 4u;
-    uint src4 = g == WO ? attn_slot() / 4u : act_slot() / 4u;
-    float sumsq = 0.0;
-    uint quads = ph.n_in / 4u;
-    for (uint q0 = gl_LocalInvocationID.x; q0 < quads; q0 += STAGE_LOADS * WG) {
-        vec4 v[STAGE_LOADS];
-        for (uint k = 0u; k < STAGE_LOADS; k++) {
-            uint q = min(q0 + k * WG, quads - 1u);
-            v[k] = normed ? x_f4[q] : vec_f4[src4 + q];
+// Unit `un`'s run `run` as unsigned codes, its scale, and the offset that
+// turns codes into values (matvec_i8.comp's minv - scale * CODE_OFFSET).
+void runit_codes(RUnit un, uint run, out uvec4 codes, out float scale, out float offset) {
+    if ((un.e >> 31) == 0u) {
+        float minv;
+        decode_codes(Unit(un.a, un.b, un.e), run, codes, scale, minv);
+        offset = minv;
+        return;
+    }
+    uint v = (un.e >> 16) & 7u;
+    uint qq = (v / 2u) % 2u + 2u * run;
+    codes = ((un.a >> (4u * run)) & 0x0f0f0f0fu) | (((un.b >> (2u * qq)) & 0x03030303u) << 4);
+    float d = unpackHalf2x16(un.e & 0xFFFFu).x;
+    scale = d * sbyte_float((un.c >> (8u * run)) & 0xFFu);
+    offset = -32.0 * scale;
+}
+
+// Values per row of matvec phase g's inputs, and its tasks.
+uint n_in_of(uint g) {
+    if (g == WO) {
+        return q_dim();
+    }
+    return g == DOWN ? p.n_ff : p.n_in;
+}
+uint tasks_of(uint g) {
+    if (g == QKV) {
+        return q_dim() + 2u * kv_dim();
+    }
+    return g == GATE_UP ? p.n_ff : p.n_in;
+}
+
+// The tensor and row of row k of task t of matvec phase g (gate/up: k 0
+// the gate row, 1 the up row).
+uvec2 task_row(uint g, uint t, uint k) {
+    if (g == QKV) {
+        if (t < q_dim()) {
+            return uvec2(T_Q, t);
         }
-        for (uint k = 0u; k < STAGE_LOADS; k++) {
-            uint q = q0 + k * WG;
-            if (q < quads) {
-                vec4 x = v[k];
-                if (normed) {
-                    sumsq += dot(x, x);
-                    x *= params4[norm4 + q];
-                }
-                xs[2u * q] = packHalf2x16(x.xy);
-                xs[2u * q + 1u] = packHalf2x16(x.zw);
+        t -= q_dim();
+        return t < kv_dim() ? uvec2(T_K, t) : uvec2(T_V, t - kv_dim());
+    } else if (g == WO) {
+        return uvec2(T_WO, t);
+    } else if (g == GATE_UP) {
+        return uvec2(T_GATE + k, t);
+    }
+    return uvec2(T_DOWN, t);
+}
+
+// A round loads two units per lane: one of each row of a gate/up task, or
+// two of a lone row. Units per lane and row, and rounds per task.
+uint lane_units(uint g) {
+    return n_in_of(g) / UNIT_VALUES / gl_SubgroupSize;
+}
+uint rounds_of(uint g) {
+    return g == GATE_UP ? lane_units(g) : (lane_units(g) + 1u) / 2u;
+}
+
+// Slot k of round r: the task's row and the lane's unit j of that row
+// (valid when j < lane_units).
+void round_place(uint g, uint r, uint k, out uint row_k, out uint j) {
+    row_k = g == GATE_UP ? k : 0u;
+    j = g == GATE_UP ? r : 2u * r + k;
+}
+
+// A task's tensors and the bytes where its rows start (b: the up row of a
+// gate/up task, else a's).
+struct Task {
+    uint ta;
+    uint tb;
+    uint byte_a;
+    uint byte_b;
+};
+Task task_of(uint g, uint t) {
+    uint n = n_in_of(g);
+    uvec2 a = task_row(g, t, 0u);
+    uvec2 b = task_row(g, t, 1u);
+    return Task(a.x, b.x, a.y * row_stride(a.x, n), b.y * row_stride(b.x, n));
+}
+
+// The subgroup's units of round r of task tk.
+void load_round(out RUnit un[2], uint g, Task tk, uint r) {
+    uint nb = n_in_of(g) / 256u;
+    uint last = lane_units(g) - 1u;
+    for (uint k = 0u; k < 2u; k++) {
+        uint row_k;
+        uint j;
+        round_place(g, r, k, row_k, j);
+        uint u = gl_SubgroupInvocationID + gl_SubgroupSize * min(j, last);
+        if (row_k == 0u) {
+            un[k] = load_runit(tk.ta, tk.byte_a, u, nb);
+        } else {
+            un[k] = load_runit(tk.tb, tk.byte_b, u, nb);
+        }
+    }
+}
+// The first round of the subgroup's next matvec task, loaded ahead.
+RUnit ahead[2];
+
+// The int8 input of phase g at run index v16 (16 values): its quants, the
+// scale of their block and d * (sum of their quants).
+void x_run(uint g, uint v16, out uvec4 q, out float d, out float s) {
+    if (g == QKV || g == GATE_UP) {
+        q = sxq[v16];
+        d = sxd[v16 / 2u];
+        s = sxs[v16];
+        return;
+    }
+    uint n = n_in_of(g);
+    uint slot = g == WO ? attn_slot() : act8_slot();
+    q = in8_4[slot / 4u + v16];
+    d = in8_f[slot + 4u * int8_quant_vec4s(n) + v16 / 2u];
+    s = in8_f[slot + 4u * (int8_quant_vec4s(n) + int8_scale_vec4s(n)) + v16];
+}
+
+// Unit un (unit u of its row) times phase g's input.
+float unit_sum(uint g, RUnit un, uint u) {
+    float acc = 0.0;
+    for (uint run = 0u; run < 2u; run++) {
+        uvec4 codes;
+        float scale;
+        float offset;
+        runit_codes(un, run, codes, scale, offset);
+        uvec4 q;
+        float d;
+        float s;
+        x_run(g, runit_x4(un, u, run) / 4u, q, d, s);
+        acc += scale * (d * int_float(dot16(q, codes))) + offset * s;
+    }
+    return acc;
+}
+
+// This subgroup's place among all of the dispatch's.
+uint subgroup_index() {
+    return gl_WorkGroupID.x * gl_NumSubgroups + gl_SubgroupID;
+}
+uint subgroups() {
+    return p.groups_x * gl_NumSubgroups;
+}
+
+// Stores task t's sums (s1: the up row's) as phase g keeps them.
+void store_task(uint g, uint t, float s0, float s1) {
+    if (g == QKV) {
+        vec_f[qkv_slot() + t] = s0;
+    } else if (g == GATE_UP) {
+        vec_f[act_slot() + t] = gated_act(s0, 0u) * s1;
+    } else {
+        // wo and down add into the residual stream; each row has one writer.
+        x_f[t] += s0;
+    }
+}
+
+// Sums this subgroup's tasks of matvec phase g, each round's units loaded
+// while the round before is summed; `ready` says that the first round of
+// the first task is already in `ahead`.
+void matvec_phase(uint g, inout bool ready) {
+    uint rounds = rounds_of(g);
+    uint units = lane_units(g);
+    uint tasks = tasks_of(g);
+    uint t = subgroup_index();
+    if (t >= tasks) {
+        return;
+    }
+    Task tk = task_of(g, t);
+    RUnit cur[2];
+    if (ready) {
+        cur = ahead;
+    } else {
+        load_round(cur, g, tk, 0u);
+    }
+    ready = false;
+    float acc[2] = float[2](0.0, 0.0);
+    uint r = 0u;
+    for (;;) {
+        uint nr = r + 1u;
+        uint nt = t;
+        if (nr == rounds) {
+            nr = 0u;
+            nt = t + subgroups();
+        }
+        bool more = nt < tasks;
+        Task ntk = nt == t ? tk : task_of(g, min(nt, tasks - 1u));
+        RUnit nxt[2];
+        if (more) {
+            load_round(nxt, g, ntk, nr);
+        }
+        for (uint k = 0u; k < 2u; k++) {
+            uint row_k;
+            uint j;
+            round_place(g, r, k, row_k, j);
+            if (j < units) {
+                acc[k] += unit_sum(g, cur[k], gl_SubgroupInvocationID + gl_SubgroupSize * j);
             }
         }
+        if (nr == 0u) {
+            float s0 = g == GATE_UP ? subgroupAdd(acc[0]) : subgroupAdd(acc[0] + acc[1]);
+            float s1 = subgroupAdd(acc[1]);
+            if (subgroupElect()) {
+                store_task(g, t, s0, s1);
+            }
+            acc[0] = 0.0;
+            acc[1] = 0.0;
+        }
+        if (!more) {
+            break;
+        }
+        cur = nxt;
+        t = nt;
+        r = nr;
+        tk = ntk;
+    }
+}
+
+// Loads the first round of this subgroup's first task of matvec phase g,
+// where it has one.
+void load_ahead(uint g, inout bool ready) {
+    if (g != NONE && g < end_phase() && subgroup_index() < tasks_of(g)) {
+        load_round(ahead, g, task_of(g, subgroup_index()), 0u);
+        ready = true;
+    }
+}
+
+// The matvec phase after phase g.
+uint next_matvec(uint g) {
+    if (g == QKV || g == ATTN) {
+        return WO;
+    } else if (g == WO) {
+        return GATE_UP;
+    }
+    return g == DOWN ? NONE : DOWN;
+}
+
+// The RMS norm of x times the weights at float norm_off, quantised into the
+// staging (sxq / sxd / sxs) with the int8 writers' arithmetic
+// (quantise_part). Every invocation must call it.
+void stage_normed(uint norm_off) {
+    uint tid = gl_LocalInvocationID.x;
+    // n_in is a multiple of 1024, so every invocation takes the same rounds.
+    uint words = p.n_in / 4u;
+    float sumsq = 0.0;
+    for (uint i = tid; i < words; i += WG) {
+        vec4 v = x_f4[i];
+        sumsq += dot(v, v);
     }
     float total = workgroup_sum(sumsq);
-    if (gl_LocalInvocationID.x == 0u) {
-        stage_scale = normed ? inversesqrt(total / float(ph.n_in) + p.eps) : 1.0;
+    float scale = 1.0 / sqrt(total / float(p.n_in) + p.eps);
+    for (uint i = tid; i < words; i += WG) {
+        vec4 v = x_f4[i] * scale * params4[norm_off / 4u + i];
+        uint word;
+        float d;
+        float half_sum;
+        quantise_part(v, word, d, half_sum);
+        uint blk = i / 8u;
+        uint part = i % 8u;
+        sxq[i / 4u][i % 4u] = word;
+        if (part == 0u) {
+            sxd[blk] = d;
+        }
+        if (part % 4u == 0u) {
+            sxs[2u * blk + part / 4u] = half_sum;
+        }
     }
     barrier();
 }
 
-// Sums block b of matvec phase g and stores it.
-void sum_block(RUnit un[MAXU], uint g, uint b) {
-    Phase ph = phase_of(g);
-    Cut c = cut_of(ph.n_in);
-    uint tid = gl_LocalInvocationID.x;
-    uint row;
-    float s;
-    if (block_sum(un, ph, b, row, s)) {
-        s *= stage_scale;
-        if (g == QKV) {
-            vec_f[qkv_slot() + row] = s;
-        } else if (g == GATE_UP) {
-            row_sums[tid] = s;
-        } else {
-            // wo and down add into the residual stream; each row is read
-            // and written by this invocation alone.
-            x_f[row] += s;
+// SiLU(gate) * up quantised into down's int8 input: eight lanes per block
+// of 32, four values each.
+void quantise_act() {
+    uint blocks = p.n_ff / 32u;
+    uint per_subgroup = gl_SubgroupSize / 8u;
+    uint lane = gl_SubgroupInvocationID;
+    for (uint b0 = subgroup_index() * per_subgroup; b0 < blocks; b0 += subgroups() * per_subgroup) {
+        uint blk = b0 + lane / 8u;
+        bool mine = blk < blocks;
+        uint i = 8u * blk + lane % 8u;
+        vec4 v = mine ? vec_f4[act_slot() / 4u + i] : vec4(0.0);
+        uint word;
+        float d;
+        float half_sum;
+        quantise_part(v, word, d, half_sum);
+        if (mine) {
+            store_slot_part(act8_slot(), p.n_ff, i, word, d, half_sum);
         }
     }
-    barrier();
-    // Gate and up rows alternate, and a block holds whole pairs.
-    if (g == GATE_UP && tid < c.rb / 2u && b * c.rb + 2u * tid < ph.rows) {
-        float gate = row_sums[2u * tid];
-        vec_f[act_slot() + b * c.rb / 2u + tid] = silu(gate) * row_sums[2u * tid + 1u];
-    }
-    barrier();
 }
 
 float f16_round(float v) {
@@ -471,8 +654,8 @@ void attention_block(uint hq) {
         qr[e.y] = r.y;
     }
     barrier();
-    // Scores of positions tid, tid + WG, ... into xs (as float bits), a
-    // cached key read as 16-byte words four at a time.
+    // Scores of positions tid, tid + WG, ... into the staging's words (as
+    // float bits; SCORE), a cached key read as 16-byte words four at a time.
     float m = -3.0e38;
     for (uint t = tid; t <= pos; t += WG) {
         float s = 0.0;
@@ -498,14 +681,14 @@ void attention_block(uint hq) {
             }
         }
         s *= p.attn_scale;
-        xs[t] = floatBitsToUint(s);
+        SCORE(t) = floatBitsToUint(s);
         m = max(m, s);
     }
     m = workgroup_max(m);
     float sum = 0.0;
     for (uint t = tid; t <= pos; t += WG) {
-        float e = exp(uintBitsToFloat(xs[t]) - m);
-        xs[t] = floatBitsToUint(e);
+        float e = exp(uintBitsToFloat(SCORE(t)) - m);
+        SCORE(t) = floatBitsToUint(e);
         sum += e;
     }
     sum = workgroup_sum(sum);
@@ -526,7 +709,7 @@ void attention_block(uint hq) {
                 v8[u] = v_cache[vw + t * row_words];
             }
             for (uint u = 0u; u < 8u && t0 + u * sets < pos; u++) {
-                o += uintBitsToFloat(xs[t0 + u * sets]) * unpackHalf2x16(v8[u]);
+                o += uintBitsToFloat(SCORE(t0 + u * sets)) * unpackHalf2x16(v8[u]);
             }
         }
     }
@@ -534,54 +717,56 @@ void attention_block(uint hq) {
     out_parts[2u * tid + 1u] = o.y;
     barrier();
     for (uint d = tid; d < d_head; d += WG) {
-        float total = uintBitsToFloat(xs[pos]) * vc[d];
+        float total = uintBitsToFloat(SCORE(pos)) * vc[d];
         for (uint k = 0u; k < sets; k++) {
             total += out_parts[2u * (k * words + d / 2u) + (d & 1u)];
         }
-        vec_f[attn_slot() + hq * d_head + d] = total / sum;
+        head_out[d] = total / sum;
     }
-    // xs, qr, kc and vc serve the workgroup's next block.
+    barrier();
+    // The head's values quantised into wo's input (int8_acts.glsl layout),
+    // four per invocation: whole blocks of 32, since head_dim is a multiple
+    // of 32 (persistent.rs checks it).
+    uint quads = d_head / 4u;
+    bool mine = tid < quads;
+    vec4 v = vec4(0.0);
+    if (mine) {
+        v = vec4(head_out[4u * tid], head_out[4u * tid + 1u], head_out[4u * tid + 2u], head_out[4u * tid + 3u]);
+    }
+    uint packed;
+    float scale;
+    float half_sum;
+    quantise_part(v, packed, scale, half_sum);
+    if (mine) {
+        store_slot_part(attn_slot(), q_dim(), hq * quads + tid, packed, scale, half_sum);
+    }
+    // The staging's words, qr, kc, vc and head_out serve the workgroup's
+    // next head.
     barrier();
 }
 
 void main() {
     uint first = first_phase();
-    uint phases = end_phase();
-    uint g = first;
-    uint b = gl_WorkGroupID.x;
-    if (b >= blocks_of(first)) {
-        b -= p.groups_x;
-        next_item(g, b);
-    }
-    RUnit cur[MAXU];
-    if (g < phases) {
-        load_block(cur, g, b);
-    }
-    for (uint ph = first; ph < phases; ph++) {
-        if (ph > first) {
-            wait_for(ph - first);
+    bool ready = false;
+    load_ahead(first == ACT_Q ? DOWN : (first == ATTN ? WO : first), ready);
+    for (uint g = first; g < end_phase(); g++) {
+        if (g > first) {
+            wait_for(g - first);
         }
-        bool matvec = ph != ATTN;
-        if (g == ph && matvec) {
-            stage_input(ph);
-        }
-        while (g == ph) {
-            uint ng = g;
-            uint nb = b;
-            next_item(ng, nb);
-            // The next block's units stream while this one is summed.
-            RUnit nxt[MAXU];
-            if (ng < phases) {
-                load_block(nxt, ng, nb);
+        if (g == ATTN) {
+            for (uint hq = gl_WorkGroupID.x; hq < n_head(); hq += p.groups_x) {
+                attention_block(hq);
             }
-            if (matvec) {
-                sum_block(cur, g, b);
-            } else {
-                attention_block(b);
+        } else if (g == ACT_Q) {
+            quantise_act();
+        } else {
+            // Uniform: whether any subgroup of the workgroup has a task.
+            bool sums = gl_WorkGroupID.x * gl_NumSubgroups < tasks_of(g);
+            if (sums && (g == QKV || g == GATE_UP)) {
+                stage_normed(g == QKV ? p.attn_norm : p.ffn_norm);
             }
-            cur = nxt;
-            g = ng;
-            b = nb;
+            matvec_phase(g, ready);
+            load_ahead(next_matvec(g), ready);
         }
         arrive();
     }

@@ -1,8 +1,8 @@
 //! Persistent decode layers (shaders/span_persistent_layer.comp): each
 //! layer of a single-token forward as ONE dispatch of resident workgroups,
-//! its five dependent stages (q/k/v, attention, wo, gate/up, down)
-//! separated by grid-wide waits instead of dispatch boundaries and
-//! barriers. Opt-in (`FISH_GPU_PERSISTENT=N`, N workgroups, or
+//! its six dependent phases (q/k/v, attention, wo, gate/up, the
+//! activation's int8 copy, down) separated by grid-wide waits instead of
+//! dispatch boundaries and barriers, on int8 activations. Opt-in (`FISH_GPU_PERSISTENT=N`, N workgroups, or
 //! `Gpu::span_set_persistent`): every workgroup must be resident at once,
 //! which only the caller knows of its device. A wait that gives up raises
 //! the failure word; the span then goes back to staged layers and runs
@@ -19,6 +19,7 @@ use super::pipelines::{module_pipeline, push_layout};
 use crate::buffer::{Buffer, MemoryKind};
 use crate::error::{Result, VkError};
 use crate::gpu::Gpu;
+use crate::int8_dot::{int8_token_bytes, Int8Dot};
 use crate::pipeline::storage_set_layout;
 use crate::pipeline_stats::PipelineStats;
 use crate::upload::TensorHandle;
@@ -32,13 +33,15 @@ pub(crate) const PERSISTENT_BINDINGS: u32 = 13;
 /// Push-constant words (`Layer` in the shader).
 const PUSH_WORDS: usize = 15;
 /// The scores of the positions attended share the staging's shared memory
-/// (MAX_IN / 2 words): tokens at positions from this on take the staged
+/// (MAX_EMBD / 4 words): tokens at positions from this on take the staged
 /// recording.
-pub const PERSISTENT_MAX_POSITIONS: usize = 7168;
-/// The longest staged input (MAX_IN).
+pub const PERSISTENT_MAX_POSITIONS: usize = 2048;
+/// The longest feed-forward row.
 const MAX_IN: usize = 14336;
-/// The widest n_embd: a gate/up block then holds whole gate-up pairs.
+/// The widest n_embd (the staging holds its int8 copy).
 const MAX_EMBD: usize = 8192;
+/// Phases of a layer; the attention is phase 1.
+const PHASES: u32 = 6;
 /// The widest head (MAX_D).
 const MAX_HEAD_DIM: usize = 128;
 /// Scratch words per arrival counter and slot alignment (256 bytes: no
@@ -171,8 +174,11 @@ pub(crate) fn unfit(
     // A row's invocations are whole subgroups: rows of a multiple of 1024
     // values give 32 units per 1024 (matvec_units.glsl).
     let width = |n: usize| n >= 1024 && n.is_multiple_of(1024) && n <= MAX_IN;
-    if !info.subgroup_arithmetic || info.subgroup_size > 32 {
-        return Some("needs subgroup arithmetic and subgroups of at most 32".into());
+    if !info.subgroup_arithmetic || !(8..=32).contains(&info.subgroup_size) {
+        return Some("needs subgroup arithmetic and subgroups of 8 to 32".into());
+    }
+    if info.int8_dot == Int8Dot::Absent {
+        return Some("needs packed int8 dot products".into());
     }
     if info.max_shared_memory < 32 << 10 {
         return Some("needs 32 KB of shared memory per workgroup".into());
@@ -183,14 +189,14 @@ pub(crate) fn unfit(
             s.n_embd
         ));
     }
-    if !s.head_dim.is_multiple_of(8)
+    if !s.head_dim.is_multiple_of(32)
         || s.head_dim > MAX_HEAD_DIM
         || s.head_dim_v != s.head_dim
         || s.n_rot != s.head_dim
         || s.n_head >= 1 << 16
     {
         return Some(format!(
-            "heads of {} / {} values with {} rotated (a multiple of 8 up to {MAX_HEAD_DIM}, all rotated)",
+            "heads of {} / {} values with {} rotated (a multiple of 32 up to {MAX_HEAD_DIM}, all rotated)",
             s.head_dim, s.head_dim_v, s.n_rot
         ));
     }
@@ -283,7 +289,14 @@ impl Gpu {
         let n_ff = layers.iter().map(|l| l.n_ff).max().unwrap_or(0);
         let line = |n: usize| n.next_multiple_of(LINE_WORDS);
         let slots0 = header_words(layers.len());
-        let words = slots0 + line(s.q_dim() + 2 * s.k_dim()) + line(s.q_dim()) + line(n_ff);
+        // The shader's slots: q | k | v, wo's int8 input, SiLU(gate) * up,
+        // down's int8 input.
+        let int8_words = |n: usize| int8_token_bytes(n) / 4;
+        let words = slots0
+            + line(s.q_dim() + 2 * s.k_dim())
+            + line(int8_words(s.q_dim()))
+            + line(n_ff)
+            + line(int8_words(n_ff));
         let push = layers
             .iter()
             .zip(&params.layers)
@@ -355,7 +368,7 @@ impl PersistentRecording<'_> {
         if !p.mode.per_phase {
             return vec![(push, false)];
         }
-        (0..5u32)
+        (0..PHASES)
             .map(|g| {
                 let mut one = push;
                 one[PUSH_WORDS - 1] = g | (g + 1) << 16;
