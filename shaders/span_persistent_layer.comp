@@ -418,24 +418,38 @@ void load_round(out RUnit un[2], uint g, Task tk, uint r) {
 // The first round of the subgroup's next matvec task, loaded ahead.
 RUnit ahead[2];
 
-// The int8 input of phase g at run index v16 (16 values): its quants, the
-// scale of their block and d * (sum of their quants).
-void x_run(uint g, uint v16, out uvec4 q, out float d, out float s) {
-    if (g == QKV || g == GATE_UP) {
+// Where a matvec phase's int8 input is, worked out once per phase: in the
+// staging (q/k/v, gate/up), or at scratch words q4 * 4 (quants), d_at
+// (scales) and s_at (sums).
+struct XSrc {
+    bool staged;
+    uint q4;
+    uint d_at;
+    uint s_at;
+};
+XSrc x_src(uint g) {
+    uint n = n_in_of(g);
+    uint slot = g == WO ? attn_slot() : act8_slot();
+    uint d_at = slot + 4u * int8_quant_vec4s(n);
+    return XSrc(g == QKV || g == GATE_UP, slot / 4u, d_at, d_at + 4u * int8_scale_vec4s(n));
+}
+
+// The int8 input at run index v16 (16 values): its quants, the scale of
+// their block and d * (sum of their quants).
+void x_run(XSrc x, uint v16, out uvec4 q, out float d, out float s) {
+    if (x.staged) {
         q = sxq[v16];
         d = sxd[v16 / 2u];
         s = sxs[v16];
         return;
     }
-    uint n = n_in_of(g);
-    uint slot = g == WO ? attn_slot() : act8_slot();
-    q = in8_4[slot / 4u + v16];
-    d = in8_f[slot + 4u * int8_quant_vec4s(n) + v16 / 2u];
-    s = in8_f[slot + 4u * (int8_quant_vec4s(n) + int8_scale_vec4s(n)) + v16];
+    q = in8_4[x.q4 + v16];
+    d = in8_f[x.d_at + v16 / 2u];
+    s = in8_f[x.s_at + v16];
 }
 
-// Unit un (unit u of its row) times phase g's input.
-float unit_sum(uint g, RUnit un, uint u) {
+// Unit un (unit u of its row) times the input.
+float unit_sum(XSrc x, RUnit un, uint u) {
     float acc = 0.0;
     for (uint run = 0u; run < 2u; run++) {
         uvec4 codes;
@@ -445,7 +459,7 @@ float unit_sum(uint g, RUnit un, uint u) {
         uvec4 q;
         float d;
         float s;
-        x_run(g, runit_x4(un, u, run) / 4u, q, d, s);
+        x_run(x, runit_x4(un, u, run) / 4u, q, d, s);
         acc += scale * (d * int_float(dot16(q, codes))) + offset * s;
     }
     return acc;
@@ -471,9 +485,10 @@ void store_task(uint g, uint t, float s0, float s1) {
     }
 }
 
-// Sums this subgroup's tasks of matvec phase g, each round's units loaded
-// while the round before is summed; `ready` says that the first round of
-// the first task is already in `ahead`.
+// Sums this subgroup's tasks of matvec phase g, a round's units loaded
+// then summed; `ready` says that the first round of the first task is
+// already in `ahead`. (Loading each round while the one before is summed
+// took 100 registers instead of 81 and was no faster: docs/BENCHMARKS.md.)
 void matvec_phase(uint g, inout bool ready) {
     uint rounds = rounds_of(g);
     uint units = lane_units(g);
@@ -483,6 +498,7 @@ void matvec_phase(uint g, inout bool ready) {
         return;
     }
     Task tk = task_of(g, t);
+    XSrc x = x_src(g);
     RUnit cur[2];
     if (ready) {
         cur = ahead;
@@ -501,16 +517,12 @@ void matvec_phase(uint g, inout bool ready) {
         }
         bool more = nt < tasks;
         Task ntk = nt == t ? tk : task_of(g, min(nt, tasks - 1u));
-        RUnit nxt[2];
-        if (more) {
-            load_round(nxt, g, ntk, nr);
-        }
         for (uint k = 0u; k < 2u; k++) {
             uint row_k;
             uint j;
             round_place(g, r, k, row_k, j);
             if (j < units) {
-                acc[k] += unit_sum(g, cur[k], gl_SubgroupInvocationID + gl_SubgroupSize * j);
+                acc[k] += unit_sum(x, cur[k], gl_SubgroupInvocationID + gl_SubgroupSize * j);
             }
         }
         if (nr == 0u) {
@@ -525,7 +537,7 @@ void matvec_phase(uint g, inout bool ready) {
         if (!more) {
             break;
         }
-        cur = nxt;
+        load_round(cur, g, ntk, nr);
         t = nt;
         r = nr;
         tk = ntk;
