@@ -85,12 +85,12 @@ layout(push_constant) uniform Layer {
 // binding 0 as `w` and `w4`.
 layout(std430, binding = 0) readonly buffer Wq { uint w[]; };
 layout(std430, binding = 0) readonly buffer Wq4 { uvec4 w4[]; };
-layout(std430, binding = 1) readonly buffer Wk4 { uvec4 wk4[]; };
-layout(std430, binding = 2) readonly buffer Wv4 { uvec4 wv4[]; };
-layout(std430, binding = 3) readonly buffer Wo4 { uvec4 wo4[]; };
-layout(std430, binding = 4) readonly buffer Wgate4 { uvec4 wgate4[]; };
-layout(std430, binding = 5) readonly buffer Wup4 { uvec4 wup4[]; };
-layout(std430, binding = 6) readonly buffer Wdown4 { uvec4 wdown4[]; };
+// The same seven matrices (bindings 0-6) as one array of buffers, read
+// with an index uniform in every workgroup (a workgroup's subgroups take
+// consecutive tasks, and every tensor's rows are a multiple of the
+// subgroups per workgroup): one load per 16 bytes, where choosing among
+// the single bindings by a switch cost the matvec phases ~30%.
+layout(std430, binding = 13) readonly buffer Matrix4 { uvec4 v[]; } mats[7];
 #include "dequant.glsl"
 #include "matvec_units.glsl"
 #include "int8_acts.glsl"
@@ -215,18 +215,9 @@ uint row_stride(uint t, uint n) {
     return is_q6(t) ? (210u * nb + 15u) / 16u * 16u : 144u * nb;
 }
 
-// 16 bytes of tensor t (a uniform switch in all but the blocks that
-// straddle two tensors).
+// 16 bytes of tensor t.
 uvec4 wload4(uint t, uint i) {
-    switch (t) {
-    case 0u: return w4[i];
-    case 1u: return wk4[i];
-    case 2u: return wv4[i];
-    case 3u: return wo4[i];
-    case 4u: return wgate4[i];
-    case 5u: return wup4[i];
-    default: return wdown4[i];
-    }
+    return mats[t].v[i];
 }
 
 // A unit of 32 values of either type, two runs of 16 sharing a scale.
@@ -237,7 +228,7 @@ uvec4 wload4(uint t, uint i) {
 // 64n + 32qq + 16 (v % 2) .., b the qh bytes 32n + 16 (v % 2) .., c the
 // int8 scales of the two runs (bytes 0 and 1), e the f16 d (bits 0..15)
 // and v (16..18); run r is quarter qq + 2r, the low (r = 0) or high
-// nibbles of a. Bit 31 of e marks Q6_K.
+// nibbles of a. The type is the caller's to know.
 struct RUnit {
     uvec4 a;
     uvec4 b;
@@ -245,11 +236,12 @@ struct RUnit {
     uint e;
 };
 
-RUnit load_runit(uint t, uint row_byte, uint u, uint nb) {
+// q6: the tensor's type (a constant where the caller is specialised).
+RUnit load_runit(bool q6, uint t, uint row_byte, uint u, uint nb) {
     RUnit un;
     uint sb = u / 8u;
     uint v = u % 8u;
-    if (is_q6(t)) {
+    if (q6) {
         uint body16 = (row_byte + 208u * sb) / 16u;
         uint n = v / 4u;
         uint qq = (v / 2u) % 2u;
@@ -264,7 +256,7 @@ RUnit load_runit(uint t, uint row_byte, uint u, uint nb) {
         // The ds follow the bodies on a 16-byte boundary.
         uint d_word = (row_byte + 208u * nb) / 4u + sb / 2u;
         uint dw = wload4(t, d_word / 4u)[d_word % 4u];
-        un.e = ((dw >> (16u * (sb % 2u))) & 0xFFFFu) | (v << 16) | (1u << 31);
+        un.e = ((dw >> (16u * (sb % 2u))) & 0xFFFFu) | (v << 16);
     } else {
         uint block16 = (row_byte + 144u * sb) / 16u;
         un.a = wload4(t, block16);
@@ -276,8 +268,8 @@ RUnit load_runit(uint t, uint row_byte, uint u, uint nb) {
 }
 
 // The first value / 4 of run `run` of unit u of a row.
-uint runit_x4(RUnit un, uint u, uint run) {
-    if ((un.e >> 31) == 0u) {
+uint runit_x4(bool q6, uint u, uint run) {
+    if (!q6) {
         return run_x4(u, run);
     }
     uint v = u % 8u;
@@ -322,8 +314,8 @@ uint end_phase() {
 
 // Unit `un`'s run `run` as unsigned codes, its scale, and the offset that
 // turns codes into values (matvec_i8.comp's minv - scale * CODE_OFFSET).
-void runit_codes(RUnit un, uint run, out uvec4 codes, out float scale, out float offset) {
-    if ((un.e >> 31) == 0u) {
+void runit_codes(bool q6, RUnit un, uint run, out uvec4 codes, out float scale, out float offset) {
+    if (!q6) {
         float minv;
         decode_codes(Unit(un.a, un.b, un.e), run, codes, scale, minv);
         offset = minv;
@@ -399,8 +391,8 @@ Task task_of(uint g, uint t) {
     return Task(a.x, b.x, a.y * row_stride(a.x, n), b.y * row_stride(b.x, n));
 }
 
-// The subgroup's units of round r of task tk.
-void load_round(out RUnit un[2], uint g, Task tk, uint r) {
+// The subgroup's units of round r of task tk, whose rows are of type q6.
+void load_round(bool q6, out RUnit un[2], uint g, Task tk, uint r) {
     uint nb = n_in_of(g) / 256u;
     uint last = lane_units(g) - 1u;
     for (uint k = 0u; k < 2u; k++) {
@@ -409,9 +401,9 @@ void load_round(out RUnit un[2], uint g, Task tk, uint r) {
         round_place(g, r, k, row_k, j);
         uint u = gl_SubgroupInvocationID + gl_SubgroupSize * min(j, last);
         if (row_k == 0u) {
-            un[k] = load_runit(tk.ta, tk.byte_a, u, nb);
+            un[k] = load_runit(q6, tk.ta, tk.byte_a, u, nb);
         } else {
-            un[k] = load_runit(tk.tb, tk.byte_b, u, nb);
+            un[k] = load_runit(q6, tk.tb, tk.byte_b, u, nb);
         }
     }
 }
@@ -448,18 +440,18 @@ void x_run(XSrc x, uint v16, out uvec4 q, out float d, out float s) {
     s = in8_f[x.s_at + v16];
 }
 
-// Unit un (unit u of its row) times the input.
-float unit_sum(XSrc x, RUnit un, uint u) {
+// Unit un (unit u of a row of type q6) times the input.
+float unit_sum(bool q6, XSrc x, RUnit un, uint u) {
     float acc = 0.0;
     for (uint run = 0u; run < 2u; run++) {
         uvec4 codes;
         float scale;
         float offset;
-        runit_codes(un, run, codes, scale, offset);
+        runit_codes(q6, un, run, codes, scale, offset);
         uvec4 q;
         float d;
         float s;
-        x_run(x, runit_x4(un, u, run) / 4u, q, d, s);
+        x_run(x, runit_x4(q6, u, run) / 4u, q, d, s);
         acc += scale * (d * int_float(dot16(q, codes))) + offset * s;
     }
     return acc;
@@ -485,62 +477,52 @@ void store_task(uint g, uint t, float s0, float s1) {
     }
 }
 
-// Sums this subgroup's tasks of matvec phase g, a round's units loaded
-// then summed; `ready` says that the first round of the first task is
-// already in `ahead`. (Loading each round while the one before is summed
-// took 100 registers instead of 81 and was no faster: docs/BENCHMARKS.md.)
-void matvec_phase(uint g, inout bool ready) {
-    uint rounds = rounds_of(g);
+// Task tk's sums (s1: the up row's), its rows of type q6; `ready` says
+// that its first round is already in `ahead`. Called with q6 a constant, so
+// that each type's loop is compiled apart.
+void sum_task(bool q6, uint g, Task tk, XSrc x, bool ready, out float s0, out float s1) {
     uint units = lane_units(g);
-    uint tasks = tasks_of(g);
-    uint t = subgroup_index();
-    if (t >= tasks) {
-        return;
-    }
-    Task tk = task_of(g, t);
-    XSrc x = x_src(g);
-    RUnit cur[2];
-    if (ready) {
-        cur = ahead;
-    } else {
-        load_round(cur, g, tk, 0u);
-    }
-    ready = false;
     float acc[2] = float[2](0.0, 0.0);
-    uint r = 0u;
-    for (;;) {
-        uint nr = r + 1u;
-        uint nt = t;
-        if (nr == rounds) {
-            nr = 0u;
-            nt = t + subgroups();
+    for (uint r = 0u; r < rounds_of(g); r++) {
+        RUnit un[2];
+        if (r == 0u && ready) {
+            un = ahead;
+        } else {
+            load_round(q6, un, g, tk, r);
         }
-        bool more = nt < tasks;
-        Task ntk = nt == t ? tk : task_of(g, min(nt, tasks - 1u));
         for (uint k = 0u; k < 2u; k++) {
             uint row_k;
             uint j;
             round_place(g, r, k, row_k, j);
             if (j < units) {
-                acc[k] += unit_sum(x, cur[k], gl_SubgroupInvocationID + gl_SubgroupSize * j);
+                acc[k] += unit_sum(q6, x, un[k], gl_SubgroupInvocationID + gl_SubgroupSize * j);
             }
         }
-        if (nr == 0u) {
-            float s0 = g == GATE_UP ? subgroupAdd(acc[0]) : subgroupAdd(acc[0] + acc[1]);
-            float s1 = subgroupAdd(acc[1]);
-            if (subgroupElect()) {
-                store_task(g, t, s0, s1);
-            }
-            acc[0] = 0.0;
-            acc[1] = 0.0;
+    }
+    s0 = g == GATE_UP ? subgroupAdd(acc[0]) : subgroupAdd(acc[0] + acc[1]);
+    s1 = subgroupAdd(acc[1]);
+}
+
+// Sums this subgroup's tasks of matvec phase g, a round's units loaded
+// then summed; `ready` says that the first round of the first task is
+// already in `ahead`. (Loading each round while the one before is summed
+// took 100 registers instead of 81 and was no faster: docs/BENCHMARKS.md.)
+void matvec_phase(uint g, inout bool ready) {
+    XSrc x = x_src(g);
+    for (uint t = subgroup_index(); t < tasks_of(g); t += subgroups()) {
+        Task tk = task_of(g, t);
+        float s0;
+        float s1;
+        // Both rows of a gate/up task share a type (persistent.rs checks it).
+        if (is_q6(tk.ta)) {
+            sum_task(true, g, tk, x, ready, s0, s1);
+        } else {
+            sum_task(false, g, tk, x, ready, s0, s1);
         }
-        if (!more) {
-            break;
+        ready = false;
+        if (subgroupElect()) {
+            store_task(g, t, s0, s1);
         }
-        load_round(cur, g, ntk, nr);
-        t = nt;
-        r = nr;
-        tk = ntk;
     }
 }
 
@@ -548,7 +530,8 @@ void matvec_phase(uint g, inout bool ready) {
 // where it has one.
 void load_ahead(uint g, inout bool ready) {
     if (g != NONE && g < end_phase() && subgroup_index() < tasks_of(g)) {
-        load_round(ahead, g, task_of(g, subgroup_index()), 0u);
+        Task tk = task_of(g, subgroup_index());
+        load_round(is_q6(tk.ta), ahead, g, tk, 0u);
         ready = true;
     }
 }

@@ -50,6 +50,10 @@ pub struct DeviceInfo {
     pub cooperative_tensor: Option<crate::coopmat2::CoopMat2>,
     /// Packed int8 dot products (the int8-activation matvec, int8_dot.rs).
     pub int8_dot: Int8Dot,
+    /// Arrays of storage buffers indexed by a dynamically uniform value
+    /// (shaderStorageBufferArrayDynamicIndexing; enabled where offered):
+    /// the persistent decode layers read their matrices so.
+    pub storage_array_indexing: bool,
     /// Tokens per pass of the int8 matvec on the matrix units
     /// (int8_matrix.rs: the device's 16 x N x 32 int8 fragment width), where
     /// the device has those fragments and the prefill tile's features.
@@ -225,6 +229,10 @@ fn describe_physical(
     // SAFETY: `physical` comes from `instance`.
     let int8_dot = unsafe { int8_dot::probe(instance, physical, &exts) };
     // SAFETY: `physical` comes from `instance`.
+    let storage_array_indexing = unsafe { instance.get_physical_device_features(physical) }
+        .shader_storage_buffer_array_dynamic_indexing
+        == vk::TRUE;
+    // SAFETY: `physical` comes from `instance`.
     let full_subgroups = unsafe { full_subgroups::probe(instance, physical, &exts) };
     let pipeline_stats =
         pipeline_stats::wanted() && has_extension(&exts, pipeline_stats::extension_name());
@@ -257,6 +265,7 @@ fn describe_physical(
         cooperative_batch: None,
         cooperative_tensor: None,
         int8_dot,
+        storage_array_indexing,
         int8_matrix: None,
         prefill_frags: false,
         prefill_frags_offered: false,
@@ -301,9 +310,12 @@ pub(crate) fn create_logical(
     if info.pipeline_stats {
         exts.push(pipeline_stats::extension_name().as_ptr());
     }
+    let core_features = vk::PhysicalDeviceFeatures::default()
+        .shader_storage_buffer_array_dynamic_indexing(info.storage_array_indexing);
     let mut create = vk::DeviceCreateInfo::default()
         .queue_create_infos(&queues)
-        .enabled_extension_names(&exts);
+        .enabled_extension_names(&exts)
+        .enabled_features(&core_features);
     if info.pipeline_stats {
         create = create.push_next(&mut stats_features);
     }

@@ -201,12 +201,22 @@ pub(crate) fn module_compute_pipeline(
 /// A descriptor set layout of `n` storage buffers at bindings 0..n for a
 /// compute stage (the matmul kernels' and the span kernels' sets).
 pub(crate) fn storage_set_layout(device: &ash::Device, n: u32) -> Result<vk::DescriptorSetLayout> {
-    let bindings: Vec<_> = (0..n)
-        .map(|b| {
+    storage_array_set_layout(device, &vec![1; n as usize])
+}
+
+/// A set layout of storage buffers for compute, binding b an array of
+/// `counts[b]` buffers.
+pub(crate) fn storage_array_set_layout(
+    device: &ash::Device,
+    counts: &[u32],
+) -> Result<vk::DescriptorSetLayout> {
+    let bindings: Vec<_> = (0u32..)
+        .zip(counts)
+        .map(|(b, &count)| {
             vk::DescriptorSetLayoutBinding::default()
                 .binding(b)
                 .descriptor_type(vk::DescriptorType::STORAGE_BUFFER)
-                .descriptor_count(1)
+                .descriptor_count(count)
                 .stage_flags(vk::ShaderStageFlags::COMPUTE)
         })
         .collect();

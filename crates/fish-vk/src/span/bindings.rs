@@ -6,7 +6,10 @@ use super::desc::LayerTensors;
 use super::kv::KvCache;
 use super::output::SpanOutput;
 use super::params::Params;
-use super::persistent::{layer_tensors, single_buffer, Persistent, PERSISTENT_BINDINGS};
+use super::persistent::{
+    layer_tensors, single_buffer, Persistent, LAYER_MATRICES, MATRIX_ARRAY_BINDING,
+    PERSISTENT_BINDINGS, PERSISTENT_DESCRIPTORS,
+};
 use super::pipelines::{SpanPipelines, SPAN_BINDINGS};
 use super::record::NormedGroup;
 use crate::error::{Result, VkCall};
@@ -561,6 +564,12 @@ fn persistent_sets(
             debug_assert_eq!(buffers.len(), PERSISTENT_BINDINGS as usize);
             let set = allocate(gpu, pool, p.pipeline.set_layout)?;
             write_set(gpu, set, &buffers);
+            write_array(
+                gpu,
+                set,
+                MATRIX_ARRAY_BINDING,
+                &buffers[..LAYER_MATRICES as usize],
+            );
             Ok(set)
         })
         .collect()
@@ -570,7 +579,8 @@ fn persistent_sets(
 fn create_pool(gpu: &Gpu, n_sets: usize, n_persistent: usize) -> Result<vk::DescriptorPool> {
     let sizes = [vk::DescriptorPoolSize {
         ty: vk::DescriptorType::STORAGE_BUFFER,
-        descriptor_count: SPAN_BINDINGS * n_sets as u32 + PERSISTENT_BINDINGS * n_persistent as u32,
+        descriptor_count: SPAN_BINDINGS * n_sets as u32
+            + PERSISTENT_DESCRIPTORS * n_persistent as u32,
     }];
     let info = vk::DescriptorPoolCreateInfo::default()
         .max_sets((n_sets + n_persistent) as u32)
@@ -592,6 +602,25 @@ fn allocate(
     let sets =
         unsafe { gpu.device.allocate_descriptor_sets(&info) }.call("vkAllocateDescriptorSets")?;
     Ok(sets[0])
+}
+
+/// Binds `buffers` (whole) to the elements of the array at `binding` of `set`.
+fn write_array(gpu: &Gpu, set: vk::DescriptorSet, binding: u32, buffers: &[vk::Buffer]) {
+    let infos: Vec<vk::DescriptorBufferInfo> = buffers
+        .iter()
+        .map(|&buffer| vk::DescriptorBufferInfo {
+            buffer,
+            offset: 0,
+            range: vk::WHOLE_SIZE,
+        })
+        .collect();
+    let write = vk::WriteDescriptorSet::default()
+        .dst_set(set)
+        .dst_binding(binding)
+        .descriptor_type(vk::DescriptorType::STORAGE_BUFFER)
+        .buffer_info(&infos);
+    // SAFETY: the set is new and not in use.
+    unsafe { gpu.device.update_descriptor_sets(&[write], &[]) };
 }
 
 /// Binds `buffers` (whole) to bindings 0.. of `set`.

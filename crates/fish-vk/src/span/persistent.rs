@@ -20,7 +20,7 @@ use crate::buffer::{Buffer, MemoryKind};
 use crate::error::{Result, VkError};
 use crate::gpu::Gpu;
 use crate::int8_dot::{int8_token_bytes, Int8Dot};
-use crate::pipeline::storage_set_layout;
+use crate::pipeline::storage_array_set_layout;
 use crate::pipeline_stats::PipelineStats;
 use crate::upload::TensorHandle;
 use crate::weight_format::WeightFormat;
@@ -28,8 +28,15 @@ use ash::vk;
 use fish_gguf::GgmlType;
 
 /// Bindings of the kernel's set: q, k, v, wo, gate, up, down, x, the
-/// layer's keys and values, the parameters, the scratch, the step buffer.
+/// layer's keys and values, the parameters, the scratch, the step buffer;
+/// then binding MATRIX_ARRAY_BINDING, the seven matrices again as one array
+/// (which the kernel reads them through).
 pub(crate) const PERSISTENT_BINDINGS: u32 = 13;
+pub(crate) const MATRIX_ARRAY_BINDING: u32 = PERSISTENT_BINDINGS;
+/// Matrices of a layer (the array binding's descriptors).
+pub(crate) const LAYER_MATRICES: u32 = 7;
+/// Descriptors of one set.
+pub(crate) const PERSISTENT_DESCRIPTORS: u32 = PERSISTENT_BINDINGS + LAYER_MATRICES;
 /// Push-constant words (`Layer` in the shader).
 const PUSH_WORDS: usize = 15;
 /// The scores of the positions attended share the staging's shared memory
@@ -87,7 +94,7 @@ impl PersistentPipeline {
     fn new(device: &ash::Device, stats: Option<&PipelineStats>) -> Result<PersistentPipeline> {
         const NAME: &str = "span_persistent_layer";
         let mut out = PersistentPipeline {
-            set_layout: storage_set_layout(device, PERSISTENT_BINDINGS)?,
+            set_layout: persistent_set_layout(device)?,
             layout: vk::PipelineLayout::null(),
             module: vk::ShaderModule::null(),
             pipeline: vk::Pipeline::null(),
@@ -116,6 +123,14 @@ impl PersistentPipeline {
             device.destroy_descriptor_set_layout(self.set_layout, None);
         }
     }
+}
+
+/// The kernel's set layout: PERSISTENT_BINDINGS single buffers, then the
+/// array of the layer's matrices.
+fn persistent_set_layout(device: &ash::Device) -> Result<vk::DescriptorSetLayout> {
+    let mut counts = vec![1; PERSISTENT_BINDINGS as usize];
+    counts.push(LAYER_MATRICES);
+    storage_array_set_layout(device, &counts)
 }
 
 /// A span's persistent layers: the pipeline, the scratch (failure word,
@@ -179,6 +194,9 @@ pub(crate) fn unfit(
     }
     if info.int8_dot == Int8Dot::Absent {
         return Some("needs packed int8 dot products".into());
+    }
+    if !info.storage_array_indexing {
+        return Some("needs storage buffer arrays indexed dynamically".into());
     }
     if info.max_shared_memory < 32 << 10 {
         return Some("needs 32 KB of shared memory per workgroup".into());
