@@ -38,6 +38,13 @@ void wait_for(uint g) {
             if (arrived >= target) {
                 break;
             }
+            // A wait elsewhere already gave up: the forward is discarded,
+            // so stop waiting (a wrong N then costs about one wait's spins
+            // per forward instead of every wait's).
+            if ((spins & 4095u) == 0u
+                && atomicLoad(arrivals[FAILURE_WORD], gl_ScopeDevice, gl_StorageSemanticsBuffer, gl_SemanticsRelaxed) != 0u) {
+                break;
+            }
         }
         // Judged by the count, not by the loop. (On llvmpipe, lavapipe, a
         // loop past 65535 iterations ends the invocation that runs it: its
