@@ -6,8 +6,8 @@ use super::output::SpanOutput;
 use super::persistent::{Persistent, PersistentRecording};
 use super::profile::Profiler;
 use super::record::{
-    max_timestamps, output_kernel, output_takes_int8, plan_chunks, OutputInput, OutputRecording,
-    Recording, TokenLayout,
+    max_timestamps, narrow_gate_up_wanted, output_kernel, output_takes_int8, plan_chunks,
+    OutputInput, OutputRecording, Recording, TokenLayout,
 };
 use super::step::{Placement, SlotRun, SpanRow, STEP_BYTES};
 use super::{span_chunk_tokens, Span};
@@ -142,10 +142,11 @@ impl Gpu {
                 span.arena.attn_split.raw,
                 span.arena.attn_split_counter_bytes,
             ),
-            gate_up_arrivals: (
+            // Only the opt-in narrow gate/up kernel reads its counters.
+            gate_up_arrivals: narrow_gate_up_wanted().then_some((
                 span.arena.gate_up_arrivals.raw,
                 span.arena.gate_up_arrival_counter_bytes,
-            ),
+            )),
             persistent: None,
             result: match (logit_rows, span.output.as_ref()) {
                 (Some(rows), Some(o)) => (
@@ -313,8 +314,9 @@ struct Copies {
     split: (vk::Buffer, u64),
     /// The key-split attention's scratch and the bytes of its counters.
     attn_split: (vk::Buffer, u64),
-    /// The narrow gate/up's scratch and the bytes of its counters.
-    gate_up_arrivals: (vk::Buffer, u64),
+    /// The narrow gate/up's scratch and the bytes of its counters, where
+    /// that kernel may run.
+    gate_up_arrivals: Option<(vk::Buffer, u64)>,
     /// The persistent layers' scratch, the bytes of its failure word and
     /// counters (zeroed first), and the failure word's host copy.
     persistent: Option<(vk::Buffer, u64, vk::Buffer)>,
@@ -416,7 +418,9 @@ unsafe fn record_forward(
     d.cmd_copy_buffer(cmd, c.step_upload, c.step, &region(STEP_BYTES));
     d.cmd_fill_buffer(cmd, c.split.0, 0, c.split.1, 0);
     d.cmd_fill_buffer(cmd, c.attn_split.0, 0, c.attn_split.1, 0);
-    d.cmd_fill_buffer(cmd, c.gate_up_arrivals.0, 0, c.gate_up_arrivals.1, 0);
+    if let Some((arrivals, bytes)) = c.gate_up_arrivals {
+        d.cmd_fill_buffer(cmd, arrivals, 0, bytes, 0);
+    }
     if let Some((scratch, header, _)) = c.persistent {
         d.cmd_fill_buffer(cmd, scratch, 0, header, 0);
     }

@@ -588,7 +588,7 @@ pub(crate) fn tiled_attention_enabled() -> bool {
 /// dispatched before it) instead of 32-row blocks with the norm in their
 /// prologue (`Kernel::MatvecInt8GateUpNormed`): only with
 /// `FISH_GPU_NARROW_GATE_UP=1`, read per plan.
-fn narrow_gate_up_wanted() -> bool {
+pub(crate) fn narrow_gate_up_wanted() -> bool {
     std::env::var("FISH_GPU_NARROW_GATE_UP").as_deref() == Ok("1")
 }
 
