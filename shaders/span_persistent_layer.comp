@@ -27,15 +27,16 @@
 // the wait (and, for wo, during the attention).
 //
 // Each matrix is Q4_K or Q6_K (the Q4_K_M mix; bit t of p.types: tensor t
-// is Q6_K), in its own binding. Both types are read as units of 32 values
-// in two runs of 16 that share a scale, so a phase's tasks are cut alike
-// whatever their rows' types.
+// is Q6_K), in its own buffer, read through the array at binding 13. Both
+// types are read as units of 32 values in two runs of 16 that share a
+// scale, so a phase's tasks are cut alike whatever their rows' types; each
+// task's rounds run in a loop compiled for its type.
 //
 // wo's and down's int8 inputs are written in this dispatch at addresses
 // that no earlier phase of it reads, so they are read through the L1
 // cache; x (rewritten in place by wo and down) and the float slots are read
-// coherently. Scores of at most MAX_POS positions share the staging's
-// shared memory (the host keeps the dispatch to those). A wait that
+// coherently. Scores of at most MAX_EMBD / 4 positions share the
+// staging's shared memory (the host keeps the dispatch to those). A wait that
 // outlasts SPIN_LIMIT polls gives up and raises the failure word (scratch
 // word 0); the host then discards the forward.
 #extension GL_GOOGLE_include_directive : require
