@@ -129,6 +129,23 @@ void quantise_part(vec4 v, out uint word, out float d, out float half_sum) {
 #endif
 
 #if defined(INT8_PARTS_WRITER)
+// Part w % 8 of block w / 8 of the quantised vector of n values whose
+// layout starts at word `base` of q8: its four quants (`word`), the
+// block's scale d (part 0) and d * (sum of the quants of its 16 values)
+// (parts 0 and 4), as quantise_part returns them.
+void store_int8_word(uint base, uint n, uint w, uint word, float d, float half_sum) {
+    uint blk = w / 8u;
+    uint part = w % 8u;
+    q8[base + w] = word;
+    if (part == 0u) {
+        q8[base + 4u * int8_quant_vec4s(n) + blk] = floatBitsToUint(d);
+    }
+    if (part % 4u == 0u) {
+        q8[base + 4u * (int8_quant_vec4s(n) + int8_scale_vec4s(n)) + 2u * blk + part / 4u] =
+            floatBitsToUint(half_sum);
+    }
+}
+
 // quantise_part's block written into q8: part `tid % 8` of block `blk` of
 // row `row` (rows of n values). Every invocation must call it (barriers);
 // those with `write` false only lend their slot (v zero).
@@ -137,19 +154,9 @@ void store_int8_part(vec4 v, bool write, uint row, uint blk, uint n) {
     float d;
     float half_sum;
     quantise_part(v, word, d, half_sum);
-    if (!write) {
-        return;
-    }
-    uint part = gl_LocalInvocationID.x % 8u;
-    uint base = 4u * row * int8_token_vec4s(n);
-    uint scales = 4u * int8_scales_vec4(row, n);
-    uint sums = 4u * int8_sums_vec4(row, n);
-    q8[base + 8u * blk + part] = word;
-    if (part == 0u) {
-        q8[scales + blk] = floatBitsToUint(d);
-    }
-    if (part % 4u == 0u) {
-        q8[sums + 2u * blk + part / 4u] = floatBitsToUint(half_sum);
+    if (write) {
+        uint w = 8u * blk + gl_LocalInvocationID.x % 8u;
+        store_int8_word(4u * row * int8_token_vec4s(n), n, w, word, d, half_sum);
     }
 }
 #endif

@@ -369,6 +369,15 @@ Unit load_row_unit(uint row_byte, uint u, bool up) {
 #endif
 }
 
+// touch_unit over the same weights as load_row_unit.
+uint touch_row_unit(uint row_byte, uint u, bool up) {
+#if defined(GATE_UP_EPILOGUE)
+    return up ? touch_up_unit(row_byte, u) : touch_unit(row_byte, u);
+#else
+    return touch_unit(row_byte, u);
+#endif
+}
+
 // The unit that the i-th of UNROLL loads from u0 reads (past the end: u0,
 // whose sums are skipped).
 uint unrolled_unit(uint u0, uint i, uint n_units) {
@@ -409,11 +418,7 @@ void touch_first_round(uint row_byte[ROWS], uint tid, bool up) {
     uint n_units = p.n_in / UNIT_VALUES;
     uint u = min(tid, n_units - 1u);
     for (uint r = 0u; r < min(TOUCH_ROWS, uint(ROWS)); r++) {
-#if defined(GATE_UP_EPILOGUE)
-        touch_word ^= up ? touch_up_unit(row_byte[r], u) : touch_unit(row_byte[r], u);
-#else
-        touch_word ^= touch_unit(row_byte[r], u);
-#endif
+        touch_word ^= touch_row_unit(row_byte[r], u, up);
     }
 }
 

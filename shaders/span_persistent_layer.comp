@@ -49,7 +49,7 @@
 #define TYPE_Q4_K
 // Blocks quantised within subgroups (int8_acts.glsl quantise_part).
 #define QUANT_IN_SUBGROUP 1
-#define INT8_PARTS 1
+#define INT8_PARTS_WRITER 1
 layout(local_size_x = 128) in;
 const uint WG = 128u;
 const uint MAX_EMBD = 8192u;
@@ -94,7 +94,6 @@ layout(std430, binding = 0) readonly buffer Wq4 { uvec4 w4[]; };
 layout(std430, binding = 13) readonly buffer Matrix4 { uvec4 v[]; } mats[7];
 #include "dequant.glsl"
 #include "matvec_units.glsl"
-#include "int8_acts.glsl"
 #include "int8_dot.glsl"
 #include "gated_act.glsl"
 
@@ -111,6 +110,8 @@ layout(std430, binding = 10) readonly buffer Params4 { vec4 params4[]; };
 layout(std430, binding = 11) coherent buffer Scratch { float vec_f[]; };
 layout(std430, binding = 11) coherent buffer Scratch4 { vec4 vec_f4[]; };
 layout(std430, binding = 11) coherent buffer ScratchWords { uint q8[]; };
+// Its int8 writers write q8.
+#include "int8_acts.glsl"
 layout(std430, binding = 11) volatile buffer Arrivals { uint arrivals[]; };
 // The int8 slots again, read through L1 (see above).
 layout(std430, binding = 11) readonly buffer Int8In4 { uvec4 in8_4[]; };
@@ -188,21 +189,6 @@ uint act_slot() {
 }
 uint act8_slot() {
     return act_slot() + line(p.n_ff);
-}
-
-// Part w % 8 of block w / 8 of the int8 vector of n values at scratch word
-// `slot`: its four quants (`word`), the block's scale d, and in parts 0
-// and 4 d * (sum of their 16 quants), as store_int8_part writes them.
-void store_slot_part(uint slot, uint n, uint w, uint word, float d, float half_sum) {
-    uint blk = w / 8u;
-    uint part = w % 8u;
-    q8[slot + w] = word;
-    if (part == 0u) {
-        q8[slot + 4u * int8_quant_vec4s(n) + blk] = floatBitsToUint(d);
-    }
-    if (part % 4u == 0u) {
-        q8[slot + 4u * (int8_quant_vec4s(n) + int8_scale_vec4s(n)) + 2u * blk + part / 4u] = floatBitsToUint(half_sum);
-    }
 }
 
 bool is_q6(uint t) {
@@ -623,7 +609,7 @@ void quantise_act() {
         float half_sum;
         quantise_part(v, word, d, half_sum);
         if (mine) {
-            store_slot_part(act8_slot(), p.n_ff, i, word, d, half_sum);
+            store_int8_word(act8_slot(), p.n_ff, i, word, d, half_sum);
         }
     }
 }
@@ -761,7 +747,7 @@ void attention_block(uint hq) {
     float half_sum;
     quantise_part(v, packed, scale, half_sum);
     if (mine) {
-        store_slot_part(attn_slot(), q_dim(), hq * quads + tid, packed, scale, half_sum);
+        store_int8_word(attn_slot(), q_dim(), hq * quads + tid, packed, scale, half_sum);
     }
     // The staging's words, qr, kc, vc and head_out serve the workgroup's
     // next head.
