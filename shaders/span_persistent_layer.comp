@@ -464,79 +464,55 @@ void store_task(uint g, uint t, float s0, float s1) {
     }
 }
 
-// Adds round r's units (rows of type q6) times the input into acc.
-void add_round(bool q6, uint g, XSrc x, RUnit un[2], uint r, inout float acc[2]) {
-    for (uint k = 0u; k < 2u; k++) {
-        uint row_k;
-        uint j;
-        round_place(g, r, k, row_k, j);
-        if (j < lane_units(g)) {
-            acc[k] += unit_sum(q6, x, un[k], gl_SubgroupInvocationID + gl_SubgroupSize * j);
-        }
-    }
-}
-
 // Task tk's sums (s1: the up row's), its rows of type q6; `ready` says
-// that its first round is already in `ahead`. Called with q6 and ready
-// constants, so that each type's loop is compiled apart and `ahead` is
-// read only where ready is true.
-void sum_task(bool q6, bool ready, uint g, Task tk, XSrc x, out float s0, out float s1) {
+// that its first round is already in `ahead`. Called with q6 a constant, so
+// that each type's loop is compiled apart.
+void sum_task(bool q6, uint g, Task tk, XSrc x, bool ready, out float s0, out float s1) {
+    uint units = lane_units(g);
     float acc[2] = float[2](0.0, 0.0);
-    RUnit un[2];
-    if (ready) {
-        un = ahead;
-    } else {
-        load_round(q6, un, g, tk, 0u);
-    }
-    add_round(q6, g, x, un, 0u, acc);
-    for (uint r = 1u; r < rounds_of(g); r++) {
-        load_round(q6, un, g, tk, r);
-        add_round(q6, g, x, un, r, acc);
+    for (uint r = 0u; r < rounds_of(g); r++) {
+        RUnit un[2];
+        if (r == 0u && ready) {
+            un = ahead;
+        } else {
+            load_round(q6, un, g, tk, r);
+        }
+        for (uint k = 0u; k < 2u; k++) {
+            uint row_k;
+            uint j;
+            round_place(g, r, k, row_k, j);
+            if (j < units) {
+                acc[k] += unit_sum(q6, x, un[k], gl_SubgroupInvocationID + gl_SubgroupSize * j);
+            }
+        }
     }
     s0 = g == GATE_UP ? subgroupAdd(acc[0]) : subgroupAdd(acc[0] + acc[1]);
     s1 = subgroupAdd(acc[1]);
 }
 
-// Sums and stores task t of matvec phase g (ready: its first round is in
-// `ahead`).
-void run_task(bool ready, uint g, uint t, XSrc x) {
-    Task tk = task_of(g, t);
-    float s0;
-    float s1;
-    // Both rows of a gate/up task share a type (persistent.rs checks it).
-    bool q6 = is_q6(tk.ta);
-    if (ready) {
-        if (q6) {
-            sum_task(true, true, g, tk, x, s0, s1);
-        } else {
-            sum_task(false, true, g, tk, x, s0, s1);
-        }
-    } else if (q6) {
-        sum_task(true, false, g, tk, x, s0, s1);
-    } else {
-        sum_task(false, false, g, tk, x, s0, s1);
-    }
-    if (subgroupElect()) {
-        store_task(g, t, s0, s1);
-    }
-}
-
 // Sums this subgroup's tasks of matvec phase g, a round's units loaded
 // then summed; `ready` says that the first round of the first task is
-// already in `ahead`. The first task is run apart, so that `ahead` is not
-// live in the loop over the others. (Loading each round while the one
-// before is summed took 100 registers instead of 81 and was no faster:
-// docs/BENCHMARKS.md.)
+// already in `ahead`. (Loading each round while the one before is summed
+// took 100 registers instead of 81 and was no faster; running the first
+// task apart from the loop, so that `ahead` is not live in it, doubled the
+// module, took more local memory and fell from 224 to 140 tok/s on
+// llama-8b: docs/BENCHMARKS.md.)
 void matvec_phase(uint g, inout bool ready) {
     XSrc x = x_src(g);
-    uint t = subgroup_index();
-    if (t >= tasks_of(g)) {
-        return;
-    }
-    run_task(ready, g, t, x);
-    ready = false;
-    for (t += subgroups(); t < tasks_of(g); t += subgroups()) {
-        run_task(false, g, t, x);
+    for (uint t = subgroup_index(); t < tasks_of(g); t += subgroups()) {
+        Task tk = task_of(g, t);
+        float s0;
+        float s1;
+        // Both rows of a gate/up task share a type (persistent.rs checks it).
+        if (is_q6(tk.ta)) {
+            sum_task(true, g, tk, x, ready, s0, s1);
+        } else {
+            sum_task(false, g, tk, x, ready, s0, s1);
+        }
+        ready = false;
+        if (subgroupElect()) {
+            store_task(g, t, s0, s1);
+        }
     }
 }
 
