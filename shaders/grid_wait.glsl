@@ -40,9 +40,10 @@ void wait_for(uint g) {
             }
             // A wait elsewhere already gave up: the forward is discarded,
             // so stop waiting (a wrong N then costs about one wait's spins
-            // per forward instead of every wait's).
+            // per forward instead of every wait's). A relaxed load names no
+            // storage semantics (VUID-StandaloneSpirv-MemorySemantics-10871).
             if ((spins & 4095u) == 0u
-                && atomicLoad(arrivals[FAILURE_WORD], gl_ScopeDevice, gl_StorageSemanticsBuffer, gl_SemanticsRelaxed) != 0u) {
+                && atomicLoad(arrivals[FAILURE_WORD], gl_ScopeDevice, gl_StorageSemanticsNone, gl_SemanticsRelaxed) != 0u) {
                 break;
             }
         }

@@ -45,6 +45,7 @@
 #extension GL_KHR_shader_subgroup_shuffle : require
 #extension GL_KHR_memory_scope_semantics : require
 #extension GL_EXT_spirv_intrinsics : require
+#extension GL_EXT_control_flow_attributes : enable
 
 #define TYPE_Q4_K
 // Blocks quantised within subgroups (int8_acts.glsl quantise_part).
@@ -653,10 +654,13 @@ void attention_block(uint hq) {
             uint kw = (row0 + t) * row_words + head_words;
             for (uint c = 0u; c < d_head / 8u; c += 4u) {
                 uvec4 k4[4];
-                for (uint u = 0u; u < 4u; u++) {
+                [[unroll]] for (uint u = 0u; u < 4u; u++) {
                     k4[u] = k_cache4[kw / 4u + min(c + u, d_head / 8u - 1u)];
                 }
-                for (uint u = 0u; u < 4u && c + u < d_head / 8u; u++) {
+                [[unroll]] for (uint u = 0u; u < 4u; u++) {
+                    if (c + u >= d_head / 8u) {
+                        break;
+                    }
                     uint d0 = 8u * (c + u);
                     for (uint q = 0u; q < 4u; q++) {
                         vec2 k = unpackHalf2x16(k4[u][q]);
@@ -750,7 +754,20 @@ void main() {
             if (sums && (g == QKV || g == GATE_UP)) {
                 stage_normed(g == QKV ? p.attn_norm : p.ffn_norm);
             }
-            matvec_phase(g, ready);
+            // Each matvec phase compiled apart, its phase a constant, so
+            // that its tasks' shape folds: 12% off a llama-8b layer
+            // against one loop taking the phase at run time, at the same
+            // registers (docs/BENCHMARKS.md). The optimiser of Debian 12's
+            // glslc crashes on it (shader_set.rs SPIRV_OPT_MODULES).
+            if (g == QKV) {
+                matvec_phase(QKV, ready);
+            } else if (g == WO) {
+                matvec_phase(WO, ready);
+            } else if (g == GATE_UP) {
+                matvec_phase(GATE_UP, ready);
+            } else {
+                matvec_phase(DOWN, ready);
+            }
             load_ahead(next_matvec(g), ready);
         }
         arrive();

@@ -2,7 +2,8 @@
 //! otherwise takes the committed SPIR-V from shaders/prebuilt/; either way it
 //! writes `$OUT_DIR/shaders.rs`, a table of `include_bytes!` modules.
 //! The cooperative-matrix modules are always the prebuilt ones: they need a
-//! newer compiler than glslc (`cargo xtask shaders` runs glslangValidator).
+//! newer compiler than glslc (`cargo xtask shaders` runs glslangValidator);
+//! so are the SPIRV_OPT_MODULES, which need a newer optimiser than its own.
 
 use std::path::{Path, PathBuf};
 
@@ -22,8 +23,9 @@ fn main() {
     let spv_dir = if compiled {
         let dir = out_dir.join("spv");
         std::fs::create_dir_all(&dir).expect("create OUT_DIR/spv");
-        // Cooperative-matrix modules need a newer compiler than glslc: they
-        // always come from shaders/prebuilt (write_table).
+        // Cooperative-matrix modules need a newer compiler than glslc, and
+        // the SPIRV_OPT_MODULES a newer optimiser than its own: they always
+        // come from shaders/prebuilt (write_table).
         let glslc_specs = shader_specs()
             .into_iter()
             .filter(|s| s.compiler == ShaderCompiler::Glslc);
@@ -64,7 +66,9 @@ fn write_table(spv_dir: &Path, prebuilt: &Path, out: &Path, compiled: bool) {
     for spec in shader_specs() {
         let dir = match spec.compiler {
             ShaderCompiler::Glslc => spv_dir,
-            ShaderCompiler::GlslangCoopMat | ShaderCompiler::GlslangCoopMat2 => prebuilt,
+            ShaderCompiler::GlslangCoopMat
+            | ShaderCompiler::GlslangCoopMat2
+            | ShaderCompiler::GlslcSpirvOpt => prebuilt,
         };
         let path = dir.join(format!("{}.spv", spec.name));
         text.push_str(&format!(

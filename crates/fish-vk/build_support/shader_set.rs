@@ -32,8 +32,6 @@ pub const SPAN_MODULES: &[(&str, &str, &[&str])] = &[
     ("span_attention_tiled", "span_attention_tiled.comp", &[]),
     ("span_attention_split", "span_attention_split.comp", &[]),
     ("span_attention_split_rope", "span_attention_split.comp", &["ROPE_FUSED"]),
-    // On a layout of its own (span/persistent.rs).
-    ("span_persistent_layer", "span_persistent_layer.comp", &[]),
     // Spans record it with the matmul bindings (shaders/common.glsl).
     ("l2_prefetch", "l2_prefetch.comp", &[]),
     ("l2_prefetch_up", "l2_prefetch.comp", &["READ_UP"]),
@@ -77,8 +75,24 @@ pub const PROBE_MODULES: &[(&str, &str, &[&str])] = &[
     ),
 ];
 
+/// Modules that glslc compiles unoptimised and SPIRV-Tools 2025 or later
+/// optimises (`ShaderCompiler::GlslcSpirvOpt`).
+pub const SPIRV_OPT_MODULES: &[(&str, &str, &[&str])] = &[
+    // On a layout of its own (span/persistent.rs). Its matvec phases are
+    // compiled apart with the phase a constant, which the optimiser of
+    // Debian 12's glslc (SPIRV-Tools 2022.4) crashes on.
+    ("span_persistent_layer", "span_persistent_layer.comp", &[]),
+];
+
 /// Arguments every glslc module is compiled with (part of the staleness hash).
 pub const GLSLC_ARGS: &[&str] = &["--target-env=vulkan1.1", "-O"];
+
+/// glslc's arguments for the SPIRV_OPT_MODULES (part of their staleness hash).
+pub const GLSLC_UNOPTIMISED_ARGS: &[&str] = &["--target-env=vulkan1.1", "-O0"];
+
+/// spirv-opt's arguments for the SPIRV_OPT_MODULES, after glslc (part of
+/// their staleness hash).
+pub const SPIRV_OPT_ARGS: &[&str] = &["-O"];
 
 /// Arguments of the glslangValidator modules (part of their staleness hash).
 /// SPIR-V 1.3 with SPV_KHR_cooperative_matrix and SPV_KHR_vulkan_memory_model,
@@ -100,6 +114,9 @@ pub enum ShaderCompiler {
     /// glslangValidator 15.1 or later (GL_NV_cooperative_matrix2): only
     /// `cargo xtask shaders` runs it, with $FISH_GLSLANG2.
     GlslangCoopMat2,
+    /// glslc without optimisation, then spirv-opt -O of SPIRV-Tools 2025 or
+    /// later ($FISH_SPIRV_OPT): only `cargo xtask shaders` runs them.
+    GlslcSpirvOpt,
 }
 
 impl ShaderCompiler {
@@ -108,6 +125,15 @@ impl ShaderCompiler {
             ShaderCompiler::Glslc => GLSLC_ARGS,
             ShaderCompiler::GlslangCoopMat => GLSLANG_ARGS,
             ShaderCompiler::GlslangCoopMat2 => GLSLANG2_ARGS,
+            ShaderCompiler::GlslcSpirvOpt => GLSLC_UNOPTIMISED_ARGS,
+        }
+    }
+
+    /// spirv-opt's arguments after the compiler, if it runs.
+    pub fn optimiser_args(self) -> &'static [&'static str] {
+        match self {
+            ShaderCompiler::GlslcSpirvOpt => SPIRV_OPT_ARGS,
+            _ => &[],
         }
     }
 }
@@ -404,6 +430,7 @@ pub fn shader_specs() -> Vec<ShaderSpec> {
     }
     let lists = [
         (SPAN_MODULES, ShaderCompiler::Glslc),
+        (SPIRV_OPT_MODULES, ShaderCompiler::GlslcSpirvOpt),
         (PROBE_MODULES, ShaderCompiler::Glslc),
         (INT8_MATRIX_X16_EMULATED_MODULES, ShaderCompiler::Glslc),
         (INT8_MATRIX_X16_MODULES, ShaderCompiler::GlslangCoopMat),
@@ -475,6 +502,9 @@ pub fn spec_hash(dir: &std::path::Path, spec: &ShaderSpec) -> std::io::Result<u6
         fnv1a(&mut hash, d.as_bytes());
     }
     for a in spec.compiler.args() {
+        fnv1a(&mut hash, a.as_bytes());
+    }
+    for a in spec.compiler.optimiser_args() {
         fnv1a(&mut hash, a.as_bytes());
     }
     hash_file(dir, spec.source, &mut hash, &mut Vec::new())?;
