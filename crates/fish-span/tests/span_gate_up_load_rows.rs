@@ -9,7 +9,10 @@
 
 mod common;
 
-use common::{default_greedy, differing_bits, int8_backend_or_skip, span_teacher_forced, PARIS};
+use common::{
+    assert_built, default_greedy, differing_bits, int8_backend_or_skip, span_teacher_forced,
+    with_env, PARIS,
+};
 use fish_core::sampling::argmax;
 
 #[test]
@@ -21,18 +24,15 @@ fn gate_up_slices_loading_two_rows_at_a_time_keep_the_bits() {
     let forced = default_greedy(12);
     let fused = span_teacher_forced(&gpu, &forced).1;
     assert_eq!(argmax(&fused[0]), PARIS);
-    std::env::set_var("FISH_GPU_INT8_ACT_FUSED", "0");
-    let apart = span_teacher_forced(&gpu, &forced).1;
-    std::env::remove_var("FISH_GPU_INT8_ACT_FUSED");
+    let apart = with_env(&[("FISH_GPU_INT8_ACT_FUSED", "0")], || {
+        span_teacher_forced(&gpu, &forced).1
+    });
     let differing = differing_bits(&fused, &apart);
     assert_eq!(differing, 0, "{differing} logits differ");
-    let built = gpu.gpu().built_matmul_pipelines();
-    assert!(
-        built
-            .iter()
-            // Constants 6 and 7: the 256 invocations, 2 rows per round.
-            .any(|p| p.starts_with("matvec_i8x_gateup_norm_q4_1") && p.contains(", 256, 2, ")),
-        "the gate/up kernel did not run with 2 rows per round: {built:?}"
+    // Constants 6 and 7: the 256 invocations, 2 rows per round.
+    assert_built(
+        &gpu,
+        |p| p.starts_with("matvec_i8x_gateup_norm_q4_1") && p.contains(", 256, 2, "),
+        "the gate/up kernel did not run with 2 rows per round",
     );
-    assert_eq!(gpu.gpu().validation_messages(), 0);
 }

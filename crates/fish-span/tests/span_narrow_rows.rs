@@ -8,7 +8,10 @@
 
 mod common;
 
-use common::{default_greedy, differing_bits, int8_backend_or_skip, span_teacher_forced, PARIS};
+use common::{
+    assert_built, default_greedy, differing_bits, int8_backend_or_skip, span_teacher_forced,
+    with_env, PARIS,
+};
 use fish_core::sampling::argmax;
 
 #[test]
@@ -18,22 +21,18 @@ fn narrow_gate_up_workgroups_of_four_rows_keep_the_bits() {
         return;
     };
     let forced = default_greedy(12);
-    std::env::set_var("FISH_GPU_INT8_NORM_FUSED", "0");
-    let blocks = span_teacher_forced(&gpu, &forced).1;
-    std::env::set_var("FISH_GPU_NARROW_GATE_UP", "1");
-    let narrow = span_teacher_forced(&gpu, &forced).1;
-    std::env::remove_var("FISH_GPU_NARROW_GATE_UP");
-    std::env::remove_var("FISH_GPU_INT8_NORM_FUSED");
+    let norm_apart = ("FISH_GPU_INT8_NORM_FUSED", "0");
+    let blocks = with_env(&[norm_apart], || span_teacher_forced(&gpu, &forced).1);
+    let narrow = with_env(&[norm_apart, ("FISH_GPU_NARROW_GATE_UP", "1")], || {
+        span_teacher_forced(&gpu, &forced).1
+    });
     assert_eq!(argmax(&narrow[0]), PARIS);
     let differing = differing_bits(&narrow, &blocks);
     assert_eq!(differing, 0, "{differing} logits differ");
-    let built = gpu.gpu().built_matmul_pipelines();
-    assert!(
-        built
-            .iter()
-            // Constant 1: 4 rows of gate and 4 of up.
-            .any(|p| p.starts_with("matvec_i8x_gateup_narrow_q4_1[32, 8, ")),
-        "the narrow gate/up did not run with 4 rows: {built:?}"
+    // Constant 1: 4 rows of gate and 4 of up.
+    assert_built(
+        &gpu,
+        |p| p.starts_with("matvec_i8x_gateup_narrow_q4_1[32, 8, "),
+        "the narrow gate/up did not run with 4 rows",
     );
-    assert_eq!(gpu.gpu().validation_messages(), 0);
 }

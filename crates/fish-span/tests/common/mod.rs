@@ -203,7 +203,28 @@ pub fn default_greedy(n: usize) -> Vec<u32> {
     greedy_after_prompt(&Model::load(default_model()).expect("load"), n)
 }
 
-/// (steps with the same argmax, worst max |dlogit| / max |logit|)
+/// `f`'s result with the environment variables `vars` set, which are
+/// removed afterwards (span choices read them when a span records).
+pub fn with_env<T>(vars: &[(&str, &str)], f: impl FnOnce() -> T) -> T {
+    for (k, v) in vars {
+        std::env::set_var(k, v);
+    }
+    let out = f();
+    for (k, _) in vars {
+        std::env::remove_var(k);
+    }
+    out
+}
+
+/// Asserts that `gpu` built a matmul pipeline whose name (module and
+/// specialisation constants) `ran` accepts, and that validation stayed
+/// silent.
+pub fn assert_built(gpu: &VulkanBackend, ran: impl Fn(&str) -> bool, what: &str) {
+    let built = gpu.gpu().built_matmul_pipelines();
+    assert!(built.iter().any(|p| ran(p)), "{what}: {built:?}");
+    assert_eq!(gpu.gpu().validation_messages(), 0);
+}
+
 /// How many values of two runs' rows differ in their bits.
 pub fn differing_bits(a: &[Vec<f32>], b: &[Vec<f32>]) -> usize {
     a.iter()
@@ -213,6 +234,7 @@ pub fn differing_bits(a: &[Vec<f32>], b: &[Vec<f32>]) -> usize {
         .count()
 }
 
+/// (steps with the same argmax, worst max |dlogit| / max |logit|)
 pub fn compare(a: &[Vec<f32>], b: &[Vec<f32>]) -> (usize, f32) {
     let (mut same, mut worst) = (0, 0f32);
     for (x, y) in a.iter().zip(b) {
