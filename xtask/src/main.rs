@@ -114,7 +114,7 @@ fn shaders(stale_only: bool) -> anyhow::Result<()> {
         let module = out.join(format!("{}.spv", spec.name));
         compile(compiler, &dir, spec, &module).map_err(anyhow::Error::msg)?;
         if !spec.compiler.optimiser_args().is_empty() {
-            optimise(&spirv_opt, spec, &module)?;
+            optimise(&spirv_opt, spec, &module).map_err(anyhow::Error::msg)?;
         }
     }
     std::fs::write(out.join("manifest.txt"), manifest_text(&dir)?).context("write manifest")?;
@@ -124,27 +124,6 @@ fn shaders(stale_only: bool) -> anyhow::Result<()> {
         wanted.len(),
         out.display()
     );
-    Ok(())
-}
-
-/// Runs spirv-opt with the module's optimiser arguments on `module`, in place.
-fn optimise(spirv_opt: &Path, spec: &ShaderSpec, module: &Path) -> anyhow::Result<()> {
-    let output = std::process::Command::new(spirv_opt)
-        .args(spec.compiler.optimiser_args())
-        .arg(module)
-        .arg("-o")
-        .arg(module)
-        .output()
-        .with_context(|| format!("running {}", spirv_opt.display()))?;
-    if !output.status.success() {
-        bail!(
-            "{} failed on {}: {}{}",
-            spirv_opt.display(),
-            spec.name,
-            String::from_utf8_lossy(&output.stdout),
-            String::from_utf8_lossy(&output.stderr)
-        );
-    }
     Ok(())
 }
 

@@ -545,16 +545,41 @@ pub fn compile(
         cmd.arg(format!("-D{d}"));
     }
     cmd.arg(dir.join(spec.source)).arg("-o").arg(out);
+    run_tool(cmd, compiler, spec)
+}
+
+/// Runs spirv-opt (`optimiser`) with spec.compiler's optimiser arguments on
+/// `module`, in place; the error carries its message.
+pub fn optimise(
+    optimiser: &std::path::Path,
+    spec: &ShaderSpec,
+    module: &std::path::Path,
+) -> Result<(), String> {
+    let mut cmd = std::process::Command::new(optimiser);
+    cmd.args(spec.compiler.optimiser_args())
+        .arg(module)
+        .arg("-o")
+        .arg(module);
+    run_tool(cmd, optimiser, spec)
+}
+
+/// Runs `cmd` (the program `tool`) for module `spec`; a failure's error
+/// names both and carries the tool's output.
+fn run_tool(
+    mut cmd: std::process::Command,
+    tool: &std::path::Path,
+    spec: &ShaderSpec,
+) -> Result<(), String> {
     let output = cmd
         .output()
-        .map_err(|e| format!("running {}: {e}", compiler.display()))?;
+        .map_err(|e| format!("running {}: {e}", tool.display()))?;
     if output.status.success() {
         Ok(())
     } else {
         // glslangValidator reports errors on stdout, glslc on stderr.
         Err(format!(
             "{} failed on {}: {}{}",
-            compiler.display(),
+            tool.display(),
             spec.name,
             String::from_utf8_lossy(&output.stdout),
             String::from_utf8_lossy(&output.stderr)

@@ -1,14 +1,14 @@
 //! Persistent decode layers (span/persistent.rs,
 //! shaders/span_persistent_layer.comp) against the same span's staged
 //! layers, both on int8 activations (FISH_VK_INT8=1, which lavapipe needs:
-//! it does not accelerate the packed products): two llama layers, one all Q4_K and one mixing Q6_K into q, v,
-//! gate/up and down (so a block straddles the q/k boundary between two
-//! types), decoded token by token from position 0, with adjacent and NeoX
-//! RoPE. Each step's change to x must match the staged span's within 1%
-//! of its largest value (half the seeds' bound; the two quantise the same
-//! norms and activations, summed in other orders); since every step attends over
-//! the keys and values the earlier steps stored, a wrong KV store fails
-//! the later steps too.
+//! it does not accelerate the packed products): two llama layers, one all
+//! Q4_K and one mixing Q6_K into q, v, gate/up and down (so a block
+//! straddles the q/k boundary between two types), decoded token by token
+//! from position 0, with adjacent and NeoX RoPE. Each step's change to x
+//! must match the staged span's within 1% of its largest value (half the
+//! seeds' bound; the two quantise the same norms and activations, summed in
+//! other orders); since every step attends over the keys and values the
+//! earlier steps stored, a wrong KV store fails the later steps too.
 //! The persistent form runs on one workgroup (its blocks then cover every
 //! row of every stage, in order; lavapipe ends a poller whose wait runs
 //! past 65535 iterations, so grid-wide waits among several workgroups are

@@ -2,7 +2,8 @@
 //! layer of a single-token forward as ONE dispatch of resident workgroups,
 //! its six dependent phases (q/k/v, attention, wo, gate/up, the
 //! activation's int8 copy, down) separated by grid-wide waits instead of
-//! dispatch boundaries and barriers, on int8 activations. Opt-in (`FISH_GPU_PERSISTENT=N`, N workgroups, or
+//! dispatch boundaries and barriers, on int8 activations. Opt-in
+//! (`FISH_GPU_PERSISTENT=N`, N workgroups, or
 //! `Gpu::span_set_persistent`): every workgroup must be resident at once,
 //! which only the caller knows of its device. A wait that gives up raises
 //! the failure word; the span then goes back to staged layers and runs
