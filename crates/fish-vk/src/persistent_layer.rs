@@ -176,6 +176,7 @@ impl Gpu {
             groups: (groups, 1),
             weights,
             up_weights: None,
+            chains: false,
         })
     }
 
