@@ -4,19 +4,11 @@
 // n_rows rows of one weight chunk. Row r of the chunk starts at byte
 // r * row_stride of the weight buffer (row_stride is a multiple of 16).
 
-// The access of x and y: the kernels that chain (chain.glsl) name their
-// own (CHAIN_X, CHAIN_Y).
-#ifndef CHAIN_X
-#define CHAIN_X readonly
-#endif
-#ifndef CHAIN_Y
-#define CHAIN_Y
-#endif
 layout(std430, binding = 0) readonly buffer Weights { uint w[]; };
-layout(std430, binding = 1) CHAIN_X buffer X { vec4 x[]; };
+layout(std430, binding = 1) readonly buffer X { vec4 x[]; };
 // Read as well as written: with `accumulate` the products are added to y
 // (a residual stream), which saves the add kernel and its barrier.
-layout(std430, binding = 2) CHAIN_Y buffer Y { float y[]; };
+layout(std430, binding = 2) buffer Y { float y[]; };
 
 layout(push_constant) uniform Params {
     uint n_in;
@@ -47,10 +39,6 @@ layout(push_constant) uniform Params {
     uint split;
     uint split_count_off;
     uint split_part_off;
-    // Chained decode stages (chain.glsl): 0 outside a chain, else 1 + the
-    // dispatch's stage; the stage's workgroups.
-    uint chain;
-    uint chain_groups;
 } p;
 
 // Stores one output element, added to what y holds when accumulating.

@@ -66,7 +66,6 @@
 #extension GL_KHR_shader_subgroup_basic : require
 #extension GL_EXT_spirv_intrinsics : require
 #extension GL_EXT_control_flow_attributes : enable
-#extension GL_KHR_memory_scope_semantics : require
 #if defined(GATE_UP_INT8) || defined(GATE_UP_NARROW)
 #define GATE_UP_EPILOGUE 1
 #endif
@@ -106,12 +105,7 @@ const uint SLICES = 1u;
 #endif
 
 #define USE_SUBGROUP 1
-// x and y as a chained kernel reads them (chain.glsl).
-#define CHAIN_X coherent readonly
-#define CHAIN_Y coherent
 #include "common.glsl"
-#define CHAIN_BINDING 6
-#include "chain.glsl"
 layout(std430, binding = 0) readonly buffer Weights4 { uvec4 w4[]; };
 #include "dequant.glsl"
 #include "matvec_units.glsl"
@@ -175,8 +169,8 @@ shared float xs[NT * IN_VEC4];
 #if !defined(GATE_UP_EPILOGUE)
 #include "int8_acts.glsl"
 #endif
-layout(std430, binding = 1) CHAIN_X buffer XQ { uvec4 x_int8[]; };
-layout(std430, binding = 1) CHAIN_X buffer XQF { float x_int8_f[]; };
+layout(std430, binding = 1) readonly buffer XQ { uvec4 x_int8[]; };
+layout(std430, binding = 1) readonly buffer XQF { float x_int8_f[]; };
 
 // Nothing to prepare: the runs read the quantised x straight from memory
 // (16 bytes of quants where the float kernel reads 64 of x), so no barrier
@@ -535,26 +529,8 @@ float slice_sum(uint slice, uint i, uint sg_per_slice) {
 }
 #endif
 
-// The weights of the invocation's rows touched before a chained wait
-// (chain.glsl; CHAIN_TOUCH): one word of every 32-byte
-// sector its units will load, folded into chain_touch_word, so that the
-// stage's weights stream into L2 while the stage before finishes.
-uint chain_touch_word = 0u;
-void chain_touch(uint row_byte[ROWS], uint tid, bool up) {
-#if defined(CHAIN_TOUCH)
-    if (p.chain > 1u) {
-        uint n_units = p.n_in / UNIT_VALUES;
-        for (uint r = 0u; r < ROWS; r++) {
-            for (uint u = tid; u < n_units; u += WG) {
-                chain_touch_word ^= touch_row_unit(row_byte[r], u, up || is_up_row(r));
-            }
-        }
-    }
-#endif
-}
-
 #if defined(GATE_UP_INT8)
-void run() {
+void main() {
     // Slice `slice` of the workgroup computes rows row0 + ROWS * (slice %
     // (SLICES / 2)) .. of gate (first half of the slices) or up.
     uint slice = gl_LocalInvocationID.x / WG;
@@ -573,10 +549,6 @@ void run() {
 #if defined(NORM_PROLOGUE)
     touch_first_round(row_byte, tid, up);
     preload_first_round(row_byte, tid, up);
-#endif
-    chain_touch(row_byte, tid, up);
-    chain_wait();
-#if defined(NORM_PROLOGUE)
     load_x_normed();
 #endif
     for (uint t0 = 0u; t0 < p.n_tok; t0 += NT) {
@@ -617,7 +589,7 @@ uint act_at(uint t, uint row) {
     return counters + t * p.y_stride + row;
 }
 
-void run() {
+void main() {
     // Rows row0 .. row0 + OUT_ROWS - 1 of gate (sums acc[0 ..]) and of up
     // (acc[OUT_ROWS ..]); in the int8 copy, rows from out_row0 (y_offset:
     // the chunk's first row) in block blk.
@@ -630,8 +602,6 @@ void run() {
     uint sg_per_slice = WG / gl_SubgroupSize;
     uint out_row0 = p.y_offset + row0;
     uint blk = out_row0 / BLOCK_ROWS;
-    chain_touch(row_byte, tid, false);
-    chain_wait();
     for (uint t0 = 0u; t0 < p.n_tok; t0 += NT) {
         sum_pass(row_byte, t0, tid, false);
         // The plain kernel's reduction, then the GATE_UP_INT8 epilogue's
@@ -681,7 +651,7 @@ void run() {
     }
 }
 #elif defined(SLICED)
-void run() {
+void main() {
     // Slice `slice` computes rows row0 .. row0 + ROWS - 1 of one token.
     uint slice = gl_LocalInvocationID.x / WG;
     uint tid = gl_LocalInvocationID.x % WG;
@@ -695,8 +665,6 @@ void run() {
     uint sg_in_slice = gl_SubgroupID % sg_per_slice;
     touch_first_round(row_byte, tid, false);
     preload_first_round(row_byte, tid, false);
-    chain_touch(row_byte, tid, false);
-    chain_wait();
     load_x_normed();
     sum_pass(row_byte, 0u, tid, false);
     // The plain kernel's reduction (store_sums), per slice.
@@ -711,7 +679,7 @@ void run() {
     }
 }
 #else
-void run() {
+void main() {
     uint row0 = workgroup_index() * ROWS;
     // Uniform across the workgroup, so the barriers below stay legal.
     if (row0 >= p.n_rows) {
@@ -723,8 +691,6 @@ void run() {
         // Rows past the end read the last row; their sums are never written.
         row_byte[r] = min(row0 + r, p.n_rows - 1u) * p.row_stride;
     }
-    chain_touch(row_byte, tid, false);
-    chain_wait();
 
     for (uint t0 = 0u; t0 < p.n_tok; t0 += NT) {
         load_x(t0);
@@ -736,16 +702,3 @@ void run() {
     }
 }
 #endif
-
-// In a chain (chain.glsl) every form waits for the stages before it where
-// it first reads x (after loading or touching what it may of its weights)
-// and counts itself in after its last store. The touched words meet under
-// p.parts (0 in these kernels), so that they are loaded and change
-// nothing.
-void main() {
-    run();
-    if ((chain_touch_word & p.parts) != 0u) {
-        chain_words[1] = chain_touch_word;
-    }
-    chain_arrive();
-}

@@ -37,7 +37,6 @@
 #extension GL_EXT_control_flow_attributes : require
 #extension GL_KHR_shader_subgroup_arithmetic : require
 #extension GL_KHR_shader_subgroup_basic : require
-#extension GL_KHR_memory_scope_semantics : require
 
 #define WG 128u
 #define MAX_HEAD_DIM 256u
@@ -49,9 +48,7 @@ layout(local_size_x = 128) in;
 
 #include "span_common.glsl"
 
-// Written by q/k/v before a chained wait (chain.glsl).
-#define CHAIN_QKV coherent readonly
-layout(std430, binding = 0) CHAIN_QKV buffer Qkv { float qkv[]; };
+layout(std430, binding = 0) readonly buffer Qkv { float qkv[]; };
 #if defined(ROPE_FUSED)
 layout(std430, binding = 1) writeonly buffer KCacheW { uvec4 kc_w[]; };
 layout(std430, binding = 2) writeonly buffer VCacheW { uvec4 vc_w[]; };
@@ -96,13 +93,7 @@ layout(push_constant) uniform Push {
     // s + splits, ... of its token (a performance choice: the splits and
     // their merge, so the bits, do not depend on it).
     uint splits;
-    // Chained decode stages (chain.glsl; words 16 and 17 of every span
-    // kernel's push constants).
-    uint chain;
-    uint chain_groups;
 } p;
-#define CHAIN_BINDING 8
-#include "chain.glsl"
 
 #define INT8_WRITER 1
 #include "int8_acts.glsl"
@@ -224,7 +215,7 @@ void load_block(inout uvec4 rk[LPT], inout uvec4 rv[LPT], uint key0, uint cached
     }
 }
 
-void attend() {
+void main() {
     uint h = gl_WorkGroupID.x / p.splits;
     uint s = gl_WorkGroupID.x % p.splits;
     uint t = gl_WorkGroupID.y;
@@ -498,12 +489,4 @@ void attend() {
     }
     barrier();
     write_output(t, h);
-}
-
-// In a chain (chain.glsl) the workgroup waits for q/k/v and counts itself
-// in after its last store (a merging workgroup after the merge).
-void main() {
-    chain_wait();
-    attend();
-    chain_arrive();
 }

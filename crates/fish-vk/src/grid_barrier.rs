@@ -105,7 +105,6 @@ impl Gpu {
             groups: (groups, 1),
             weights: planned.weights,
             up_weights: None,
-            chains: false,
         };
         // x and y hold one vector each; the arrival counter follows x.
         let x_bytes = (n as u64 + 64) * 4;

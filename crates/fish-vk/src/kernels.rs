@@ -6,7 +6,7 @@ use crate::coopmat::CoopMatTile;
 use crate::error::{Result, VkCall, VkError};
 use crate::gpu::{Exec, Gpu};
 use crate::int8_dot::Int8Dot;
-use crate::pipeline::{Params, MATMUL_BINDINGS, MATMUL_CHAIN_BINDING};
+use crate::pipeline::{Params, MATMUL_BINDINGS};
 use crate::split_k::{ScratchNeed, SplitK, SplitPlanner};
 use crate::upload::{ResidentTensor, TensorHandle};
 use crate::weight_format::WeightFormat;
@@ -307,9 +307,6 @@ pub(crate) struct Dispatch {
     /// called outside a span (`Gpu::prefill_gate_up`); spans bind it in
     /// their own sets.
     pub(crate) up_weights: Option<vk::Buffer>,
-    /// Whether the kernel takes part in chained decode stages (waits and
-    /// arrives as `params.chain` says: the matvec_i8.comp forms).
-    pub(crate) chains: bool,
 }
 
 /// Shape of the matvec workgroups (shaders/matvec.comp specialisation
@@ -1006,7 +1003,6 @@ impl Gpu {
             groups: (groups, 1),
             weights: unused.raw,
             up_weights: None,
-            chains: false,
         };
         let time = self.time_dispatches(
             &[dispatch],
@@ -1529,13 +1525,10 @@ impl Gpu {
                         split: split.ways,
                         split_count_off: split.count_off,
                         split_part_off: split.part_off,
-                        chain: 0,
-                        chain_groups: 0,
                     },
                     groups,
                     weights: c.buffer.raw,
                     up_weights: None,
-                    chains: kernel.is_int8() && coop_tile.is_none(),
                 });
             }
             y_base += (h.n_out() * n_tok) as u32;
@@ -1957,13 +1950,7 @@ impl Gpu {
                     range: vk::WHOLE_SIZE,
                 }],
             ];
-            // The chain words' binding holds a placeholder: stage 1 never
-            // chains its dispatches (params.chain is 0).
-            let placeholder = [vk::DescriptorBufferInfo {
-                buffer: split,
-                offset: 0,
-                range: vk::WHOLE_SIZE,
-            }];
+            // A gate/up epilogue kernel's up weights at binding 5.
             let up = d.up_weights.map(|buffer| {
                 [vk::DescriptorBufferInfo {
                     buffer,
@@ -1974,8 +1961,7 @@ impl Gpu {
             let bound = infos
                 .iter()
                 .enumerate()
-                .chain(up.iter().map(|info| (5, info)))
-                .chain([(MATMUL_CHAIN_BINDING as usize, &placeholder)]);
+                .chain(up.iter().map(|info| (5, info)));
             let writes: Vec<_> = bound
                 .map(|(b, info)| {
                     vk::WriteDescriptorSet::default()

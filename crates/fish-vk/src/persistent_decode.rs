@@ -241,7 +241,6 @@ impl Gpu {
             groups: (run.groups, 1),
             weights,
             up_weights: None,
-            chains: false,
         };
         if !run.per_phase {
             return Ok((vec![dispatch(0)], DispatchSync::None));

@@ -176,7 +176,6 @@ impl Gpu {
             groups: (groups, 1),
             weights,
             up_weights: None,
-            chains: false,
         })
     }
 

@@ -80,16 +80,10 @@ pub(crate) struct Params {
     pub split: u32,
     pub split_count_off: u32,
     pub split_part_off: u32,
-    /// Chained decode stages (span/chain.rs, shaders/chain.glsl): 0 outside
-    /// a chain, else 1 + the number of the dispatch's stage, and the
-    /// stage's workgroups. Read only by the kernels whose dispatches say
-    /// `chains`.
-    pub chain: u32,
-    pub chain_groups: u32,
 }
 
 impl Params {
-    pub fn bytes(&self) -> [u8; 68] {
+    pub fn bytes(&self) -> [u8; 60] {
         let words = [
             self.n_in,
             self.n_rows,
@@ -106,10 +100,8 @@ impl Params {
             self.split,
             self.split_count_off,
             self.split_part_off,
-            self.chain,
-            self.chain_groups,
         ];
-        let mut out = [0u8; 68];
+        let mut out = [0u8; 60];
         for (chunk, w) in out.chunks_exact_mut(4).zip(words) {
             chunk.copy_from_slice(&w.to_le_bytes());
         }
@@ -120,12 +112,8 @@ impl Params {
 /// Storage buffers of a matmul descriptor set: weights, x, y, then the
 /// norm weights of the NORM and RESNORM matvecs and the normed-input buffer
 /// the RESNORM matvec writes, then the up weights of the GATE_UP matvec
-/// (stage 1 leaves the last three unwritten), then the chain words of
-/// chained decode stages (shaders/chain.glsl; stage 1 binds a placeholder).
-pub(crate) const MATMUL_BINDINGS: u32 = 7;
-
-/// The binding of a matmul set that holds the chain words.
-pub(crate) const MATMUL_CHAIN_BINDING: u32 = 6;
+/// (stage 1 leaves the last three unwritten).
+pub(crate) const MATMUL_BINDINGS: u32 = 6;
 
 pub(crate) struct Pipelines {
     /// Storage buffers: MATMUL_BINDINGS.

@@ -3,7 +3,6 @@
 //! buffers that carry x in and out.
 
 use super::attention_split::split_scratch_bytes;
-use super::chain::chain_bytes;
 use super::desc::{LayerTensors, SpanShape};
 use super::record::INT8_CHUNK_MAX_TOKENS;
 use super::span_chunk_tokens;
@@ -68,12 +67,6 @@ pub(crate) struct Arena {
     /// up of up to INT8_CHUNK_MAX_TOKENS tokens.
     pub gate_up_arrivals: Buffer,
     pub gate_up_arrival_counter_bytes: u64,
-    /// The chain words of chained decode stages (shaders/chain.glsl: the
-    /// arrivals, the failure word), zeroed at the start of every chained
-    /// submit, and the host copy of the failure word.
-    pub chain: Buffer,
-    pub chain_bytes: u64,
-    pub chain_failure: Buffer,
 }
 
 /// Words of the narrow gate/up's arrival counters for rows of `n_ff`
@@ -96,7 +89,7 @@ fn f32_bytes(n: usize) -> u64 {
 }
 
 /// The arena's buffers in allocation order: (f32 values, memory kind).
-fn sizes(shape: &SpanShape, n_ff: usize, n_layers: usize) -> [(usize, MemoryKind); 15] {
+fn sizes(shape: &SpanShape, n_ff: usize) -> [(usize, MemoryKind); 13] {
     let c = span_chunk_tokens();
     let int8_width = shape.n_embd.max(n_ff).max(shape.attn_dim());
     let int8_values = (INT8_CHUNK_MAX_TOKENS * int8_token_bytes(int8_width)).div_ceil(4);
@@ -129,8 +122,6 @@ fn sizes(shape: &SpanShape, n_ff: usize, n_layers: usize) -> [(usize, MemoryKind
             gate_up_counter_words(n_ff) + INT8_CHUNK_MAX_TOKENS * n_ff,
             MemoryKind::Device,
         ),
-        (chain_bytes(n_layers) as usize / 4, MemoryKind::Device),
-        (1, MemoryKind::Readback),
     ]
 }
 
@@ -144,8 +135,8 @@ impl Arena {
     /// Device bytes `new` allocates on `gpu` for feed-forward width `n_ff`,
     /// the split scratch included (sized for the batch tile the device's
     /// knobs pick, as `new` sizes it).
-    pub fn initial_device_bytes(gpu: &Gpu, shape: &SpanShape, n_ff: usize, n_layers: usize) -> u64 {
-        sizes(shape, n_ff, n_layers)
+    pub fn initial_device_bytes(gpu: &Gpu, shape: &SpanShape, n_ff: usize) -> u64 {
+        sizes(shape, n_ff)
             .iter()
             .filter(|(_, kind)| matches!(kind, MemoryKind::Device))
             .map(|&(n, _)| f32_bytes(n))
@@ -158,7 +149,7 @@ impl Arena {
         let n_ff = layers.iter().map(|l| l.n_ff).max().unwrap_or(0);
         let split = split_scratch(gpu);
         let (attn_counter_bytes, attn_split_bytes) = split_scratch_bytes(shape);
-        let sizes = sizes(shape, n_ff, layers.len())
+        let sizes = sizes(shape, n_ff)
             .into_iter()
             .map(|(n, kind)| (f32_bytes(n), kind))
             .chain([
@@ -193,9 +184,6 @@ impl Arena {
             step_upload: next(),
             gate_up_arrivals: next(),
             gate_up_arrival_counter_bytes: 4 * gate_up_counter_words(n_ff) as u64,
-            chain: next(),
-            chain_bytes: chain_bytes(layers.len()),
-            chain_failure: next(),
             split: next(),
             split_counter_bytes: split.counter_bytes,
             attn_split: next(),
@@ -248,7 +236,6 @@ impl Arena {
             &self.split,
             &self.attn_split,
             &self.gate_up_arrivals,
-            &self.chain,
         ]
         .iter()
         .map(|b| b.size)
@@ -272,8 +259,6 @@ impl Arena {
             self.split,
             self.attn_split,
             self.gate_up_arrivals,
-            self.chain,
-            self.chain_failure,
         ] {
             gpu.release(b);
         }

@@ -10,12 +10,11 @@ use super::persistent::{
     layer_tensors, single_buffer, Persistent, LAYER_MATRICES, MATRIX_ARRAY_BINDING,
     PERSISTENT_BINDINGS, PERSISTENT_DESCRIPTORS,
 };
-use super::pipelines::{SpanPipelines, SPAN_BINDINGS, SPAN_CHAIN_BINDING};
+use super::pipelines::{SpanPipelines, SPAN_BINDINGS};
 use super::record::NormedGroup;
 use crate::error::{Result, VkCall};
 use crate::gpu::Gpu;
 use crate::kernels::{Kernel, INT8_MATRIX_F16_MIN_STEP_ROWS};
-use crate::pipeline::MATMUL_CHAIN_BINDING;
 use crate::upload::TensorHandle;
 use ash::vk;
 
@@ -258,19 +257,8 @@ impl Bindings {
         let a = bufs.arena;
         let p = bufs.params.buffer.raw;
         // Every span set binds the step buffer last (binding 4).
-        // Every span and matmul set binds the chain words (chain.glsl).
-        let span_alloc = || -> Result<vk::DescriptorSet> {
-            let set = allocate(gpu, pool, pipelines.set_layout)?;
-            write_array(gpu, set, SPAN_CHAIN_BINDING, &[a.chain.raw]);
-            Ok(set)
-        };
-        let matmul_alloc = || -> Result<vk::DescriptorSet> {
-            let set = allocate(gpu, pool, gpu.pipelines.set_layout)?;
-            write_array(gpu, set, MATMUL_CHAIN_BINDING, &[a.chain.raw]);
-            Ok(set)
-        };
         let span_set = |b: [vk::Buffer; 4]| -> Result<vk::DescriptorSet> {
-            let set = span_alloc()?;
+            let set = allocate(gpu, pool, pipelines.set_layout)?;
             write_set(gpu, set, &[b[0], b[1], b[2], b[3], a.step.raw]);
             Ok(set)
         };
@@ -284,7 +272,7 @@ impl Bindings {
             let sets = w
                 .iter()
                 .map(|&wb| {
-                    let set = matmul_alloc()?;
+                    let set = allocate(gpu, pool, gpu.pipelines.set_layout)?;
                     write_set(gpu, set, &[&[wb, x, y][..], extra].concat());
                     Ok(set)
                 })
@@ -353,7 +341,7 @@ impl Bindings {
                         .iter()
                         .zip(up_w)
                         .map(|(&gw, &uw)| {
-                            let set = matmul_alloc()?;
+                            let set = allocate(gpu, pool, gpu.pipelines.set_layout)?;
                             // Binding 3 is the parameters (read only by the
                             // normed kernel), binding 4 the narrow kernel's
                             // scratch (`Kernel::MatvecInt8GateUpNarrow`).
@@ -431,7 +419,7 @@ impl Bindings {
                 rope: span_set([a.qkv.raw, k, v, p])?,
                 attention: {
                     // The fused RoPE variant also reads the cos/sin table.
-                    let set = span_alloc()?;
+                    let set = allocate(gpu, pool, pipelines.set_layout)?;
                     write_set(
                         gpu,
                         set,

@@ -2,7 +2,6 @@
 //! x or the output's logits out), one submit, one fence.
 
 use super::bindings::{Bindings, SpanBuffers};
-use super::chain::count_chained_forward;
 use super::output::SpanOutput;
 use super::persistent::{Persistent, PersistentRecording};
 use super::profile::Profiler;
@@ -149,7 +148,6 @@ impl Gpu {
                 span.arena.gate_up_arrival_counter_bytes,
             )),
             persistent: None,
-            chain: None,
             result: match (logit_rows, span.output.as_ref()) {
                 (Some(rows), Some(o)) => (
                     o.logits.raw,
@@ -171,17 +169,6 @@ impl Gpu {
             ..copies
         };
         let persistent_on = persistent.is_some();
-        // Chained stages: one-token forwards on staged layers, unprofiled
-        // (a profile times each stage between barriers).
-        let chain_on = span.chain && n_tok == 1 && !persistent_on && span.profiler.is_none();
-        let copies = Copies {
-            chain: chain_on.then_some((
-                span.arena.chain.raw,
-                span.arena.chain_bytes,
-                span.arena.chain_failure.raw,
-            )),
-            ..copies
-        };
         let key = (n_tok, logit_rows, layout, persistent_on);
         let submit_start;
         let submitted = match span.recorded.get(key) {
@@ -238,7 +225,6 @@ impl Gpu {
                         persistent: p,
                         sets: &bindings.persistent,
                     }),
-                    chain: chain_on,
                 };
                 submit_start = std::time::Instant::now();
                 let exec = self.lock_exec();
@@ -281,27 +267,6 @@ impl Gpu {
                 self.span_set_persistent(span, None)?;
                 return self.span_run(span, x, n_tok, placement, logit_rows);
             }
-        }
-        // So does a chained wait that gave up: the span's stages are
-        // separated by barriers from now on.
-        if let (Ok(()), true) = (&submitted, chain_on) {
-            let failure = span
-                .arena
-                .chain_failure
-                .read_f32_vec(&self.allocator, 0, 1)?;
-            if failure[0].to_bits() != 0 {
-                eprintln!(
-                    "fish-vk: a wait of the chained decode stages gave up: stages separated \
-                     by barriers from now on"
-                );
-                for r in &runs {
-                    span.kv.truncate(r.slot, r.first);
-                }
-                span.chain = false;
-                span.recorded.clear(self);
-                return self.span_run(span, x, n_tok, placement, logit_rows);
-            }
-            count_chained_forward();
         }
         if let Err(e) = submitted {
             // Each slot's positions from its first row on may hold partial writes.
@@ -355,9 +320,6 @@ struct Copies {
     /// The persistent layers' scratch, the bytes of its failure word and
     /// counters (zeroed first), and the failure word's host copy.
     persistent: Option<(vk::Buffer, u64, vk::Buffer)>,
-    /// The chain words (zeroed first) and the failure word's host copy,
-    /// where the stages are chained.
-    chain: Option<(vk::Buffer, u64, vk::Buffer)>,
     result: (vk::Buffer, vk::Buffer, u64),
 }
 
@@ -462,9 +424,6 @@ unsafe fn record_forward(
     if let Some((scratch, header, _)) = c.persistent {
         d.cmd_fill_buffer(cmd, scratch, 0, header, 0);
     }
-    if let Some((words, bytes, _)) = c.chain {
-        d.cmd_fill_buffer(cmd, words, 0, bytes, 0);
-    }
     barrier(
         d,
         cmd,
@@ -495,10 +454,6 @@ unsafe fn record_forward(
     if let Some((scratch, _, failure)) = c.persistent {
         // The failure word (scratch word 0).
         d.cmd_copy_buffer(cmd, scratch, failure, &region(4));
-    }
-    if let Some((words, _, failure)) = c.chain {
-        // The failure word (chain word 0).
-        d.cmd_copy_buffer(cmd, words, failure, &region(4));
     }
     barrier(
         d,

@@ -11,7 +11,6 @@
 mod arena;
 mod attention_split;
 mod bindings;
-mod chain;
 mod desc;
 mod forward;
 mod kv;
@@ -25,7 +24,6 @@ mod record;
 mod recorded;
 mod step;
 
-pub use chain::chained_forwards;
 pub use desc::{SpanActivation, SpanDesc, SpanLayerDesc, SpanOutputDesc, SpanRope, SpanShape};
 pub use persistent::{PersistentMode, PERSISTENT_MAX_POSITIONS};
 pub use profile::SpanStage;
@@ -96,7 +94,7 @@ impl SpanFootprint {
         let params = self.n_layers * per_layer + self.rope_tables * s.n_ctx * s.n_rot + s.n_embd;
         let f32_bytes = |n: usize| (n as u64 * 4).next_multiple_of(16);
         f32_bytes(params)
-            + Arena::initial_device_bytes(gpu, s, self.n_ff, self.n_layers)
+            + Arena::initial_device_bytes(gpu, s, self.n_ff)
             + KvCache::initial_bytes(s, self.n_layers)
             + self.n_vocab.map_or(0, f32_bytes)
     }
@@ -127,10 +125,6 @@ pub struct Span {
     /// Single-token forwards run each layer as one dispatch, where asked
     /// for (`Gpu::span_set_persistent`).
     persistent: Option<Persistent>,
-    /// Single-token forwards chain their stages (chain.rs) instead of
-    /// separating them with barriers; cleared for good when a chained wait
-    /// gives up.
-    chain: bool,
     profiler: Option<Profiler>,
 }
 
@@ -296,7 +290,6 @@ impl Gpu {
             bindings: None,
             recorded: Recorded::default(),
             persistent: None,
-            chain: chain::chain_wanted(),
             profiler,
         };
         if let Some(mode) = PersistentMode::from_env() {

@@ -7,22 +7,15 @@ use crate::pipeline_stats::PipelineStats;
 use ash::vk;
 
 /// Push-constant words every span kernel may use.
-pub(crate) const PUSH_WORDS: usize = 18;
-/// The push-constant words of a chained dispatch's `chain` and
-/// `chain_groups` (shaders/chain.glsl), the last two: every span dispatch
-/// pushes all PUSH_WORDS words.
-pub(crate) const CHAIN_WORD: usize = PUSH_WORDS - 2;
+pub(crate) const PUSH_WORDS: usize = 16;
 /// Storage buffers per span descriptor set: four per kernel, then the step
 /// buffer (the forward's first position) that every set binds, then the
 /// parameter buffer for the attention kernel that does RoPE itself
 /// (`SpanKernel::AttentionRope`; the other sets leave it unwritten), then
 /// the attention's int8 output (the arena's `xn_int8`; attention sets only),
 /// then the split attention's scratch (the arena's `attn_split`; attention
-/// sets only), then the chain words (the arena's `chain`; every set).
-pub(crate) const SPAN_BINDINGS: u32 = 9;
-
-/// The binding of a span set that holds the chain words.
-pub(crate) const SPAN_CHAIN_BINDING: u32 = 8;
+/// sets only).
+pub(crate) const SPAN_BINDINGS: u32 = 8;
 
 /// The span kernels, by module.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -78,12 +71,6 @@ impl SpanKernel {
 
     /// The optional key-split attention kernels.
     const SPLIT: [SpanKernel; 2] = [SpanKernel::AttentionSplit, SpanKernel::AttentionSplitRope];
-
-    /// Whether the kernel takes part in chained decode stages (waits and
-    /// arrives as its `chain` push word says: shaders/chain.glsl).
-    pub(crate) fn chains(self) -> bool {
-        Self::SPLIT.contains(&self)
-    }
 
     /// The cooperative-matrix attention kernel for heads of `head_dim`
     /// values, if one is compiled for it.

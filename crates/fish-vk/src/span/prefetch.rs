@@ -155,7 +155,6 @@ impl Gpu {
                         groups: (gx as u32, wgs.div_ceil(gx) as u32),
                         weights: disp.weights,
                         up_weights: None,
-                        chains: false,
                     });
                     sets.push(*set);
                 }

@@ -5,13 +5,11 @@
 use super::arena::norm_parts_offset;
 use super::attention_split::{attention_splits, split_attention_fits};
 use super::bindings::{Bindings, MatmulSets};
-use super::chain::{chain_capacity, ChainStages};
 use super::desc::{LayerTensors, SpanActivation, SpanRope, SpanShape};
 use super::params::{LayerParams, Params};
 use super::persistent::PersistentRecording;
 use super::pipelines::{
-    SpanKernel, SpanPipelines, CHAIN_WORD, COOPMAT_ATTENTION_QUERIES, PUSH_WORDS,
-    TILED_ATTENTION_QUERIES,
+    SpanKernel, SpanPipelines, COOPMAT_ATTENTION_QUERIES, PUSH_WORDS, TILED_ATTENTION_QUERIES,
 };
 use super::prefetch::{L2Prefetch, PrefetchAt, PrefetchGroup};
 use super::profile::{Profiler, SpanStage};
@@ -943,120 +941,27 @@ pub(crate) struct Recording<'a> {
     /// Each layer as one dispatch (or one per stage) of the persistent
     /// kernel instead of the chunks' stages.
     pub persistent: Option<PersistentRecording<'a>>,
-    /// The stages chained instead of separated by barriers (chain.rs).
-    pub chain: bool,
 }
 
-/// Records stages, ending each with a barrier (and a timestamp when
-/// profiling), or with none where the stages are chained (chain.rs).
+/// Records stages, ending each with a barrier (and a timestamp when profiling).
 struct Recorder<'a> {
     d: &'a ash::Device,
-    gpu: &'a Gpu,
     cmd: vk::CommandBuffer,
     pipelines: &'a SpanPipelines,
     profiler: Option<&'a mut Profiler>,
-    chain: Option<ChainStages<Held>>,
-}
-
-/// A chained dispatch held back until its stage ends (chain.rs).
-enum Held {
-    Span {
-        kernel: SpanKernel,
-        set: vk::DescriptorSet,
-        words: [u32; PUSH_WORDS],
-        groups: (u32, u32),
-    },
-    Matmul(Dispatch, vk::DescriptorSet),
 }
 
 impl Recorder<'_> {
-    /// A span kernel's dispatch: its push words, then the chain words last.
     unsafe fn dispatch(
-        &mut self,
+        &self,
         kernel: SpanKernel,
         set: vk::DescriptorSet,
         push: &[u32],
         groups: (u32, u32),
     ) {
-        debug_assert!(push.len() <= CHAIN_WORD);
-        let mut words = [0u32; PUSH_WORDS];
-        words[..push.len()].copy_from_slice(push);
-        self.chained_or_now(
-            kernel.chains(),
-            Held::Span {
-                kernel,
-                set,
-                words,
-                groups,
-            },
-            groups,
-        );
-    }
-
-    /// The matmul dispatches of `plan`.
-    unsafe fn matmul(&mut self, plan: &[Dispatch], sets: &[vk::DescriptorSet]) {
-        if self.chain.is_none() {
-            self.gpu.record_dispatches(self.cmd, plan, sets);
-            return;
-        }
-        for (d, set) in plan.iter().zip(sets) {
-            self.chained_or_now(d.chains, Held::Matmul(*d, *set), d.groups);
-        }
-    }
-
-    /// Holds a chained dispatch back for its stage's end; records one that
-    /// does not chain now, after the chained ones before it and a barrier.
-    unsafe fn chained_or_now(&mut self, chains: bool, held: Held, groups: (u32, u32)) {
-        let Some(c) = self.chain.as_mut() else {
-            return self.record_held(held, 0, 0);
-        };
-        let refused = match chains {
-            true => c.join(held, groups.0 * groups.1),
-            false => Some(held),
-        };
-        if let Some(held) = refused {
-            self.flush_chained();
-            compute_barrier(self.d, self.cmd);
-            if let Some(c) = self.chain.as_mut() {
-                c.unchained();
-            }
-            self.record_held(held, 0, 0);
-        }
-    }
-
-    /// Records the held-back dispatches of the stage, each told the
-    /// stage's number and workgroups.
-    unsafe fn flush_chained(&mut self) {
-        if let Some(stage) = self.chain.as_mut().and_then(ChainStages::flush) {
-            for held in stage.dispatches {
-                self.record_held(held, stage.chain, stage.groups);
-            }
-        }
-    }
-
-    unsafe fn record_held(&self, held: Held, chain: u32, chain_groups: u32) {
-        match held {
-            Held::Span {
-                kernel,
-                set,
-                mut words,
-                groups,
-            } => {
-                words[CHAIN_WORD] = chain;
-                words[CHAIN_WORD + 1] = chain_groups;
-                let pipeline = self.pipelines.get(kernel);
-                self.dispatch_on(pipeline, self.pipelines.layout, set, &words, groups);
-            }
-            Held::Matmul(d, set) => {
-                let params = MatmulParams {
-                    chain,
-                    chain_groups,
-                    ..d.params
-                };
-                self.gpu
-                    .record_dispatches(self.cmd, &[Dispatch { params, ..d }], &[set]);
-            }
-        }
+        debug_assert!(push.len() <= PUSH_WORDS);
+        let pipeline = self.pipelines.get(kernel);
+        self.dispatch_on(pipeline, self.pipelines.layout, set, push, groups);
     }
 
     /// A dispatch of `pipeline` on its `layout` (the span kernels', or the
@@ -1086,14 +991,7 @@ impl Recorder<'_> {
 
     /// Ends a stage: later stages see its writes.
     unsafe fn end(&mut self, stage: SpanStage) {
-        self.flush_chained();
-        let barrier = match self.chain.as_mut() {
-            Some(c) => c.end_stage(),
-            None => true,
-        };
-        if barrier {
-            compute_barrier(self.d, self.cmd);
-        }
+        compute_barrier(self.d, self.cmd);
         if let Some(p) = self.profiler.as_deref_mut() {
             p.marks.push(stage);
             let at = p.marks.len() as u32;
@@ -1163,12 +1061,8 @@ impl Recording<'_> {
         let mut r = Recorder {
             d,
             cmd,
-            gpu: self.gpu,
             pipelines: self.pipelines,
             profiler,
-            chain: self
-                .chain
-                .then(|| ChainStages::new(chain_capacity(self.layers.len()))),
         };
         if let Some(p) = r.profiler.as_deref_mut() {
             p.marks.clear();
@@ -1666,11 +1560,6 @@ impl Recording<'_> {
         place: PrefetchAt,
         groups: &[PrefetchGroup<'_>],
     ) {
-        // Chained stages need no prefetch: the next stage's workgroups load
-        // their own weights while the stage before finishes.
-        if r.chain.is_some() {
-            return;
-        }
         if let Some(p) = chunk.prefetch.as_ref().filter(|p| p.at.has(place)) {
             self.gpu.record_prefetch(r.cmd, p, groups);
         }
@@ -1704,7 +1593,7 @@ impl Recording<'_> {
     }
 
     unsafe fn matmul(&self, r: &mut Recorder<'_>, plan: &[Dispatch], sets: &[vk::DescriptorSet]) {
-        r.matmul(plan, sets);
+        self.gpu.record_dispatches(r.cmd, plan, sets);
     }
 }
 
