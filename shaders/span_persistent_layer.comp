@@ -27,7 +27,7 @@
 // the wait (and, for wo, during the attention).
 //
 // Each matrix is Q4_K or Q6_K (the Q4_K_M mix; bit t of p.types: tensor t
-// is Q6_K), in its own buffer, read through the array at binding 13. Both
+// is Q6_K), in its own buffer, read through the array at binding 6. Both
 // types are read as units of 32 values in two runs of 16 that share a
 // scale, so a phase's tasks are cut alike whatever their rows' types; each
 // task's rounds run in a loop compiled for its type.
@@ -83,41 +83,42 @@ layout(push_constant) uniform Layer {
     uint phase_range;
 } p;
 
-// The layer's matrices. dequant.glsl and matvec_units.glsl (Q4_K) read
-// binding 0 as `w` and `w4`.
+// dequant.glsl and matvec_units.glsl (Q4_K) name binding 0 as `w` and
+// `w4`; this kernel never reads them (the optimiser drops both), so they
+// alias x's binding.
 layout(std430, binding = 0) readonly buffer Wq { uint w[]; };
 layout(std430, binding = 0) readonly buffer Wq4 { uvec4 w4[]; };
-// The same seven matrices (bindings 0-6) as one array of buffers, read
-// with an index uniform in every workgroup (a workgroup's subgroups take
-// consecutive tasks, and every tensor's rows are a multiple of the
-// subgroups per workgroup): one load per 16 bytes, where choosing among
-// the single bindings by a switch cost the matvec phases ~30%.
-layout(std430, binding = 13) readonly buffer Matrix4 { uvec4 v[]; } mats[7];
+// The layer's seven matrices as one array of buffers, read with an index
+// uniform in every workgroup (a workgroup's subgroups take consecutive
+// tasks, and every tensor's rows are a multiple of the subgroups per
+// workgroup): one load per 16 bytes, where choosing among single bindings
+// by a switch cost the matvec phases ~30%.
+layout(std430, binding = 6) readonly buffer Matrix4 { uvec4 v[]; } mats[7];
 #include "dequant.glsl"
 #include "matvec_units.glsl"
 #include "int8_dot.glsl"
 #include "gated_act.glsl"
 
 // The residual stream (token 0), read and written across workgroups.
-layout(std430, binding = 7) coherent buffer X { float x_f[]; };
-layout(std430, binding = 7) coherent buffer X4 { vec4 x_f4[]; };
+layout(std430, binding = 0) coherent buffer X { float x_f[]; };
+layout(std430, binding = 0) coherent buffer X4 { vec4 x_f4[]; };
 // The layer's f16 keys and values, two per word, one row per position.
-layout(std430, binding = 8) buffer Keys { uint k_cache[]; };
-layout(std430, binding = 8) buffer Keys4 { uvec4 k_cache4[]; };
-layout(std430, binding = 9) buffer Values { uint v_cache[]; };
-layout(std430, binding = 10) readonly buffer Params { float params[]; };
-layout(std430, binding = 10) readonly buffer Params4 { vec4 params4[]; };
+layout(std430, binding = 1) buffer Keys { uint k_cache[]; };
+layout(std430, binding = 1) buffer Keys4 { uvec4 k_cache4[]; };
+layout(std430, binding = 2) buffer Values { uint v_cache[]; };
+layout(std430, binding = 3) readonly buffer Params { float params[]; };
+layout(std430, binding = 3) readonly buffer Params4 { vec4 params4[]; };
 // The scratch: the failure word, the arrival counters, the slots.
-layout(std430, binding = 11) coherent buffer Scratch { float vec_f[]; };
-layout(std430, binding = 11) coherent buffer Scratch4 { vec4 vec_f4[]; };
-layout(std430, binding = 11) coherent buffer ScratchWords { uint q8[]; };
+layout(std430, binding = 4) coherent buffer Scratch { float vec_f[]; };
+layout(std430, binding = 4) coherent buffer Scratch4 { vec4 vec_f4[]; };
+layout(std430, binding = 4) coherent buffer ScratchWords { uint q8[]; };
 // Its int8 writers write q8.
 #include "int8_acts.glsl"
-layout(std430, binding = 11) volatile buffer Arrivals { uint arrivals[]; };
+layout(std430, binding = 4) volatile buffer Arrivals { uint arrivals[]; };
 // The int8 slots again, read through L1 (see above).
-layout(std430, binding = 11) readonly buffer Int8In4 { uvec4 in8_4[]; };
-layout(std430, binding = 11) readonly buffer Int8InF { float in8_f[]; };
-layout(std430, binding = 12) readonly buffer Step { uint step_words[]; };
+layout(std430, binding = 4) readonly buffer Int8In4 { uvec4 in8_4[]; };
+layout(std430, binding = 4) readonly buffer Int8InF { float in8_f[]; };
+layout(std430, binding = 5) readonly buffer Step { uint step_words[]; };
 #include "span_rope.glsl"
 
 #define COUNTER_WORD p.counter_word

@@ -549,27 +549,23 @@ fn persistent_sets(
         .iter()
         .enumerate()
         .map(|(il, l)| {
-            let mut buffers = layer_tensors(l)
+            let matrices = layer_tensors(l)
                 .iter()
                 .map(|&h| single_buffer(gpu, h))
                 .collect::<Result<Vec<_>>>()?;
-            buffers.extend([
+            debug_assert_eq!(matrices.len(), LAYER_MATRICES as usize);
+            let buffers = [
                 a.x.raw,
                 bufs.kv.k[il].raw,
                 bufs.kv.v[il].raw,
                 bufs.params.buffer.raw,
                 p.scratch.raw,
                 a.step.raw,
-            ]);
+            ];
             debug_assert_eq!(buffers.len(), PERSISTENT_BINDINGS as usize);
             let set = allocate(gpu, pool, p.pipeline.set_layout)?;
             write_set(gpu, set, &buffers);
-            write_array(
-                gpu,
-                set,
-                MATRIX_ARRAY_BINDING,
-                &buffers[..LAYER_MATRICES as usize],
-            );
+            write_array(gpu, set, MATRIX_ARRAY_BINDING, &matrices);
             Ok(set)
         })
         .collect()

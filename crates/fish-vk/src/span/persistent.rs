@@ -28,11 +28,10 @@ use crate::weight_format::WeightFormat;
 use ash::vk;
 use fish_gguf::GgmlType;
 
-/// Bindings of the kernel's set: q, k, v, wo, gate, up, down, x, the
-/// layer's keys and values, the parameters, the scratch, the step buffer;
-/// then binding MATRIX_ARRAY_BINDING, the seven matrices again as one array
-/// (which the kernel reads them through).
-pub(crate) const PERSISTENT_BINDINGS: u32 = 13;
+/// Single-buffer bindings of the kernel's set: x, the layer's keys and
+/// values, the parameters, the scratch, the step buffer; then binding
+/// MATRIX_ARRAY_BINDING, the seven matrices as one array.
+pub(crate) const PERSISTENT_BINDINGS: u32 = 6;
 pub(crate) const MATRIX_ARRAY_BINDING: u32 = PERSISTENT_BINDINGS;
 /// Matrices of a layer (the array binding's descriptors).
 pub(crate) const LAYER_MATRICES: u32 = 7;
@@ -261,7 +260,7 @@ fn takes_type(ty: WeightFormat) -> bool {
     matches!(ty, WeightFormat::Ggml(GgmlType::Q4_K | GgmlType::Q6_K))
 }
 
-/// A layer's tensors in binding order.
+/// A layer's tensors in the order of the matrix array.
 pub(crate) fn layer_tensors(l: &LayerTensors) -> [TensorHandle; 7] {
     let [q, k, v] = l.qkv;
     let [gate, up] = l.gate_up;
