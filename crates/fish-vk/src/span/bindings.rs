@@ -7,8 +7,8 @@ use super::kv::KvCache;
 use super::output::SpanOutput;
 use super::params::Params;
 use super::persistent::{
-    layer_tensors, single_buffer, Persistent, LAYER_MATRICES, MATRIX_ARRAY_BINDING,
-    PERSISTENT_BINDINGS, PERSISTENT_DESCRIPTORS,
+    layer_tensors, single_buffer, Persistent, MATRIX_ARRAY_BINDING, PERSISTENT_BINDINGS,
+    PERSISTENT_DESCRIPTORS,
 };
 use super::pipelines::{SpanPipelines, SPAN_BINDINGS};
 use super::record::NormedGroup;
@@ -553,8 +553,8 @@ fn persistent_sets(
                 .iter()
                 .map(|&h| single_buffer(gpu, h))
                 .collect::<Result<Vec<_>>>()?;
-            debug_assert_eq!(matrices.len(), LAYER_MATRICES as usize);
-            let buffers = [
+            // The set's single bindings, their count checked by the type.
+            let buffers: [vk::Buffer; PERSISTENT_BINDINGS as usize] = [
                 a.x.raw,
                 bufs.kv.k[il].raw,
                 bufs.kv.v[il].raw,
@@ -562,7 +562,6 @@ fn persistent_sets(
                 p.scratch.raw,
                 a.step.raw,
             ];
-            debug_assert_eq!(buffers.len(), PERSISTENT_BINDINGS as usize);
             let set = allocate(gpu, pool, p.pipeline.set_layout)?;
             write_set(gpu, set, &buffers);
             write_array(gpu, set, MATRIX_ARRAY_BINDING, &matrices);

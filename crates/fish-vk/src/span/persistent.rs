@@ -261,7 +261,7 @@ fn takes_type(ty: WeightFormat) -> bool {
 }
 
 /// A layer's tensors in the order of the matrix array.
-pub(crate) fn layer_tensors(l: &LayerTensors) -> [TensorHandle; 7] {
+pub(crate) fn layer_tensors(l: &LayerTensors) -> [TensorHandle; LAYER_MATRICES as usize] {
     let [q, k, v] = l.qkv;
     let [gate, up] = l.gate_up;
     [q, k, v, l.wo, gate, up, l.down]
