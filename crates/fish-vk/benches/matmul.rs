@@ -21,7 +21,11 @@
 //!   workgroups of one dispatch (what a persistent span kernel would pay
 //!   per stage); persistent_chain: one iteration is one of a chain of
 //!   dependent Q4_K matvecs in one such dispatch (bytes of weights per
-//!   second, as matvec).
+//!   second, as matvec);
+//! - atomic_add: one iteration is one dispatch in which every workgroup adds
+//!   a whole vector (a row per invocation and round) into one shared vector
+//!   by atomics, into a vector of its own, or stores it (what the reduction
+//!   of a feed-forward stage split along its inner dimension would cost).
 //!
 //! Each measurement rotates over enough copies of the weights to exceed
 //! FISH_VK_BENCH_ROTATE_MB (default 256 MB, over 4x the L2 of current GPUs),
@@ -35,8 +39,8 @@
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
 use fish_gguf::GgmlType;
 use fish_vk::{
-    ChainProbe, CoopMatTile, DecodeRun, DecodeShape, DispatchSync, Gpu, Kernel, LayerProbe,
-    LayerRun, LayerShape, MatmulInput, PeakShape, Staging, TensorHandle, WeightFormat,
+    AtomicProbe, ChainProbe, CoopMatTile, DecodeRun, DecodeShape, DispatchSync, Gpu, Kernel,
+    LayerProbe, LayerRun, LayerShape, MatmulInput, PeakShape, Staging, TensorHandle, WeightFormat,
     DECODE_PROBE_MAX_LAYERS, LAYER_PROBE_MAX_LAYERS,
 };
 use std::time::Duration;
@@ -616,6 +620,49 @@ fn bench_grid_barrier(c: &mut Criterion) {
     group.finish();
 }
 
+/// (workgroups, rows, additions per invocation) of the atomic_add bench: a
+/// llama-8b feed-forward stage in 32-row blocks (448 workgroups, 4096
+/// rows), llama-1b's (256, 2048), and one workgroup per H100 / H200
+/// multiprocessor.
+const ATOMIC_SHAPES: [(u32, u32, u32); 3] = [(448, 4096, 16), (256, 2048, 8), (132, 4096, 16)];
+
+/// Dispatches per timed submit of the atomic_add bench at most.
+const ATOMIC_MAX_REPEATS: u64 = 256;
+
+/// Whole vectors added by every workgroup of one dispatch
+/// (shaders/atomic_add_probe.comp), one criterion iteration per dispatch,
+/// a barrier after each (a stage of a span); `empty` is the same dispatch
+/// with no additions (its launch and the barrier).
+fn bench_atomic_add(c: &mut Criterion) {
+    if !group_selected("atomic_add") {
+        return;
+    }
+    let Some(gpu) = fish_vk::global() else { return };
+    let mut group = c.benchmark_group("atomic_add");
+    group
+        .sample_size(10)
+        .measurement_time(Duration::from_secs(1));
+    for (groups, rows, per_thread) in ATOMIC_SHAPES {
+        let runs = [
+            ("empty", AtomicProbe::Stores, 0),
+            ("shared", AtomicProbe::Shared, per_thread),
+            ("private", AtomicProbe::Private, per_thread),
+            ("stores", AtomicProbe::Stores, per_thread),
+        ];
+        for (name, probe, adds) in runs {
+            group.bench_function(format!("{name}/g{groups}_r{rows}"), |b| {
+                b.iter_custom(|iters| {
+                    in_runs(iters, ATOMIC_MAX_REPEATS, |n| {
+                        gpu.time_atomic_add(probe, groups, adds, rows, n)
+                            .expect("atomic_add")
+                    })
+                })
+            });
+        }
+    }
+    group.finish();
+}
+
 /// Matvecs per dispatch of the persistent_chain bench at most.
 const CHAIN_MAX: u64 = 4096;
 
@@ -833,6 +880,7 @@ criterion_group!(
     bench_batch_tile,
     bench_coopmat_peak,
     bench_grid_barrier,
+    bench_atomic_add,
     bench_persistent_chain,
     bench_persistent_layer,
     bench_persistent_decode

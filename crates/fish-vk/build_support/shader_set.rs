@@ -40,6 +40,7 @@ pub const SPAN_MODULES: &[(&str, &str, &[&str])] = &[
 /// Measurement-only modules compiled with glslc: (name, source, defines).
 pub const PROBE_MODULES: &[(&str, &str, &[&str])] = &[
     ("grid_barrier_probe", "grid_barrier_probe.comp", &[]),
+    ("atomic_add_probe", "atomic_add_probe.comp", &[]),
     ("persistent_matvec_probe", "persistent_matvec_probe.comp", &[]),
     (
         "persistent_matvec_probe_prefetch",

@@ -30,6 +30,56 @@ impl Gpu {
     }
 }
 
+/// Where the atomic_add probe's workgroups add (shaders/atomic_add_probe.comp).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AtomicProbe {
+    /// atomicAdd into one vector that every workgroup adds to.
+    Shared,
+    /// atomicAdd into a vector of each workgroup's own.
+    Private,
+    /// Plain stores into a vector of each workgroup's own.
+    Stores,
+}
+
+impl Gpu {
+    /// GPU time of `repeats` dispatches, a barrier after each, of `groups`
+    /// workgroups of 256 invocations, each invocation adding `per_thread`
+    /// values into a vector of `rows` 32-bit counters as `probe` says
+    /// (shaders/atomic_add_probe.comp): what the reduction of a feed-forward
+    /// stage split along its inner dimension, one whole vector per
+    /// workgroup, would cost as a stage of its own.
+    pub fn time_atomic_add(
+        &self,
+        probe: AtomicProbe,
+        groups: u32,
+        per_thread: u32,
+        rows: u32,
+        repeats: u32,
+    ) -> Result<Duration> {
+        if groups == 0 || rows == 0 {
+            return Err(VkError::Input(
+                "the atomic probe needs workgroups and rows".into(),
+            ));
+        }
+        let pipeline = self.pipelines.get(&self.device, "atomic_add_probe", &[])?;
+        let (mode, vectors) = match probe {
+            AtomicProbe::Shared => (0, 1),
+            AtomicProbe::Private => (1, u64::from(groups)),
+            AtomicProbe::Stores => (2, u64::from(groups)),
+        };
+        let params = Params {
+            n_in: per_thread,
+            n_rows: rows,
+            n_tok: mode,
+            groups_x: groups,
+            ..Params::default()
+        };
+        let x_bytes = vectors * u64::from(rows) * 4;
+        let sync = DispatchSync::EveryDispatch;
+        self.time_weightless_probe_with(pipeline, params, (x_bytes, 16), repeats, sync)
+    }
+}
+
 /// Rows per workgroup block of the persistent chain probe (ROWS in
 /// shaders/persistent_matvec_probe.comp).
 const CHAIN_ROWS: usize = 4;

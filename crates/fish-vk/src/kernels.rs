@@ -992,14 +992,31 @@ impl Gpu {
         (x_bytes, y_bytes): (u64, u64),
         repeats: u32,
     ) -> Result<Duration> {
+        let params = Params {
+            n_in: rounds,
+            groups_x: groups,
+            ..Params::default()
+        };
+        let bytes = (x_bytes, y_bytes);
+        self.time_weightless_probe_with(pipeline, params, bytes, repeats, DispatchSync::None)
+    }
+
+    /// `time_weightless_probe` with every push word the probe reads in
+    /// `params` (its workgroup count in `groups_x`), the repeats separated
+    /// as `sync` says.
+    pub(crate) fn time_weightless_probe_with(
+        &self,
+        pipeline: vk::Pipeline,
+        params: Params,
+        (x_bytes, y_bytes): (u64, u64),
+        repeats: u32,
+        sync: DispatchSync,
+    ) -> Result<Duration> {
+        let groups = params.groups_x;
         let unused = self.alloc(256, MemoryKind::Device)?;
         let dispatch = Dispatch {
             pipeline,
-            params: Params {
-                n_in: rounds,
-                groups_x: groups,
-                ..Params::default()
-            },
+            params,
             groups: (groups, 1),
             weights: unused.raw,
             up_weights: None,
@@ -1010,7 +1027,7 @@ impl Gpu {
             y_bytes,
             ScratchNeed::NONE,
             repeats,
-            DispatchSync::None,
+            sync,
         );
         self.release(unused);
         time

@@ -43,7 +43,7 @@ pub use device::DeviceInfo;
 pub use error::{Result, VkError};
 pub use frags::decodes as prefill_frags_decodes;
 pub use gpu::Gpu;
-pub use grid_barrier::ChainProbe;
+pub use grid_barrier::{AtomicProbe, ChainProbe};
 pub use int8_dot::{int8_activations, Int8Dot, Int8Policy, INT8_BLOCK};
 pub use kernels::{
     supports, DispatchSync, GatedActivation, Kernel, MatmulInput, MATVEC_MAX_TOKENS,

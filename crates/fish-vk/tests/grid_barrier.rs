@@ -1,5 +1,5 @@
 //! The grid-barrier probes (shaders/grid_barrier_probe.comp and the
-//! persistent matvec and layer probes) run cleanly, and the layer probe's
+//! persistent matvec and layer probes) and the atomic-add probe run cleanly, and the layer probe's
 //! chain matches the CPU: one workgroup meets itself at every barrier, so
 //! no wait is long (lavapipe ends an invocation whose loop passes 65535
 //! iterations).
@@ -7,7 +7,7 @@
 mod common;
 
 use common::gpu_or_skip;
-use fish_vk::ChainProbe;
+use fish_vk::{AtomicProbe, ChainProbe};
 
 #[test]
 fn the_grid_barrier_probe_runs_and_validates() {
@@ -15,6 +15,23 @@ fn the_grid_barrier_probe_runs_and_validates() {
     let one_round = gpu.time_grid_barrier(1, 1).expect("probe");
     let many = gpu.time_grid_barrier(1, 1000).expect("probe");
     assert!(many > std::time::Duration::ZERO && one_round > std::time::Duration::ZERO);
+    assert_eq!(gpu.validation_messages(), 0);
+}
+
+#[test]
+fn the_atomic_add_probe_runs_and_validates() {
+    let Some(gpu) = gpu_or_skip() else { return };
+    for probe in [
+        AtomicProbe::Shared,
+        AtomicProbe::Private,
+        AtomicProbe::Stores,
+    ] {
+        let time = gpu.time_atomic_add(probe, 4, 2, 512, 2).expect("probe");
+        assert!(time > std::time::Duration::ZERO);
+        // Workgroups and rows it needs.
+        assert!(gpu.time_atomic_add(probe, 0, 2, 512, 1).is_err());
+        assert!(gpu.time_atomic_add(probe, 4, 2, 0, 1).is_err());
+    }
     assert_eq!(gpu.validation_messages(), 0);
 }
 
