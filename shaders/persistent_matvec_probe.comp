@@ -22,13 +22,31 @@
 // every stage's output to fresh addresses could read it. Here the two
 // vectors are rewritten in place, so the values may be stale: a timing
 // probe only.
+//
+// With PRELOAD_ALL (module persistent_matvec_probe_preload) every subgroup
+// owns a row (rows r, r + subgroups of the dispatch, ...) and holds ALL of
+// its first row's units in registers (the heads spread over the lanes),
+// loaded after its stores' fence and before the grid-wide barrier
+// that precedes the matvec: with a row per subgroup the whole next matrix
+// is in flight while the workgroups wait, so the dependency costs the
+// barrier, x's staging and the sums, not the weights' latency. Rows of at
+// most PRELOAD_UNITS units per lane (4096 Q4_K values at 32 lanes); 256
+// invocations per workgroup.
 #extension GL_GOOGLE_include_directive : require
 #extension GL_KHR_shader_subgroup_arithmetic : require
 #extension GL_KHR_shader_subgroup_basic : require
+#if defined(PRELOAD_ALL)
+#extension GL_KHR_shader_subgroup_shuffle : require
+#endif
 
 #define TYPE_Q4_K
+#if defined(PRELOAD_ALL)
+layout(local_size_x = 256) in;
+const uint WG = 256u;
+#else
 layout(local_size_x = 64) in;
 const uint WG = 64u;
+#endif
 const uint ROWS = 4u;
 
 #include "common.glsl"
@@ -138,7 +156,129 @@ void grid_barrier(uint m) {
     barrier();
 }
 
-#if defined(PREFETCH)
+#if defined(PRELOAD_ALL)
+const uint PRELOAD_UNITS = 4u;
+shared vec4 xs[4096u / 4u];
+
+// Lane l's k-th unit is l + k * lanes (a load of all lanes reads one
+// contiguous stretch of qs). Its head, one of the row's n_units / 8
+// super-blocks' 16-byte heads, is held spread over the lanes: lane l keeps
+// words HEAD_WORDS * l .. of the row's heads (word i = word i % 4 of
+// super-block i / 4), so a head costs HEAD_WORDS registers per lane, not
+// four per unit, and reaches its lanes by shuffles.
+const uint HEAD_WORDS = 2u;
+
+// Loads row `row` of the matrix starting at row copy_row0: this lane's
+// units' qs and its share of the row's head words.
+void load_row(out uvec4 qs[PRELOAD_UNITS], out uint heads[HEAD_WORDS], uint copy_row0, uint row, uint per_lane) {
+    uint lane = gl_SubgroupInvocationID;
+    uint row_byte = (copy_row0 + row) * p.row_stride;
+    for (uint k = 0u; k < PRELOAD_UNITS; k++) {
+        uint u = lane + min(k, per_lane - 1u) * gl_SubgroupSize;
+        qs[k] = w4[(row_byte + u / 8u * BLOCK_BYTES) / 16u + QS_OFFSET / 16u + u % 8u];
+    }
+    uint n_words = 4u * (p.n_in / BLOCK_VALUES);
+    for (uint j = 0u; j < HEAD_WORDS; j++) {
+        uint i = min(HEAD_WORDS * lane + j, n_words - 1u);
+        heads[j] = w[(row_byte + i / 4u * BLOCK_BYTES) / 4u + i % 4u];
+    }
+}
+
+// The head of super-block sb from the lanes that hold it.
+uvec4 head_of(uint heads[HEAD_WORDS], uint sb) {
+    uvec4 h;
+    for (uint c = 0u; c < 4u; c++) {
+        uint i = 4u * sb + c;
+        uint from_lane = i / HEAD_WORDS;
+        // Every lane takes part in each shuffle (the word index is uniform).
+        uint w0 = subgroupShuffle(heads[0], from_lane);
+        uint w1 = subgroupShuffle(heads[1], from_lane);
+        h[c] = (i % HEAD_WORDS) == 0u ? w0 : w1;
+    }
+    return h;
+}
+
+// The grid-wide barrier of this variant: the workgroup's stores were made
+// available before its loads ahead were issued (so no fence here waits
+// for those loads); one invocation counts the arrival and polls.
+void grid_barrier_after_fence(uint m) {
+    barrier();
+    if (gl_LocalInvocationID.x == 0u) {
+        uint counter = p.n_in;
+        atomicAdd(arrivals[counter], 1u);
+        uint target = (m + 1u) * p.groups_x;
+        for (uint spins = 0u; arrivals[counter] < target && spins < SPIN_LIMIT; spins++) {
+        }
+        memoryBarrierBuffer();
+    }
+    barrier();
+}
+
+void main() {
+    uint tid = gl_LocalInvocationID.x;
+    uint n_units = p.n_in / UNIT_VALUES;
+    uint per_lane = n_units / gl_SubgroupSize;
+    uint lanes_rows = p.groups_x * gl_NumSubgroups;
+    uint row_first = gl_WorkGroupID.x * gl_NumSubgroups + gl_SubgroupID;
+    uvec4 qs[PRELOAD_UNITS];
+    uint heads[HEAD_WORDS];
+    if (row_first < p.n_rows) {
+        load_row(qs, heads, 0u, row_first, per_lane);
+    }
+    for (uint m = 0u; m < p.n_tok; m++) {
+        bool from_a = (m & 1u) == 0u;
+        uint copy_row0 = (m % p.y_stride) * p.n_rows;
+        for (uint i = tid; i < p.n_in / 4u; i += WG) {
+            xs[i] = input4(from_a, i);
+        }
+        barrier();
+        for (uint row = row_first; row < p.n_rows; row += lanes_rows) {
+            if (row != row_first) {
+                load_row(qs, heads, copy_row0, row, per_lane);
+            }
+            float acc = 0.0;
+            for (uint k = 0u; k < PRELOAD_UNITS; k++) {
+                if (k >= per_lane) {
+                    break;
+                }
+                uint u = gl_SubgroupInvocationID + k * gl_SubgroupSize;
+                Unit unit;
+                // Uniform per k only where a subgroup's lanes share a
+                // super-block's heads: the shuffles take each lane's own.
+                unit.head = head_of(heads, u / 8u);
+                unit.qs = qs[k];
+                unit.c = (u % 8u) / 2u;
+                for (uint run = 0u; run < RUNS; run++) {
+                    uint xr = run_x4(u, run);
+                    vec4 x0 = xs[xr];
+                    vec4 x1 = xs[xr + 1u];
+                    vec4 x2 = xs[xr + 2u];
+                    vec4 x3 = xs[xr + 3u];
+                    float xsum = dot((x0 + x1) + (x2 + x3), vec4(1.0));
+                    add_run(acc, unit, run, x0, x1, x2, x3, xsum);
+                }
+            }
+            float s = subgroupAdd(acc);
+            if (subgroupElect()) {
+                // Scaled down so that the chain stays finite.
+                if (from_a) {
+                    b1[row] = s * 1e-3;
+                } else {
+                    a1[row] = s * 1e-3;
+                }
+            }
+        }
+        // This invocation's stores available before its loads ahead, so
+        // that the fence does not wait for them.
+        memoryBarrierBuffer();
+        // The next matvec's rows stream in during the barrier.
+        if (m + 1u < p.n_tok && row_first < p.n_rows) {
+            load_row(qs, heads, ((m + 1u) % p.y_stride) * p.n_rows, row_first, per_lane);
+        }
+        grid_barrier_after_fence(m);
+    }
+}
+#elif defined(PREFETCH)
 void main() {
     uint tid = gl_LocalInvocationID.x;
     uint n_units = p.n_in / UNIT_VALUES;

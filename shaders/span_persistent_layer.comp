@@ -769,8 +769,14 @@ void main() {
             } else {
                 matvec_phase(DOWN, ready);
             }
-            load_ahead(next_matvec(g), ready);
         }
         arrive();
+        // After the arrival's release, which waits for the invocation's
+        // outstanding memory operations: loads ahead issued before it would
+        // hold the arrival back by their latency; here they stream while
+        // the other workgroups arrive.
+        if (g != ATTN && g != ACT_Q) {
+            load_ahead(next_matvec(g), ready);
+        }
     }
 }

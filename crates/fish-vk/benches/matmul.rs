@@ -699,8 +699,16 @@ fn bench_persistent_chain(c: &mut Criterion) {
         ("plain", ChainProbe::Plain),
         ("prefetch", ChainProbe::Prefetch),
         ("prefetch_l1", ChainProbe::PrefetchL1),
+        ("preload", ChainProbe::PreloadAll),
     ] {
-        for groups in [132u32, 264, 528, 1024] {
+        // The preload probe's 256-invocation workgroups hold a row per
+        // subgroup: 512 of them give each of a 32-lane device's 4096
+        // subgroups one row, 256 two.
+        let all_groups: &[u32] = match probe {
+            ChainProbe::PreloadAll => &[256, 512],
+            _ => &[132, 264, 528, 1024],
+        };
+        for &groups in all_groups {
             group.bench_function(format!("{id}/Q4_K/{n}x{n}/groups{groups}"), |b| {
                 b.iter_custom(|iters| {
                     in_runs(iters, CHAIN_MAX, |chain| {

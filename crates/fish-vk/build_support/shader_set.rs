@@ -52,6 +52,11 @@ pub const PROBE_MODULES: &[(&str, &str, &[&str])] = &[
         "persistent_matvec_probe.comp",
         &["PREFETCH", "L1_X"],
     ),
+    (
+        "persistent_matvec_probe_preload",
+        "persistent_matvec_probe.comp",
+        &["PRELOAD_ALL"],
+    ),
     ("persistent_layer_probe", "persistent_layer_probe.comp", &[]),
     (
         "persistent_layer_probe_ahead",

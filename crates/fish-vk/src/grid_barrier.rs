@@ -85,6 +85,10 @@ impl Gpu {
 const CHAIN_ROWS: usize = 4;
 /// The longest rows its PREFETCH variant takes (PREFETCH_UNITS * WG units).
 const CHAIN_PREFETCH_MAX_N: usize = 4096;
+/// Units per lane its PRELOAD_ALL variant holds at most (PRELOAD_UNITS), and
+/// the Q4_K values of a unit.
+const CHAIN_PRELOAD_UNITS: usize = 4;
+const Q4_K_UNIT_VALUES: usize = 32;
 
 /// The persistent chain probe's variants.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -97,9 +101,26 @@ pub enum ChainProbe {
     /// `Prefetch` with x staged through L1-cached loads (timing only: the
     /// probe rewrites x in place, so the values may be stale).
     PrefetchL1,
+    /// A row per subgroup, all of its units held in registers and loaded
+    /// after the workgroup's stores are fenced, before the grid-wide
+    /// barrier: the whole next matrix in flight while the workgroups wait
+    /// (256 invocations per workgroup; rows of 1 to 4 units per lane).
+    PreloadAll,
 }
 
 impl Gpu {
+    /// Whether the PRELOAD_ALL chain probe takes Q4_K rows of `n` values on
+    /// this device: whole units per lane of a subgroup that shuffles, at
+    /// most CHAIN_PRELOAD_UNITS of them.
+    fn preloads_rows(&self, n: usize) -> bool {
+        let lanes = self.info.subgroup_size as usize;
+        let units = n / Q4_K_UNIT_VALUES;
+        self.info.subgroup_shuffle
+            && lanes > 0
+            && units.is_multiple_of(lanes)
+            && (1..=CHAIN_PRELOAD_UNITS).contains(&(units / lanes))
+    }
+
     /// GPU time of one dispatch of `groups` workgroups running a chain of
     /// `chain` dependent matvecs with a grid-wide barrier after each
     /// (shaders/persistent_matvec_probe.comp): matvec m multiplies copy
@@ -121,6 +142,7 @@ impl Gpu {
             || handle.n_out() != copies * n
             || !n.is_multiple_of(CHAIN_ROWS)
             || (probe != ChainProbe::Plain && n > CHAIN_PREFETCH_MAX_N)
+            || (probe == ChainProbe::PreloadAll && !self.preloads_rows(n))
         {
             return Err(VkError::Input(format!(
                 "the chain probe takes Q4_K copies of square matrices ({:?} {}x{} as {copies})",
@@ -139,6 +161,7 @@ impl Gpu {
             ChainProbe::Plain => "persistent_matvec_probe",
             ChainProbe::Prefetch => "persistent_matvec_probe_prefetch",
             ChainProbe::PrefetchL1 => "persistent_matvec_probe_prefetch_l1",
+            ChainProbe::PreloadAll => "persistent_matvec_probe_preload",
         };
         let pipeline = self.pipelines.get(&self.device, module, &[])?;
         let dispatch = Dispatch {

@@ -48,6 +48,7 @@ fn the_persistent_chain_probe_runs_and_validates() {
         ChainProbe::Plain,
         ChainProbe::Prefetch,
         ChainProbe::PrefetchL1,
+        ChainProbe::PreloadAll,
     ] {
         let time = gpu
             .time_persistent_chain(probe, handle, copies, 4, 1)
