@@ -541,31 +541,59 @@ uint next_matvec(uint g) {
 // The RMS norm of x times the weights at float norm_off, quantised into the
 // staging (sxq / sxd / sxs) with the int8 writers' arithmetic
 // (quantise_part). Every invocation must call it.
+// Words of x (and of the norm's weights) each invocation of stage_normed
+// has in flight at once: x is read coherently, so each load is a round
+// trip to L2 on the phase's critical path, and a loop of one load per
+// iteration would wait for them one after another.
+const uint NORM_LOADS = 4u;
+
 void stage_normed(uint norm_off) {
     uint tid = gl_LocalInvocationID.x;
-    // n_in is a multiple of 1024, so every invocation takes the same rounds.
+    // n_in is a multiple of 1024, so every invocation takes the same
+    // rounds: word i0 + k WG is in the row for all of them or for none
+    // (`in_row`, uniform; past the row a load rereads the last word).
     uint words = p.n_in / 4u;
     float sumsq = 0.0;
-    for (uint i = tid; i < words; i += WG) {
-        vec4 v = x_f4[i];
-        sumsq += dot(v, v);
+    for (uint i0 = tid; i0 < words; i0 += NORM_LOADS * WG) {
+        vec4 v[NORM_LOADS];
+        [[unroll]] for (uint k = 0u; k < NORM_LOADS; k++) {
+            v[k] = x_f4[min(i0 + k * WG, words - 1u)];
+        }
+        [[unroll]] for (uint k = 0u; k < NORM_LOADS; k++) {
+            if (i0 - tid + k * WG < words) {
+                sumsq += dot(v[k], v[k]);
+            }
+        }
     }
     float total = workgroup_sum(sumsq);
     float scale = 1.0 / sqrt(total / float(p.n_in) + p.eps);
-    for (uint i = tid; i < words; i += WG) {
-        vec4 v = x_f4[i] * scale * params4[norm_off / 4u + i];
-        uint word;
-        float d;
-        float half_sum;
-        quantise_part(v, word, d, half_sum);
-        uint blk = i / 8u;
-        uint part = i % 8u;
-        sxq[i / 4u][i % 4u] = word;
-        if (part == 0u) {
-            sxd[blk] = d;
+    for (uint i0 = tid; i0 < words; i0 += NORM_LOADS * WG) {
+        vec4 xv[NORM_LOADS];
+        vec4 wv[NORM_LOADS];
+        [[unroll]] for (uint k = 0u; k < NORM_LOADS; k++) {
+            uint i = min(i0 + k * WG, words - 1u);
+            xv[k] = x_f4[i];
+            wv[k] = params4[norm_off / 4u + i];
         }
-        if (part % 4u == 0u) {
-            sxs[2u * blk + part / 4u] = half_sum;
+        [[unroll]] for (uint k = 0u; k < NORM_LOADS; k++) {
+            uint i = i0 + k * WG;
+            if (i0 - tid + k * WG >= words) {
+                break;
+            }
+            vec4 v = xv[k] * scale * wv[k];
+            uint word;
+            float d;
+            float half_sum;
+            quantise_part(v, word, d, half_sum);
+            uint blk = i / 8u;
+            uint part = i % 8u;
+            sxq[i / 4u][i % 4u] = word;
+            if (part == 0u) {
+                sxd[blk] = d;
+            }
+            if (part % 4u == 0u) {
+                sxs[2u * blk + part / 4u] = half_sum;
+            }
         }
     }
     barrier();
