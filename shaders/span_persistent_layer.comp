@@ -546,6 +546,11 @@ uint next_matvec(uint g) {
 // trip to L2 on the phase's critical path, and a loop of one load per
 // iteration would wait for them one after another.
 const uint NORM_LOADS = 4u;
+// 16-byte words of a cached key, and cached value words, each invocation
+// of the attention has in flight at once (the same reasoning; the
+// attention is not where the kernel's registers peak).
+const uint KEY_LOADS = 8u;
+const uint VALUE_LOADS = 16u;
 
 void stage_normed(uint norm_off) {
     uint tid = gl_LocalInvocationID.x;
@@ -641,15 +646,35 @@ void attention_block(uint hq) {
     uint row_words = kv_dim() / 2u;
     uint k_src = qkv_slot() + q_dim() + j * d_head;
     uint v_src = k_src + kv_dim();
-    for (uint i = tid; i < d_head / 2u; i += WG) {
-        uvec2 e = head_pair(i);
-        vec2 cs = rope_angle(p.rope_table, pos, d_head, i);
-        vec2 r = rope_rotate(vec_f[k_src + e.x], vec_f[k_src + e.y], cs);
+    uint q_src = qkv_slot() + hq * d_head;
+    // The token's key and value (its KV head's) and query (this head's),
+    // one value pair or value per invocation (head_dim <= WG, persistent.rs
+    // checks it), loaded together: each is a coherent load, a round trip
+    // to L2, and loaded one loop after another they waited for each other.
+    bool pair_lane = tid < d_head / 2u;
+    bool value_lane = tid < d_head;
+    uvec2 e = head_pair(min(tid, d_head / 2u - 1u));
+    vec2 k_in = vec2(0.0);
+    vec2 q_in = vec2(0.0);
+    float v_in = 0.0;
+    if (pair_lane) {
+        k_in = vec2(vec_f[k_src + e.x], vec_f[k_src + e.y]);
+        q_in = vec2(vec_f[q_src + e.x], vec_f[q_src + e.y]);
+    }
+    if (value_lane) {
+        v_in = vec_f[v_src + tid];
+    }
+    if (pair_lane) {
+        vec2 cs = rope_angle(p.rope_table, pos, d_head, tid);
+        vec2 r = rope_rotate(k_in.x, k_in.y, cs);
         kc[e.x] = f16_round(r.x);
         kc[e.y] = f16_round(r.y);
+        vec2 rq = rope_rotate(q_in.x, q_in.y, cs);
+        qr[e.x] = rq.x;
+        qr[e.y] = rq.y;
     }
-    for (uint i = tid; i < d_head; i += WG) {
-        vc[i] = f16_round(vec_f[v_src + i]);
+    if (value_lane) {
+        vc[tid] = f16_round(v_in);
     }
     barrier();
     uint head_words = j * d_head / 2u;
@@ -660,17 +685,10 @@ void attention_block(uint hq) {
             v_cache[at + i] = packHalf2x16(vec2(vc[2u * i], vc[2u * i + 1u]));
         }
     }
-    uint q_src = qkv_slot() + hq * d_head;
-    for (uint i = tid; i < d_head / 2u; i += WG) {
-        uvec2 e = head_pair(i);
-        vec2 cs = rope_angle(p.rope_table, pos, d_head, i);
-        vec2 r = rope_rotate(vec_f[q_src + e.x], vec_f[q_src + e.y], cs);
-        qr[e.x] = r.x;
-        qr[e.y] = r.y;
-    }
-    barrier();
     // Scores of positions tid, tid + WG, ... into the staging's words (as
-    // float bits; SCORE), a cached key read as 16-byte words four at a time.
+    // float bits; SCORE), a cached key read as 16-byte words KEY_LOADS at
+    // a time (a llama-8b key's 16 in two round trips, a llama-1b key's 8
+    // in one).
     float m = -3.0e38;
     for (uint t = tid; t <= pos; t += WG) {
         float s = 0.0;
@@ -681,12 +699,12 @@ void attention_block(uint hq) {
         } else {
             // A whole number of 16-byte words: head_dim is a multiple of 8.
             uint kw = (row0 + t) * row_words + head_words;
-            for (uint c = 0u; c < d_head / 8u; c += 4u) {
-                uvec4 k4[4];
-                [[unroll]] for (uint u = 0u; u < 4u; u++) {
+            for (uint c = 0u; c < d_head / 8u; c += KEY_LOADS) {
+                uvec4 k4[KEY_LOADS];
+                [[unroll]] for (uint u = 0u; u < KEY_LOADS; u++) {
                     k4[u] = k_cache4[kw / 4u + min(c + u, d_head / 8u - 1u)];
                 }
-                [[unroll]] for (uint u = 0u; u < 4u; u++) {
+                [[unroll]] for (uint u = 0u; u < KEY_LOADS; u++) {
                     if (c + u >= d_head / 8u) {
                         break;
                     }
@@ -711,8 +729,8 @@ void attention_block(uint hq) {
     }
     sum = workgroup_sum(sum);
     // The weighted values: each thread owns one word (two dimensions) and
-    // every sets-th cached position, eight loads issued together; this
-    // position's value comes from vc.
+    // every sets-th cached position, VALUE_LOADS loads issued together (a
+    // round trip each time); this position's value comes from vc.
     uint words = d_head / 2u;
     uint sets = WG / words;
     uint word = tid % words;
@@ -720,14 +738,17 @@ void attention_block(uint hq) {
     vec2 o = vec2(0.0);
     if (set < sets) {
         uint vw = row0 * row_words + head_words + word;
-        for (uint t0 = set; t0 < pos; t0 += 8u * sets) {
-            uint v8[8];
-            for (uint u = 0u; u < 8u; u++) {
+        for (uint t0 = set; t0 < pos; t0 += VALUE_LOADS * sets) {
+            uint vl[VALUE_LOADS];
+            [[unroll]] for (uint u = 0u; u < VALUE_LOADS; u++) {
                 uint t = min(t0 + u * sets, pos - 1u);
-                v8[u] = v_cache[vw + t * row_words];
+                vl[u] = v_cache[vw + t * row_words];
             }
-            for (uint u = 0u; u < 8u && t0 + u * sets < pos; u++) {
-                o += uintBitsToFloat(SCORE(t0 + u * sets)) * unpackHalf2x16(v8[u]);
+            [[unroll]] for (uint u = 0u; u < VALUE_LOADS; u++) {
+                if (t0 + u * sets >= pos) {
+                    break;
+                }
+                o += uintBitsToFloat(SCORE(t0 + u * sets)) * unpackHalf2x16(vl[u]);
             }
         }
     }
