@@ -454,15 +454,16 @@ uint subgroups() {
     return p.groups_x * gl_NumSubgroups;
 }
 
-// Stores task t's sums (s1: the up row's) as phase g keeps them.
-void store_task(uint g, uint t, float s0, float s1) {
+// Stores task t's sums (s1: the up row's) as phase g keeps them; x_t is
+// row t of x, loaded before the task's sums (wo and down).
+void store_task(uint g, uint t, float s0, float s1, float x_t) {
     if (g == QKV) {
         vec_f[qkv_slot() + t] = s0;
     } else if (g == GATE_UP) {
         vec_f[act_slot() + t] = gated_act(s0, 0u) * s1;
     } else {
         // wo and down add into the residual stream; each row has one writer.
-        x_f[t] += s0;
+        x_f[t] = x_t + s0;
     }
 }
 
@@ -503,6 +504,14 @@ void matvec_phase(uint g, inout bool ready) {
     XSrc x = x_src(g);
     for (uint t = subgroup_index(); t < tasks_of(g); t += subgroups()) {
         Task tk = task_of(g, t);
+        // The residual row wo and down add to, loaded now so that its round
+        // trip to L2 (x is coherent) overlaps the sums instead of following
+        // them. No other task writes row t, and nothing in these phases
+        // reads x, so its value is the one a load after the sums would see.
+        float x_t = 0.0;
+        if (g == WO || g == DOWN) {
+            x_t = x_f[t];
+        }
         float s0;
         float s1;
         // Both rows of a gate/up task share a type (persistent.rs checks it).
@@ -513,7 +522,7 @@ void matvec_phase(uint g, inout bool ready) {
         }
         ready = false;
         if (subgroupElect()) {
-            store_task(g, t, s0, s1);
+            store_task(g, t, s0, s1, x_t);
         }
     }
 }
