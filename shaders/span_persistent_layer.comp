@@ -547,25 +547,26 @@ uint next_matvec(uint g) {
     return g == DOWN ? NONE : DOWN;
 }
 
-// The RMS norm of x times the weights at float norm_off, quantised into the
-// staging (sxq / sxd / sxs) with the int8 writers' arithmetic
-// (quantise_part). Every invocation must call it.
 // Words of x (and of the norm's weights) each invocation of stage_normed
 // has in flight at once: x is read coherently, so each load is a round
 // trip to L2 on the phase's critical path, and a loop of one load per
 // iteration would wait for them one after another.
 const uint NORM_LOADS = 4u;
 // 16-byte words of a cached key, and cached value words, each invocation
-// of the attention has in flight at once (the same reasoning; the
-// attention is not where the kernel's registers peak).
+// of the attention has in flight at once (the same reasoning; on the H100
+// the kernel still keeps 660 workgroups resident with them).
 const uint KEY_LOADS = 8u;
 const uint VALUE_LOADS = 16u;
 
+// The RMS norm of x times the weights at float norm_off, quantised into the
+// staging (sxq / sxd / sxs) with the int8 writers' arithmetic
+// (quantise_part). Every invocation must call it.
 void stage_normed(uint norm_off) {
     uint tid = gl_LocalInvocationID.x;
     // n_in is a multiple of 1024, so every invocation takes the same
     // rounds: word i0 + k WG is in the row for all of them or for none
-    // (`in_row`, uniform; past the row a load rereads the last word).
+    // (the test on i0 - tid is uniform; past the row a load rereads the
+    // last word and its value is not used).
     uint words = p.n_in / 4u;
     float sumsq = 0.0;
     for (uint i0 = tid; i0 < words; i0 += NORM_LOADS * WG) {

@@ -56,9 +56,9 @@ impl Gpu {
         rows: u32,
         repeats: u32,
     ) -> Result<Duration> {
-        if groups == 0 || rows == 0 {
+        if groups == 0 || rows == 0 || repeats == 0 {
             return Err(VkError::Input(
-                "the atomic probe needs workgroups and rows".into(),
+                "the atomic probe needs workgroups, rows and a dispatch".into(),
             ));
         }
         let pipeline = self.pipelines.get(&self.device, "atomic_add_probe", &[])?;

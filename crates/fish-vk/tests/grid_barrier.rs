@@ -28,9 +28,10 @@ fn the_atomic_add_probe_runs_and_validates() {
     ] {
         let time = gpu.time_atomic_add(probe, 4, 2, 512, 2).expect("probe");
         assert!(time > std::time::Duration::ZERO);
-        // Workgroups and rows it needs.
+        // Workgroups, rows and a dispatch it needs.
         assert!(gpu.time_atomic_add(probe, 0, 2, 512, 1).is_err());
         assert!(gpu.time_atomic_add(probe, 4, 2, 0, 1).is_err());
+        assert!(gpu.time_atomic_add(probe, 4, 2, 512, 0).is_err());
     }
     assert_eq!(gpu.validation_messages(), 0);
 }
