@@ -5,26 +5,32 @@
 // boundaries, on int8 activations as the staged decode's matvecs take them
 // (matvec_i8.comp). Phases:
 //   0 q/k/v: each workgroup with rows to sum quantises the attention norm
-//     of x into shared memory (the blocks of int8_acts.glsl), then q | k | v
-//     into the scratch;
-//   1 attention: one workgroup per query head: RoPE from the span's cos/sin
+//     of x into shared memory (the blocks of int8_acts.glsl), then k and v,
+//     then q, into the scratch, each value tagged with its layer;
+//   1 attention, with no grid-wide wait before it (it polls the tags of
+//     the values it reads, so each head starts once its own rows are
+//     stored): one workgroup per query head: RoPE from the span's cos/sin
 //     table on its q and its key-value head's k (the group's first query
 //     head stores k and v as f16 at the token's KV row), softmax(q k *
 //     attn_scale) over the positions up to the token's, the weighted
 //     values quantised into wo's int8 input;
 //   2 wo: x += wo times that;
 //   3 gate/up: the feed-forward norm of x in shared memory as in phase 0,
-//     SiLU(gate) * up of each row into the scratch;
-//   4 that activation quantised into down's int8 input;
+//     SiLU(gate) * up of each row into the scratch, each value tagged;
+//   4 with no grid-wide wait before it: each block of 32 of those values
+//     quantised into down's int8 input by the subgroup that summed its
+//     last row, once all of its values carry this layer's tag (see
+//     settle_block);
 //   5 down: x += down times that.
 //
 // A matvec phase is a list of tasks dealt to the subgroups in turn (a row;
 // for gate/up row i of gate and row i of up), each summed by its subgroup
 // alone in rounds of two units per lane, with no workgroup barrier, as the
-// staged kernel's one-subgroup workgroups sum their rows. Before a
-// subgroup arrives at the end of a phase it loads the first round of its
-// first task in the next matvec phase, so that those weights stream during
-// the wait (and, for wo, during the attention).
+// staged kernel's one-subgroup workgroups sum their rows. Right after a
+// subgroup arrives at the end of a matvec phase it loads the first round
+// of its first task in the next matvec phase, so that those weights stream
+// during the wait (and, for wo, during the attention; for down, during
+// the settling).
 //
 // Each matrix is Q4_K or Q6_K (the Q4_K_M mix; bit t of p.types: tensor t
 // is Q6_K), in its own buffer, read through the array at binding 6. Both
@@ -34,8 +40,10 @@
 //
 // wo's and down's int8 inputs are written in this dispatch at addresses
 // that no earlier phase of it reads, so they are read through the L1
-// cache; x (rewritten in place by wo and down) and the float slots are read
-// coherently. Scores of at most MAX_EMBD / 4 positions share the
+// cache; x (rewritten in place by wo and down) is read coherently, and the
+// tagged values through volatile loads. Every phase arrives at the layer's
+// counter, those without a wait before them too, so that g arrivals per
+// workgroup precede phase g. Scores of at most MAX_EMBD / 4 positions share the
 // staging's shared memory (the host keeps the dispatch to those). A wait that
 // outlasts SPIN_LIMIT polls gives up and raises the failure word (scratch
 // word 0); the host then discards the forward.
@@ -77,6 +85,12 @@ layout(push_constant) uniform Layer {
     // Scratch words of this layer's arrival counter and of the first slot.
     uint counter_word;
     uint slots0;
+    // Scratch word of the activation's tagged values (see settle_block),
+    // zeroed before every forward.
+    uint act_tags;
+    // Scratch word of q | k | v with their layer's tags (two words a value),
+    // zeroed before every forward.
+    uint qkv_tags;
     // The phases this dispatch runs: first | end << 16 (0: all six). A
     // layer recorded as one dispatch per phase, with pipeline barriers
     // between them, runs the same code without grid-wide waits.
@@ -115,6 +129,12 @@ layout(std430, binding = 4) coherent buffer ScratchWords { uint q8[]; };
 // Its int8 writers write q8.
 #include "int8_acts.glsl"
 layout(std430, binding = 4) volatile buffer Arrivals { uint arrivals[]; };
+// Values stored with their layer's tag (value bits, tag): q | k | v and
+// SiLU(gate) * up; polled through the volatile views, whose loads the
+// compiler may not hoist out of the polling loops.
+layout(std430, binding = 4) coherent buffer Tagged { uvec2 tagged[]; };
+layout(std430, binding = 4) volatile buffer TaggedPoll { uvec2 tagged_poll[]; };
+layout(std430, binding = 4) volatile buffer TaggedPoll4 { uvec4 tagged_poll4[]; };
 // The int8 slots again, read through L1 (see above).
 layout(std430, binding = 4) readonly buffer Int8In4 { uvec4 in8_4[]; };
 layout(std430, binding = 4) readonly buffer Int8InF { float in8_f[]; };
@@ -130,7 +150,7 @@ const uint QKV = 0u;
 const uint ATTN = 1u;
 const uint WO = 2u;
 const uint GATE_UP = 3u;
-const uint ACT_Q = 4u;
+const uint SETTLE = 4u;
 const uint DOWN = 5u;
 const uint PHASES = 6u;
 // No phase (after down).
@@ -171,26 +191,19 @@ uint q_dim() {
     return n_head() * p.head_dim;
 }
 
-// Scratch slots, each on a 256-byte boundary: q | k | v (floats), wo's int8
-// input, SiLU(gate) * up (floats), down's int8 input (persistent.rs sizes
-// them alike).
+// Scratch slots, each on a 256-byte boundary: wo's int8 input, down's int8
+// input (persistent.rs sizes them alike).
 uint line(uint words) {
     return (words + 63u) / 64u * 64u;
 }
 uint int8_words(uint n) {
     return 4u * int8_token_vec4s(n);
 }
-uint qkv_slot() {
+uint attn_slot() {
     return p.slots0;
 }
-uint attn_slot() {
-    return qkv_slot() + line(q_dim() + 2u * kv_dim());
-}
-uint act_slot() {
-    return attn_slot() + line(int8_words(q_dim()));
-}
 uint act8_slot() {
-    return act_slot() + line(p.n_ff);
+    return attn_slot() + line(int8_words(q_dim()));
 }
 
 bool is_q6(uint t) {
@@ -336,11 +349,12 @@ uint tasks_of(uint g) {
 // the gate row, 1 the up row).
 uvec2 task_row(uint g, uint t, uint k) {
     if (g == QKV) {
-        if (t < q_dim()) {
-            return uvec2(T_Q, t);
+        // k and v first: every head needs them, while each head needs only
+        // its own rows of q (see attention_block).
+        if (t < 2u * kv_dim()) {
+            return t < kv_dim() ? uvec2(T_K, t) : uvec2(T_V, t - kv_dim());
         }
-        t -= q_dim();
-        return t < kv_dim() ? uvec2(T_K, t) : uvec2(T_V, t - kv_dim());
+        return uvec2(T_Q, t - 2u * kv_dim());
     } else if (g == WO) {
         return uvec2(T_WO, t);
     } else if (g == GATE_UP) {
@@ -349,20 +363,26 @@ uvec2 task_row(uint g, uint t, uint k) {
     return uvec2(T_DOWN, t);
 }
 
-// A round loads two units per lane: one of each row of a gate/up task, or
-// two of a lone row. Units per lane and row, and rounds per task.
+// A round loads ROUND_UNITS units per lane: half of them of each row of a
+// gate/up task, or all of a lone row. Units per lane and row, and rounds
+// per task. (4 took 126 registers, so 528 workgroups on the H100, and was
+// slower on llama-8b: docs/BENCHMARKS.md.)
+#ifndef ROUND_UNITS
+#define ROUND_UNITS 2u
+#endif
 uint lane_units(uint g) {
     return n_in_of(g) / UNIT_VALUES / gl_SubgroupSize;
 }
 uint rounds_of(uint g) {
-    return g == GATE_UP ? lane_units(g) : (lane_units(g) + 1u) / 2u;
+    uint per_row = g == GATE_UP ? ROUND_UNITS / 2u : ROUND_UNITS;
+    return (lane_units(g) + per_row - 1u) / per_row;
 }
 
 // Slot k of round r: the task's row and the lane's unit j of that row
 // (valid when j < lane_units).
 void round_place(uint g, uint r, uint k, out uint row_k, out uint j) {
-    row_k = g == GATE_UP ? k : 0u;
-    j = g == GATE_UP ? r : 2u * r + k;
+    row_k = g == GATE_UP ? k % 2u : 0u;
+    j = g == GATE_UP ? r * (ROUND_UNITS / 2u) + k / 2u : ROUND_UNITS * r + k;
 }
 
 // A task's tensors and the bytes where its rows start (b: the up row of a
@@ -381,10 +401,10 @@ Task task_of(uint g, uint t) {
 }
 
 // The subgroup's units of round r of task tk, whose rows are of type q6.
-void load_round(bool q6, out RUnit un[2], uint g, Task tk, uint r) {
+void load_round(bool q6, out RUnit un[ROUND_UNITS], uint g, Task tk, uint r) {
     uint nb = n_in_of(g) / 256u;
     uint last = lane_units(g) - 1u;
-    for (uint k = 0u; k < 2u; k++) {
+    for (uint k = 0u; k < ROUND_UNITS; k++) {
         uint row_k;
         uint j;
         round_place(g, r, k, row_k, j);
@@ -397,7 +417,7 @@ void load_round(bool q6, out RUnit un[2], uint g, Task tk, uint r) {
     }
 }
 // The first round of the subgroup's next matvec task, loaded ahead.
-RUnit ahead[2];
+RUnit ahead[ROUND_UNITS];
 
 // Where a matvec phase's int8 input is, worked out once per phase: in the
 // staging (q/k/v, gate/up), or at scratch words q4 * 4 (quants), d_at
@@ -446,6 +466,61 @@ float unit_sum(bool q6, XSrc x, RUnit un, uint u) {
     return acc;
 }
 
+// This layer's tag of its activation values: its arrival counter's line
+// (1 for the span's first layer), never 0 (the fill's).
+uint layer_tag() {
+    return p.counter_word / 64u;
+}
+
+// Polls of tagged values (settle_block, attention_block) before a wait for
+// them gives up and raises the failure word. They do not check the failure
+// word as the grid-wide waits do: a forward whose workgroups are not all
+// resident spins here at most this long (about a second), once, before the
+// span goes back to staged layers.
+const uint TAG_SPIN_LIMIT = 1u << 20;
+
+// The activation's int8 blocks without a phase (and a grid-wide wait) of
+// their own: block blk (rows 32 blk .. 32 blk + 31) is quantised into
+// down's int8 input by the subgroup that summed its last row, lanes 0-7
+// four values each, with the arithmetic of the int8 writers
+// (quantise_part). Other subgroups store the block's other values, and no
+// release orders their stores before this (a release per task would stall
+// each task on its store), so each value carries its layer's tag, stored
+// with it as one 8-byte word, and the quantiser loads them until all 32
+// tags are this layer's; the host zeroes the tags before every forward.
+// (In the Vulkan memory model these loads race with those stores; the
+// scheme relies on an aligned 8-byte store and load each being single-copy
+// atomic, as they are on the GPUs this opt-in kernel is tuned for.) The
+// phase's arrival publishes the quants to down. Every lane of the
+// subgroup must call it.
+void settle_block(uint blk) {
+    uint lane = gl_SubgroupInvocationID;
+    bool mine = lane < 8u;
+    vec4 v = vec4(0.0);
+    if (mine) {
+        uint at = p.act_tags / 4u + 16u * blk + 2u * lane;
+        uint tag = layer_tag();
+        for (uint spins = 0u; spins < TAG_SPIN_LIMIT; spins++) {
+            uvec4 a = tagged_poll4[at];
+            uvec4 b = tagged_poll4[at + 1u];
+            v = uintBitsToFloat(uvec4(a.x, a.z, b.x, b.z));
+            if (a.y == tag && a.w == tag && b.y == tag && b.w == tag) {
+                break;
+            }
+            if (spins + 1u == TAG_SPIN_LIMIT) {
+                arrivals[FAILURE_WORD] = 1u;
+            }
+        }
+    }
+    uint word;
+    float d;
+    float half_sum;
+    quantise_part(v, word, d, half_sum);
+    if (mine) {
+        store_int8_word(act8_slot(), p.n_ff, 8u * blk + lane, word, d, half_sum);
+    }
+}
+
 // This subgroup's place among all of the dispatch's.
 uint subgroup_index() {
     return gl_WorkGroupID.x * gl_NumSubgroups + gl_SubgroupID;
@@ -458,9 +533,15 @@ uint subgroups() {
 // row t of x, loaded before the task's sums (wo and down).
 void store_task(uint g, uint t, float s0, float s1, float x_t) {
     if (g == QKV) {
-        vec_f[qkv_slot() + t] = s0;
+        // At its place in q | k | v.
+        uint at = t < 2u * kv_dim() ? q_dim() + t : t - 2u * kv_dim();
+        tagged[p.qkv_tags / 2u + at] = uvec2(floatBitsToUint(s0), layer_tag());
     } else if (g == GATE_UP) {
-        vec_f[act_slot() + t] = gated_act(s0, 0u) * s1;
+        // Tagged with the layer (its counter's line, 1 and up), so that
+        // the block's quantiser can tell it from the zeroes of the fill
+        // and from an earlier layer's value.
+        float a = gated_act(s0, 0u) * s1;
+        tagged[p.act_tags / 2u + t] = uvec2(floatBitsToUint(a), layer_tag());
     } else {
         // wo and down add into the residual stream; each row has one writer.
         x_f[t] = x_t + s0;
@@ -474,18 +555,20 @@ void sum_task(bool q6, uint g, Task tk, XSrc x, bool ready, out float s0, out fl
     uint units = lane_units(g);
     float acc[2] = float[2](0.0, 0.0);
     for (uint r = 0u; r < rounds_of(g); r++) {
-        RUnit un[2];
+        RUnit un[ROUND_UNITS];
         if (r == 0u && ready) {
             un = ahead;
         } else {
             load_round(q6, un, g, tk, r);
         }
-        for (uint k = 0u; k < 2u; k++) {
+        // acc[0] takes a lone row's even units, or the gate row's; acc[1]
+        // the odd ones, or the up row's: each in the order of its units.
+        for (uint k = 0u; k < ROUND_UNITS; k++) {
             uint row_k;
             uint j;
             round_place(g, r, k, row_k, j);
             if (j < units) {
-                acc[k] += unit_sum(q6, x, un[k], gl_SubgroupInvocationID + gl_SubgroupSize * j);
+                acc[k % 2u] += unit_sum(q6, x, un[k], gl_SubgroupInvocationID + gl_SubgroupSize * j);
             }
         }
     }
@@ -527,10 +610,26 @@ void matvec_phase(uint g, inout bool ready) {
     }
 }
 
+// Phase SETTLE: the blocks of the activation whose last row this
+// subgroup summed. It follows gate/up without a grid-wide wait, after all
+// of the subgroup's tasks, when the blocks' other rows are mostly stored
+// too: no task waits for them, and no register is held across the tasks
+// for it (a block's arrival counted per task, its answer held until the
+// next task, cost two registers and with them the fifth workgroup per
+// multiprocessor on the H100).
+void settle_phase() {
+    for (uint t = subgroup_index(); t < tasks_of(GATE_UP); t += subgroups()) {
+        if (t % 32u == 31u) {
+            settle_block(t / 32u);
+        }
+    }
+}
+
 // Loads the first round of this subgroup's first task of matvec phase g,
 // where it has one.
 void load_ahead(uint g, inout bool ready) {
-    if (g != NONE && g < end_phase() && subgroup_index() < tasks_of(g)) {
+    bool matvec = g == QKV || g == WO || g == GATE_UP || g == DOWN;
+    if (matvec && g < end_phase() && subgroup_index() < tasks_of(g)) {
         Task tk = task_of(g, subgroup_index());
         load_round(is_q6(tk.ta), ahead, g, tk, 0u);
         ready = true;
@@ -614,27 +713,6 @@ void stage_normed(uint norm_off) {
     barrier();
 }
 
-// SiLU(gate) * up quantised into down's int8 input: eight lanes per block
-// of 32, four values each.
-void quantise_act() {
-    uint blocks = p.n_ff / 32u;
-    uint per_subgroup = gl_SubgroupSize / 8u;
-    uint lane = gl_SubgroupInvocationID;
-    for (uint b0 = subgroup_index() * per_subgroup; b0 < blocks; b0 += subgroups() * per_subgroup) {
-        uint blk = b0 + lane / 8u;
-        bool mine = blk < blocks;
-        uint i = 8u * blk + lane % 8u;
-        vec4 v = mine ? vec_f4[act_slot() / 4u + i] : vec4(0.0);
-        uint word;
-        float d;
-        float half_sum;
-        quantise_part(v, word, d, half_sum);
-        if (mine) {
-            store_int8_word(act8_slot(), p.n_ff, i, word, d, half_sum);
-        }
-    }
-}
-
 float f16_round(float v) {
     return unpackHalf2x16(packHalf2x16(vec2(v, 0.0))).x;
 }
@@ -654,26 +732,42 @@ void attention_block(uint hq) {
     uint d_head = p.head_dim;
     uint tid = gl_LocalInvocationID.x;
     uint row_words = kv_dim() / 2u;
-    uint k_src = qkv_slot() + q_dim() + j * d_head;
+    uint k_src = p.qkv_tags / 2u + q_dim() + j * d_head;
     uint v_src = k_src + kv_dim();
-    uint q_src = qkv_slot() + hq * d_head;
+    uint q_src = p.qkv_tags / 2u + hq * d_head;
     // The token's key and value (its KV head's) and query (this head's),
     // one value pair or value per invocation (head_dim <= WG, persistent.rs
     // checks it), loaded together: each is a coherent load, a round trip
     // to L2, and loaded one loop after another they waited for each other.
+    // No grid-wide wait came before: they are loaded again until all carry
+    // this layer's tag (each value and its tag are one 8-byte store, see
+    // settle_block).
     bool pair_lane = tid < d_head / 2u;
     bool value_lane = tid < d_head;
     uvec2 e = head_pair(min(tid, d_head / 2u - 1u));
-    vec2 k_in = vec2(0.0);
-    vec2 q_in = vec2(0.0);
-    float v_in = 0.0;
-    if (pair_lane) {
-        k_in = vec2(vec_f[k_src + e.x], vec_f[k_src + e.y]);
-        q_in = vec2(vec_f[q_src + e.x], vec_f[q_src + e.y]);
+    uint tag = layer_tag();
+    uvec2 ka;
+    uvec2 kb;
+    uvec2 qa;
+    uvec2 qb;
+    uvec2 va;
+    for (uint spins = 0u; spins < TAG_SPIN_LIMIT; spins++) {
+        ka = tagged_poll[k_src + e.x];
+        kb = tagged_poll[k_src + e.y];
+        qa = tagged_poll[q_src + e.x];
+        qb = tagged_poll[q_src + e.y];
+        va = tagged_poll[v_src + min(tid, d_head - 1u)];
+        bool pairs_in = !pair_lane || (ka.y == tag && kb.y == tag && qa.y == tag && qb.y == tag);
+        if (pairs_in && (!value_lane || va.y == tag)) {
+            break;
+        }
+        if (spins + 1u == TAG_SPIN_LIMIT) {
+            arrivals[FAILURE_WORD] = 1u;
+        }
     }
-    if (value_lane) {
-        v_in = vec_f[v_src + tid];
-    }
+    vec2 k_in = uintBitsToFloat(uvec2(ka.x, kb.x));
+    vec2 q_in = uintBitsToFloat(uvec2(qa.x, qb.x));
+    float v_in = uintBitsToFloat(va.x);
     if (pair_lane) {
         vec2 cs = rope_angle(p.rope_table, pos, d_head, tid);
         vec2 r = rope_rotate(k_in.x, k_in.y, cs);
@@ -797,17 +891,22 @@ void attention_block(uint hq) {
 void main() {
     uint first = first_phase();
     bool ready = false;
-    load_ahead(first == ACT_Q ? DOWN : (first == ATTN ? WO : first), ready);
+    load_ahead(first == ATTN ? WO : (first == SETTLE ? DOWN : first), ready);
     for (uint g = first; g < end_phase(); g++) {
-        if (g > first) {
+        // The attention and the settling wait for their own inputs
+        // (attention_block, settle_block); every phase still arrives, so
+        // that the count before phase g is g arrivals per workgroup.
+        if (g > first && g != ATTN && g != SETTLE) {
             wait_for(g - first);
         }
-        if (g == ATTN) {
-            for (uint hq = gl_WorkGroupID.x; hq < n_head(); hq += p.groups_x) {
+        if (g == SETTLE) {
+            settle_phase();
+        } else if (g == ATTN) {
+            // Heads on the last workgroups: with k and v first, q/k/v's
+            // tasks fall on the first ones in its last round.
+            for (uint hq = p.groups_x - 1u - gl_WorkGroupID.x; hq < n_head(); hq += p.groups_x) {
                 attention_block(hq);
             }
-        } else if (g == ACT_Q) {
-            quantise_act();
         } else {
             // Uniform: whether any subgroup of the workgroup has a task.
             bool sums = gl_WorkGroupID.x * gl_NumSubgroups < tasks_of(g);
@@ -834,7 +933,7 @@ void main() {
         // outstanding memory operations: loads ahead issued before it would
         // hold the arrival back by their latency; here they stream while
         // the other workgroups arrive.
-        if (g != ATTN && g != ACT_Q) {
+        if (g != ATTN && g != SETTLE) {
             load_ahead(next_matvec(g), ready);
         }
     }

@@ -1,7 +1,7 @@
 //! Persistent decode layers (shaders/span_persistent_layer.comp): each
 //! layer of a single-token forward as ONE dispatch of resident workgroups,
-//! its six dependent phases (q/k/v, attention, wo, gate/up, the
-//! activation's int8 copy, down) separated by grid-wide waits instead of
+//! its six phases (q/k/v, attention, wo, gate/up, the activation's int8
+//! copy, down), most of them separated by grid-wide waits instead of
 //! dispatch boundaries and barriers, on int8 activations. Opt-in
 //! (`FISH_GPU_PERSISTENT=N`, N workgroups, or
 //! `Gpu::span_set_persistent`): every workgroup must be resident at once,
@@ -38,7 +38,7 @@ pub(crate) const LAYER_MATRICES: u32 = 7;
 /// Descriptors of one set.
 pub(crate) const PERSISTENT_DESCRIPTORS: u32 = PERSISTENT_BINDINGS + LAYER_MATRICES;
 /// Push-constant words (`Layer` in the shader).
-const PUSH_WORDS: usize = 15;
+const PUSH_WORDS: usize = 17;
 /// The scores of the positions attended share the staging's shared memory
 /// (MAX_EMBD / 4 words): tokens at positions from this on take the staged
 /// recording.
@@ -134,20 +134,24 @@ fn persistent_set_layout(device: &ash::Device) -> Result<vk::DescriptorSetLayout
 }
 
 /// A span's persistent layers: the pipeline, the scratch (failure word,
-/// one arrival counter per layer, the vector slots), the failure word's
-/// host copy, and each layer's push constants.
+/// one arrival counter per layer, the tagged values of the activation and
+/// of q | k | v, the int8 slots), the failure word's host copy, and each
+/// layer's push constants.
 pub(crate) struct Persistent {
     pub mode: PersistentMode,
     pub pipeline: PersistentPipeline,
     pub scratch: Buffer,
     pub failure: Buffer,
     pub push: Vec<[u32; PUSH_WORDS]>,
+    /// Scratch words zeroed before every forward (`Header`).
+    header_words: usize,
 }
 
 impl Persistent {
-    /// Bytes zeroed before every forward: the failure word and the counters.
+    /// Bytes zeroed before every forward: the failure word, the counters
+    /// and the tagged values.
     pub fn header_bytes(&self) -> u64 {
-        (header_words(self.push.len()) * 4) as u64
+        (self.header_words * 4) as u64
     }
 
     /// Whether a forward of `n_tok` tokens from position `pos0`, plain
@@ -170,10 +174,28 @@ impl Persistent {
     }
 }
 
-/// Scratch words before the slots: the failure word's line, then one line
-/// per layer's arrival counter.
-fn header_words(n_layers: usize) -> usize {
-    LINE_WORDS * (1 + n_layers)
+/// Where the scratch words zeroed before every forward lie: the failure
+/// word's line, one line per layer's arrival counter, the activation's
+/// values with their layers' tags, two words each (`act_tags`), q | k | v
+/// likewise (`qkv_tags`); the slots follow (`slots0`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Header {
+    act_tags: usize,
+    qkv_tags: usize,
+    slots0: usize,
+}
+
+impl Header {
+    fn new(n_layers: usize, n_ff: usize, qkv: usize) -> Header {
+        let line = |n: usize| n.next_multiple_of(LINE_WORDS);
+        let act_tags = LINE_WORDS * (1 + n_layers);
+        let qkv_tags = act_tags + line(2 * n_ff);
+        Header {
+            act_tags,
+            qkv_tags,
+            slots0: qkv_tags + line(2 * qkv),
+        }
+    }
 }
 
 /// Why the kernel does not take a span of `shape` and `layers` on `gpu`,
@@ -306,15 +328,10 @@ impl Gpu {
         let s = shape;
         let n_ff = layers.iter().map(|l| l.n_ff).max().unwrap_or(0);
         let line = |n: usize| n.next_multiple_of(LINE_WORDS);
-        let slots0 = header_words(layers.len());
-        // The shader's slots: q | k | v, wo's int8 input, SiLU(gate) * up,
-        // down's int8 input.
+        let header = Header::new(layers.len(), n_ff, s.q_dim() + 2 * s.k_dim());
+        // The shader's slots: wo's int8 input, down's int8 input.
         let int8_words = |n: usize| int8_token_bytes(n) / 4;
-        let words = slots0
-            + line(s.q_dim() + 2 * s.k_dim())
-            + line(int8_words(s.q_dim()))
-            + line(n_ff)
-            + line(int8_words(n_ff));
+        let words = header.slots0 + line(int8_words(s.q_dim())) + line(int8_words(n_ff));
         let push = layers
             .iter()
             .zip(&params.layers)
@@ -339,7 +356,9 @@ impl Gpu {
                     lp.ffn_norm,
                     params.rope_tables[l.rope_table],
                     (LINE_WORDS * (1 + il)) as u32,
-                    slots0 as u32,
+                    header.slots0 as u32,
+                    header.act_tags as u32,
+                    header.qkv_tags as u32,
                     0,
                 ]
             })
@@ -366,6 +385,7 @@ impl Gpu {
             scratch,
             failure,
             push,
+            header_words: header.slots0,
         })
     }
 }
@@ -411,8 +431,18 @@ mod tests {
     }
 
     #[test]
-    fn counters_and_the_failure_word_sit_on_lines_of_their_own() {
-        assert_eq!(header_words(0), LINE_WORDS);
-        assert_eq!(header_words(3), 4 * LINE_WORDS);
+    fn counters_tags_and_the_failure_word_sit_on_lines_of_their_own() {
+        // 3 llama-8b layers: 28,672 tag words of the activation, 12,288 of
+        // q | k | v.
+        let h = Header::new(3, 14336, 6144);
+        assert_eq!(h.act_tags, 4 * LINE_WORDS);
+        assert_eq!(h.qkv_tags, h.act_tags + 2 * 14336);
+        assert_eq!(h.slots0, h.qkv_tags + 2 * 6144);
+        assert!([h.act_tags, h.qkv_tags, h.slots0]
+            .iter()
+            .all(|w| w % LINE_WORDS == 0));
+        // Values that do not fill a line still take a whole one.
+        let h = Header::new(0, 1024, 100);
+        assert_eq!(h.slots0 - h.qkv_tags, 4 * LINE_WORDS);
     }
 }
