@@ -88,6 +88,12 @@ pub const SPIRV_OPT_MODULES: &[(&str, &str, &[&str])] = &[
     // compiled apart with the phase a constant, which the optimiser of
     // Debian 12's glslc (SPIRV-Tools 2022.4) crashes on.
     ("span_persistent_layer", "span_persistent_layer.comp", &[]),
+    // Its timing variant with the idle workgroups' L2 prefetch.
+    (
+        "span_persistent_layer_prefetch",
+        "span_persistent_layer.comp",
+        &["PREFETCH_IDLE"],
+    ),
 ];
 
 /// Arguments every glslc module is compiled with (part of the staleness hash).

@@ -13,7 +13,9 @@
 //! row of every stage, in order; lavapipe ends a poller whose wait runs
 //! past 65535 iterations, so grid-wide waits among several workgroups are
 //! checked on devices that keep them resident: FISH_TEST_PERSISTENT_GROUPS=N),
-//! and one dispatch per stage on three, which checks how blocks are dealt.
+//! and one dispatch per stage on three, which checks how blocks are dealt
+//! (and, on twelve, the variant whose workgroups without a head prefetch
+//! weights during the attention).
 
 mod common;
 
@@ -285,6 +287,7 @@ fn one_dispatch(groups: u32) -> PersistentMode {
     PersistentMode {
         groups,
         per_phase: false,
+        prefetch: false,
     }
 }
 
@@ -292,6 +295,16 @@ fn per_phase(groups: u32) -> PersistentMode {
     PersistentMode {
         groups,
         per_phase: true,
+        prefetch: false,
+    }
+}
+
+/// The prefetching variant per phase on more workgroups than heads, so
+/// that some of them prefetch during the attention.
+fn prefetching(groups: u32) -> PersistentMode {
+    PersistentMode {
+        prefetch: true,
+        ..per_phase(groups)
     }
 }
 
@@ -306,7 +319,7 @@ fn persistent_decode_layers_match_the_staged_span() {
     let extra: Option<u32> = std::env::var("FISH_TEST_PERSISTENT_GROUPS")
         .ok()
         .and_then(|v| v.parse().ok());
-    let mut modes = vec![one_dispatch(1), per_phase(3)];
+    let mut modes = vec![one_dispatch(1), per_phase(3), prefetching(12)];
     modes.extend(extra.map(one_dispatch));
     check(gpu, SMALL, &modes);
     // The whole llama-1b layer in one dispatch of one workgroup goes wrong

@@ -63,6 +63,10 @@ pub struct PersistentMode {
     /// One dispatch per stage with barriers between them (the same code
     /// without grid-wide waits), to measure what the waits save.
     pub per_phase: bool,
+    /// The timing variant whose workgroups without an attention head read
+    /// wo and the first gate/up rows into L2 during the attention
+    /// (span_persistent_layer_prefetch; the same results).
+    pub prefetch: bool,
 }
 
 impl PersistentMode {
@@ -75,9 +79,11 @@ impl PersistentMode {
             .parse::<u32>()
             .ok()
             .filter(|g| (1..=65535).contains(g))?;
+        let on = |name: &str| std::env::var(name).as_deref() == Ok("1");
         Some(PersistentMode {
             groups,
-            per_phase: std::env::var("FISH_GPU_PERSISTENT_PER_PHASE").as_deref() == Ok("1"),
+            per_phase: on("FISH_GPU_PERSISTENT_PER_PHASE"),
+            prefetch: on("FISH_GPU_PERSISTENT_PREFETCH"),
         })
     }
 }
@@ -91,8 +97,16 @@ pub(crate) struct PersistentPipeline {
 }
 
 impl PersistentPipeline {
-    fn new(device: &ash::Device, stats: Option<&PipelineStats>) -> Result<PersistentPipeline> {
-        const NAME: &str = "span_persistent_layer";
+    fn new(
+        device: &ash::Device,
+        stats: Option<&PipelineStats>,
+        prefetch: bool,
+    ) -> Result<PersistentPipeline> {
+        let name = if prefetch {
+            "span_persistent_layer_prefetch"
+        } else {
+            "span_persistent_layer"
+        };
         let mut out = PersistentPipeline {
             set_layout: persistent_set_layout(device)?,
             layout: vk::PipelineLayout::null(),
@@ -101,7 +115,7 @@ impl PersistentPipeline {
         };
         let built = push_layout(device, out.set_layout, PUSH_WORDS).and_then(|layout| {
             out.layout = layout;
-            (out.module, out.pipeline) = module_pipeline(device, layout, NAME, stats)?;
+            (out.module, out.pipeline) = module_pipeline(device, layout, name, stats)?;
             Ok(())
         });
         match built {
@@ -363,7 +377,8 @@ impl Gpu {
                 ]
             })
             .collect();
-        let pipeline = PersistentPipeline::new(&self.device, self.pipelines.stats.as_ref())?;
+        let pipeline =
+            PersistentPipeline::new(&self.device, self.pipelines.stats.as_ref(), mode.prefetch)?;
         let scratch = match self.alloc((words * 4) as u64, MemoryKind::Device) {
             Ok(b) => b,
             Err(e) => {
