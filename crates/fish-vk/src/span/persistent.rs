@@ -1,8 +1,9 @@
 //! Persistent decode layers (shaders/span_persistent_layer.comp): each
 //! layer of a single-token forward as ONE dispatch of resident workgroups,
 //! its six phases (q/k/v, attention, wo, gate/up, the activation's int8
-//! copy, down), most of them separated by grid-wide waits instead of
-//! dispatch boundaries and barriers, on int8 activations. Opt-in
+//! copy, down), three of them after grid-wide waits and two polling the
+//! tagged values they read, instead of dispatch boundaries and barriers,
+//! on int8 activations. Opt-in
 //! (`FISH_GPU_PERSISTENT=N`, N workgroups, or
 //! `Gpu::span_set_persistent`): every workgroup must be resident at once,
 //! which only the caller knows of its device. A wait that gives up raises
