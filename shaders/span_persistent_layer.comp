@@ -141,6 +141,25 @@ layout(std430, binding = 4) readonly buffer Int8InF { float in8_f[]; };
 layout(std430, binding = 5) readonly buffer Step { uint step_words[]; };
 #include "span_rope.glsl"
 
+#if defined(PREFETCH_STREAM)
+// The timing variant span_persistent_layer_stream (see stream_phases):
+// the last groups_x / STREAM_SHARE workgroups only read weights into L2,
+// so the others (the consumers) deal the tasks and heads among themselves
+// and count only their own arrivals.
+const uint STREAM_SHARE = 5u;
+uint streamers() {
+    return p.groups_x / STREAM_SHARE;
+}
+uint consumers() {
+    return p.groups_x - streamers();
+}
+#define GRID_GROUPS consumers()
+#else
+// Every workgroup sums (a macro, so that the default module is the one
+// without the timing variants).
+#define consumers() p.groups_x
+#endif
+
 #define COUNTER_WORD p.counter_word
 #define FAILURE_WORD 0u
 const uint SPIN_LIMIT = 1u << 22;
@@ -473,11 +492,22 @@ uint layer_tag() {
 }
 
 // Polls of tagged values (settle_block, attention_block) before a wait for
-// them gives up and raises the failure word. They do not check the failure
-// word as the grid-wide waits do: a forward whose workgroups are not all
-// resident spins here at most this long (about a second), once, before the
-// span goes back to staged layers.
+// them gives up and raises the failure word.
 const uint TAG_SPIN_LIMIT = 1u << 20;
+
+// Whether a poll of tagged values stops after its try `spins` without
+// them: it gives up at TAG_SPIN_LIMIT tries (raising the failure word), or
+// once a wait elsewhere gave up (checked every 4096 tries, as the grid-wide
+// waits check it), so that a forward whose workgroups are not all
+// resident ends after about one wait's spins.
+bool tag_poll_ends(uint spins) {
+    if (spins + 1u >= TAG_SPIN_LIMIT) {
+        arrivals[FAILURE_WORD] = 1u;
+        return true;
+    }
+    return (spins & 4095u) == 4095u
+        && atomicLoad(arrivals[FAILURE_WORD], gl_ScopeDevice, gl_StorageSemanticsNone, gl_SemanticsRelaxed) != 0u;
+}
 
 // The activation's int8 blocks without a phase (and a grid-wide wait) of
 // their own: block blk (rows 32 blk .. 32 blk + 31) is quantised into
@@ -500,15 +530,12 @@ void settle_block(uint blk) {
     if (mine) {
         uint at = p.act_tags / 4u + 16u * blk + 2u * lane;
         uint tag = layer_tag();
-        for (uint spins = 0u; spins < TAG_SPIN_LIMIT; spins++) {
+        for (uint spins = 0u;; spins++) {
             uvec4 a = tagged_poll4[at];
             uvec4 b = tagged_poll4[at + 1u];
             v = uintBitsToFloat(uvec4(a.x, a.z, b.x, b.z));
-            if (a.y == tag && a.w == tag && b.y == tag && b.w == tag) {
+            if ((a.y == tag && a.w == tag && b.y == tag && b.w == tag) || tag_poll_ends(spins)) {
                 break;
-            }
-            if (spins + 1u == TAG_SPIN_LIMIT) {
-                arrivals[FAILURE_WORD] = 1u;
             }
         }
     }
@@ -526,7 +553,7 @@ uint subgroup_index() {
     return gl_WorkGroupID.x * gl_NumSubgroups + gl_SubgroupID;
 }
 uint subgroups() {
-    return p.groups_x * gl_NumSubgroups;
+    return consumers() * gl_NumSubgroups;
 }
 
 // Stores task t's sums (s1: the up row's) as phase g keeps them; x_t is
@@ -751,18 +778,15 @@ void attention_block(uint hq) {
     uvec2 qa;
     uvec2 qb;
     uvec2 va;
-    for (uint spins = 0u; spins < TAG_SPIN_LIMIT; spins++) {
+    for (uint spins = 0u;; spins++) {
         ka = tagged_poll[k_src + e.x];
         kb = tagged_poll[k_src + e.y];
         qa = tagged_poll[q_src + e.x];
         qb = tagged_poll[q_src + e.y];
         va = tagged_poll[v_src + min(tid, d_head - 1u)];
         bool pairs_in = !pair_lane || (ka.y == tag && kb.y == tag && qa.y == tag && qb.y == tag);
-        if (pairs_in && (!value_lane || va.y == tag)) {
+        if ((pairs_in && (!value_lane || va.y == tag)) || tag_poll_ends(spins)) {
             break;
-        }
-        if (spins + 1u == TAG_SPIN_LIMIT) {
-            arrivals[FAILURE_WORD] = 1u;
         }
     }
     vec2 k_in = uintBitsToFloat(uvec2(ka.x, kb.x));
@@ -888,24 +912,19 @@ void attention_block(uint hq) {
     barrier();
 }
 
-#if defined(PREFETCH_IDLE)
-// The timing variant span_persistent_layer_prefetch
-// (FISH_GPU_PERSISTENT_PREFETCH=1): the workgroups without an attention
-// head, idle during the attention, read one word of each 32-byte sector of
-// wo and of the gate and up rows of every subgroup's first gate/up task
-// (at most PREFETCH_BYTES in all), so that those phases find them in L2.
-// The same sums: nothing read here is used.
-const uint PREFETCH_BYTES = 24u << 20;
-// Sectors each invocation has in flight at once.
+#if defined(PREFETCH_IDLE) || defined(PREFETCH_STREAM)
+// Sectors each invocation has in flight at once while touching weights.
 const uint PREFETCH_LOADS = 8u;
 
-// Touches the first `bytes` of tensor t, the share of idle workgroup idx
-// of `idle` (t uniform in the workgroup, as every read of the array).
-uint touch_prefix(uint t, uint bytes, uint idle, uint idx) {
+// Reads one word of each 32-byte sector of bytes [byte0, byte0 + bytes) of
+// tensor t, the share `part` of `parts` (t uniform in the workgroup, as
+// every read of the array), so that they are in L2 when a phase reads
+// them; returns the words' xor, which the caller keeps alive.
+uint touch_part(uint t, uint byte0, uint bytes, uint parts, uint part) {
     uint sectors = bytes / 32u;
-    uint per_group = (sectors + idle - 1u) / idle;
-    uint s0 = idx * per_group;
-    uint s1 = min(s0 + per_group, sectors);
+    uint per_part = (sectors + parts - 1u) / parts;
+    uint s0 = byte0 / 32u + part * per_part;
+    uint s1 = byte0 / 32u + min((part + 1u) * per_part, sectors);
     uint acc = 0u;
     for (uint s = s0 + gl_LocalInvocationID.x; s < s1; s += PREFETCH_LOADS * WG) {
         uint w[PREFETCH_LOADS];
@@ -919,22 +938,95 @@ uint touch_prefix(uint t, uint bytes, uint idle, uint idx) {
     return acc;
 }
 
-void prefetch_idle(uint idle, uint idx) {
-    uint wo_bytes = min(p.n_in * row_stride(T_WO, q_dim()), PREFETCH_BYTES);
-    uint rows = min(subgroups(), p.n_ff);
-    uint gate_up_bytes = min(rows * row_stride(T_GATE, p.n_in), (PREFETCH_BYTES - wo_bytes) / 2u);
-    uint acc = touch_prefix(T_WO, wo_bytes, idle, idx);
-    acc ^= touch_prefix(T_GATE, gate_up_bytes, idle, idx);
-    acc ^= touch_prefix(T_GATE + 1u, gate_up_bytes, idle, idx);
-    // Never true (no dispatch runs phases up to 0xFFFF), but the compiler
-    // cannot know it, so the loads stay.
+// Keeps the touches' loads: never true (no dispatch runs phases up to
+// 0xFFFF), but the compiler cannot know it.
+void keep_touches(uint acc) {
     if (acc == 0x5EEDF00Du && p.phase_range == 0xFFFFFFFFu) {
         arrivals[FAILURE_WORD] = 2u;
     }
 }
 #endif
 
+#if defined(PREFETCH_IDLE)
+// The timing variant span_persistent_layer_prefetch
+// (FISH_GPU_PERSISTENT_PREFETCH=1): the workgroups without an attention
+// head, idle during the attention, read wo and the gate and up rows of
+// every subgroup's first gate/up task (at most PREFETCH_BYTES in all) into
+// L2, so that those phases find them there. The same sums: nothing read
+// here is used.
+const uint PREFETCH_BYTES = 24u << 20;
+
+void prefetch_idle(uint idle, uint idx) {
+    uint wo_bytes = min(p.n_in * row_stride(T_WO, q_dim()), PREFETCH_BYTES);
+    uint rows = min(subgroups(), p.n_ff);
+    uint gate_up_bytes = min(rows * row_stride(T_GATE, p.n_in), (PREFETCH_BYTES - wo_bytes) / 2u);
+    uint acc = touch_part(T_WO, 0u, wo_bytes, idle, idx);
+    acc ^= touch_part(T_GATE, 0u, gate_up_bytes, idle, idx);
+    acc ^= touch_part(T_GATE + 1u, 0u, gate_up_bytes, idle, idx);
+    keep_touches(acc);
+}
+#endif
+
+#if defined(PREFETCH_STREAM)
+// The timing variant span_persistent_layer_stream
+// (FISH_GPU_PERSISTENT_PREFETCH=2): the streamers (the last workgroups,
+// see consumers) read the weights of the consumers' next matvec phases
+// into L2 in the order the consumers' tasks take them, at most
+// STREAM_LEAD bytes past the start of the phase the consumers are in, so
+// that DRAM keeps streaming weights while the consumers wait, attend, norm
+// and settle. Three windows, each opened when the consumers reach a phase
+// (the streamers poll the consumers' arrivals, and never arrive):
+//   q/k/v (at once): wo, then the first gate/up rows;
+//   gate/up: the gate/up rows up to STREAM_LEAD;
+//   the settling (all of gate/up summed): the first rows of down.
+// The same sums: nothing read here is used.
+const uint STREAM_LEAD = 24u << 20;
+
+// Touches rows [r0, r1) of gate and up (tasks r0 .. r1 - 1).
+uint touch_gate_up(uint r0, uint r1, uint parts, uint part) {
+    uint stride = row_stride(T_GATE, p.n_in);
+    uint acc = touch_part(T_GATE, r0 * stride, (r1 - r0) * stride, parts, part);
+    return acc ^ touch_part(T_GATE + 1u, r0 * stride, (r1 - r0) * stride, parts, part);
+}
+
+void stream_phases() {
+    uint parts = streamers();
+    uint part = gl_WorkGroupID.x - consumers();
+    uint wo_bytes = min(p.n_in * row_stride(T_WO, q_dim()), STREAM_LEAD);
+    uint gate_up_task = 2u * row_stride(T_GATE, p.n_in);
+    uint first_rows = min(p.n_ff, (STREAM_LEAD - wo_bytes) / gate_up_task);
+    uint lead_rows = min(p.n_ff, STREAM_LEAD / gate_up_task);
+    uint down_rows = min(p.n_in, STREAM_LEAD / row_stride(T_DOWN, p.n_ff));
+    uint acc = 0u;
+    for (uint g = first_phase(); g < end_phase(); g++) {
+        if (g != QKV && g != GATE_UP && g != SETTLE) {
+            continue;
+        }
+        // Until every consumer has finished the phase before (a wait that
+        // gives up raises the failure word, as the consumers' would).
+        if (g > first_phase()) {
+            wait_for(g - first_phase());
+        }
+        if (g == QKV) {
+            acc ^= touch_part(T_WO, 0u, wo_bytes, parts, part);
+            acc ^= touch_gate_up(0u, first_rows, parts, part);
+        } else if (g == GATE_UP) {
+            acc ^= touch_gate_up(first_rows, lead_rows, parts, part);
+        } else {
+            acc ^= touch_part(T_DOWN, 0u, down_rows * row_stride(T_DOWN, p.n_ff), parts, part);
+        }
+    }
+    keep_touches(acc);
+}
+#endif
+
 void main() {
+#if defined(PREFETCH_STREAM)
+    if (gl_WorkGroupID.x >= consumers()) {
+        stream_phases();
+        return;
+    }
+#endif
     uint first = first_phase();
     bool ready = false;
     load_ahead(first == ATTN ? WO : (first == SETTLE ? DOWN : first), ready);
@@ -950,7 +1042,7 @@ void main() {
         } else if (g == ATTN) {
             // Heads on the last workgroups: with k and v first, q/k/v's
             // tasks fall on the first ones in its last round.
-            for (uint hq = p.groups_x - 1u - gl_WorkGroupID.x; hq < n_head(); hq += p.groups_x) {
+            for (uint hq = consumers() - 1u - gl_WorkGroupID.x; hq < n_head(); hq += consumers()) {
                 attention_block(hq);
             }
 #if defined(PREFETCH_IDLE)

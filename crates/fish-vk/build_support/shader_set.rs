@@ -94,6 +94,12 @@ pub const SPIRV_OPT_MODULES: &[(&str, &str, &[&str])] = &[
         "span_persistent_layer.comp",
         &["PREFETCH_IDLE"],
     ),
+    // Its timing variant with workgroups that only stream weights into L2.
+    (
+        "span_persistent_layer_stream",
+        "span_persistent_layer.comp",
+        &["PREFETCH_STREAM"],
+    ),
 ];
 
 /// Arguments every glslc module is compiled with (part of the staleness hash).

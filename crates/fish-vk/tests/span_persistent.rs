@@ -14,15 +14,16 @@
 //! past 65535 iterations, so grid-wide waits among several workgroups are
 //! checked on devices that keep them resident: FISH_TEST_PERSISTENT_GROUPS=N),
 //! and one dispatch per stage on three, which checks how blocks are dealt
-//! (and, on twelve, the variant whose workgroups without a head prefetch
-//! weights during the attention).
+//! (and, on twelve, the variants that prefetch weights: the workgroups
+//! without a head during the attention, and workgroups that only stream).
 
 mod common;
 
 use common::{assert_no_validation_messages, gpu_or_skip, random_values};
 use fish_gguf::GgmlType;
 use fish_vk::{
-    Gpu, PersistentMode, SpanActivation, SpanDesc, SpanLayerDesc, SpanRope, SpanShape, TensorHandle,
+    Gpu, PersistentMode, PersistentPrefetch, SpanActivation, SpanDesc, SpanLayerDesc, SpanRope,
+    SpanShape, TensorHandle,
 };
 
 const N_CTX: usize = 64;
@@ -287,7 +288,7 @@ fn one_dispatch(groups: u32) -> PersistentMode {
     PersistentMode {
         groups,
         per_phase: false,
-        prefetch: false,
+        prefetch: PersistentPrefetch::Off,
     }
 }
 
@@ -295,7 +296,7 @@ fn per_phase(groups: u32) -> PersistentMode {
     PersistentMode {
         groups,
         per_phase: true,
-        prefetch: false,
+        prefetch: PersistentPrefetch::Off,
     }
 }
 
@@ -303,7 +304,16 @@ fn per_phase(groups: u32) -> PersistentMode {
 /// that some of them prefetch during the attention.
 fn prefetching(groups: u32) -> PersistentMode {
     PersistentMode {
-        prefetch: true,
+        prefetch: PersistentPrefetch::Idle,
+        ..per_phase(groups)
+    }
+}
+
+/// The variant whose last fifth of the workgroups only streams weights,
+/// per phase (so its streamers never wait).
+fn streaming(groups: u32) -> PersistentMode {
+    PersistentMode {
+        prefetch: PersistentPrefetch::Stream,
         ..per_phase(groups)
     }
 }
@@ -319,7 +329,12 @@ fn persistent_decode_layers_match_the_staged_span() {
     let extra: Option<u32> = std::env::var("FISH_TEST_PERSISTENT_GROUPS")
         .ok()
         .and_then(|v| v.parse().ok());
-    let mut modes = vec![one_dispatch(1), per_phase(3), prefetching(12)];
+    let mut modes = vec![
+        one_dispatch(1),
+        per_phase(3),
+        prefetching(12),
+        streaming(12),
+    ];
     modes.extend(extra.map(one_dispatch));
     check(gpu, SMALL, &modes);
     // The whole llama-1b layer in one dispatch of one workgroup goes wrong
