@@ -5,11 +5,7 @@
 // The includer declares SPIN_LIMIT, the binding `arrivals[]` and the push
 // constant `p.groups_x`, and enables GL_KHR_memory_scope_semantics. It may
 // name the words of `arrivals` for the counter and the failure word
-// (COUNTER_WORD, FAILURE_WORD; by default words 0 and 1) and the number of
-// workgroups that arrive (GRID_GROUPS; by default all of the dispatch).
-#ifndef GRID_GROUPS
-#define GRID_GROUPS p.groups_x
-#endif
+// (COUNTER_WORD, FAILURE_WORD; by default words 0 and 1).
 #ifndef COUNTER_WORD
 #define COUNTER_WORD 0u
 #endif
@@ -44,7 +40,7 @@ void arrive() {
 // loads after that acquire.
 void wait_for(uint g) {
     if (gl_LocalInvocationID.x == 0u) {
-        uint target = g * GRID_GROUPS;
+        uint target = g * p.groups_x;
         uint arrived = 0u;
         for (uint spins = 0u; spins < SPIN_LIMIT; spins++) {
             arrived = atomicLoad(arrivals[COUNTER_WORD], gl_ScopeDevice, gl_StorageSemanticsNone,

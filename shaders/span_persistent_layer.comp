@@ -141,25 +141,6 @@ layout(std430, binding = 4) readonly buffer Int8InF { float in8_f[]; };
 layout(std430, binding = 5) readonly buffer Step { uint step_words[]; };
 #include "span_rope.glsl"
 
-#if defined(PREFETCH_STREAM)
-// The timing variant span_persistent_layer_stream (see stream_phases):
-// the last groups_x / STREAM_SHARE workgroups only read weights into L2,
-// so the others (the consumers) deal the tasks and heads among themselves
-// and count only their own arrivals.
-const uint STREAM_SHARE = 5u;
-uint streamers() {
-    return p.groups_x / STREAM_SHARE;
-}
-uint consumers() {
-    return p.groups_x - streamers();
-}
-#define GRID_GROUPS consumers()
-#else
-// Every workgroup sums (a macro, so that the default module is the one
-// without the timing variants).
-#define consumers() p.groups_x
-#endif
-
 #define COUNTER_WORD p.counter_word
 #define FAILURE_WORD 0u
 const uint SPIN_LIMIT = 1u << 22;
@@ -553,7 +534,7 @@ uint subgroup_index() {
     return gl_WorkGroupID.x * gl_NumSubgroups + gl_SubgroupID;
 }
 uint subgroups() {
-    return consumers() * gl_NumSubgroups;
+    return p.groups_x * gl_NumSubgroups;
 }
 
 // Stores task t's sums (s1: the up row's) as phase g keeps them; x_t is
@@ -912,121 +893,7 @@ void attention_block(uint hq) {
     barrier();
 }
 
-#if defined(PREFETCH_IDLE) || defined(PREFETCH_STREAM)
-// Sectors each invocation has in flight at once while touching weights.
-const uint PREFETCH_LOADS = 8u;
-
-// Reads one word of each 32-byte sector of bytes [byte0, byte0 + bytes) of
-// tensor t, the share `part` of `parts` (t uniform in the workgroup, as
-// every read of the array), so that they are in L2 when a phase reads
-// them; returns the words' xor, which the caller keeps alive.
-uint touch_part(uint t, uint byte0, uint bytes, uint parts, uint part) {
-    uint sectors = bytes / 32u;
-    uint per_part = (sectors + parts - 1u) / parts;
-    uint s0 = byte0 / 32u + part * per_part;
-    uint s1 = byte0 / 32u + min((part + 1u) * per_part, sectors);
-    uint acc = 0u;
-    for (uint s = s0 + gl_LocalInvocationID.x; s < s1; s += PREFETCH_LOADS * WG) {
-        uint w[PREFETCH_LOADS];
-        [[unroll]] for (uint k = 0u; k < PREFETCH_LOADS; k++) {
-            w[k] = wload4(t, 2u * min(s + k * WG, s1 - 1u)).x;
-        }
-        [[unroll]] for (uint k = 0u; k < PREFETCH_LOADS; k++) {
-            acc ^= w[k];
-        }
-    }
-    return acc;
-}
-
-// Keeps the touches' loads: never true (no dispatch runs phases up to
-// 0xFFFF), but the compiler cannot know it.
-void keep_touches(uint acc) {
-    if (acc == 0x5EEDF00Du && p.phase_range == 0xFFFFFFFFu) {
-        arrivals[FAILURE_WORD] = 2u;
-    }
-}
-#endif
-
-#if defined(PREFETCH_IDLE)
-// The timing variant span_persistent_layer_prefetch
-// (FISH_GPU_PERSISTENT_PREFETCH=1): the workgroups without an attention
-// head, idle during the attention, read wo and the gate and up rows of
-// every subgroup's first gate/up task (at most PREFETCH_BYTES in all) into
-// L2, so that those phases find them there. The same sums: nothing read
-// here is used.
-const uint PREFETCH_BYTES = 24u << 20;
-
-void prefetch_idle(uint idle, uint idx) {
-    uint wo_bytes = min(p.n_in * row_stride(T_WO, q_dim()), PREFETCH_BYTES);
-    uint rows = min(subgroups(), p.n_ff);
-    uint gate_up_bytes = min(rows * row_stride(T_GATE, p.n_in), (PREFETCH_BYTES - wo_bytes) / 2u);
-    uint acc = touch_part(T_WO, 0u, wo_bytes, idle, idx);
-    acc ^= touch_part(T_GATE, 0u, gate_up_bytes, idle, idx);
-    acc ^= touch_part(T_GATE + 1u, 0u, gate_up_bytes, idle, idx);
-    keep_touches(acc);
-}
-#endif
-
-#if defined(PREFETCH_STREAM)
-// The timing variant span_persistent_layer_stream
-// (FISH_GPU_PERSISTENT_PREFETCH=2): the streamers (the last workgroups,
-// see consumers) read the weights of the consumers' next matvec phases
-// into L2 in the order the consumers' tasks take them, at most
-// STREAM_LEAD bytes past the start of the phase the consumers are in, so
-// that DRAM keeps streaming weights while the consumers wait, attend, norm
-// and settle. Three windows, each opened when the consumers reach a phase
-// (the streamers poll the consumers' arrivals, and never arrive):
-//   q/k/v (at once): wo, then the first gate/up rows;
-//   gate/up: the gate/up rows up to STREAM_LEAD;
-//   the settling (all of gate/up summed): the first rows of down.
-// The same sums: nothing read here is used.
-const uint STREAM_LEAD = 24u << 20;
-
-// Touches rows [r0, r1) of gate and up (tasks r0 .. r1 - 1).
-uint touch_gate_up(uint r0, uint r1, uint parts, uint part) {
-    uint stride = row_stride(T_GATE, p.n_in);
-    uint acc = touch_part(T_GATE, r0 * stride, (r1 - r0) * stride, parts, part);
-    return acc ^ touch_part(T_GATE + 1u, r0 * stride, (r1 - r0) * stride, parts, part);
-}
-
-void stream_phases() {
-    uint parts = streamers();
-    uint part = gl_WorkGroupID.x - consumers();
-    uint wo_bytes = min(p.n_in * row_stride(T_WO, q_dim()), STREAM_LEAD);
-    uint gate_up_task = 2u * row_stride(T_GATE, p.n_in);
-    uint first_rows = min(p.n_ff, (STREAM_LEAD - wo_bytes) / gate_up_task);
-    uint lead_rows = min(p.n_ff, STREAM_LEAD / gate_up_task);
-    uint down_rows = min(p.n_in, STREAM_LEAD / row_stride(T_DOWN, p.n_ff));
-    uint acc = 0u;
-    for (uint g = first_phase(); g < end_phase(); g++) {
-        if (g != QKV && g != GATE_UP && g != SETTLE) {
-            continue;
-        }
-        // Until every consumer has finished the phase before (a wait that
-        // gives up raises the failure word, as the consumers' would).
-        if (g > first_phase()) {
-            wait_for(g - first_phase());
-        }
-        if (g == QKV) {
-            acc ^= touch_part(T_WO, 0u, wo_bytes, parts, part);
-            acc ^= touch_gate_up(0u, first_rows, parts, part);
-        } else if (g == GATE_UP) {
-            acc ^= touch_gate_up(first_rows, lead_rows, parts, part);
-        } else {
-            acc ^= touch_part(T_DOWN, 0u, down_rows * row_stride(T_DOWN, p.n_ff), parts, part);
-        }
-    }
-    keep_touches(acc);
-}
-#endif
-
 void main() {
-#if defined(PREFETCH_STREAM)
-    if (gl_WorkGroupID.x >= consumers()) {
-        stream_phases();
-        return;
-    }
-#endif
     uint first = first_phase();
     bool ready = false;
     load_ahead(first == ATTN ? WO : (first == SETTLE ? DOWN : first), ready);
@@ -1042,14 +909,9 @@ void main() {
         } else if (g == ATTN) {
             // Heads on the last workgroups: with k and v first, q/k/v's
             // tasks fall on the first ones in its last round.
-            for (uint hq = consumers() - 1u - gl_WorkGroupID.x; hq < n_head(); hq += consumers()) {
+            for (uint hq = p.groups_x - 1u - gl_WorkGroupID.x; hq < n_head(); hq += p.groups_x) {
                 attention_block(hq);
             }
-#if defined(PREFETCH_IDLE)
-            if (p.groups_x > n_head() && gl_WorkGroupID.x < p.groups_x - n_head()) {
-                prefetch_idle(p.groups_x - n_head(), gl_WorkGroupID.x);
-            }
-#endif
         } else {
             // Uniform: whether any subgroup of the workgroup has a task.
             bool sums = gl_WorkGroupID.x * gl_NumSubgroups < tasks_of(g);

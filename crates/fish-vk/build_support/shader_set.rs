@@ -88,18 +88,6 @@ pub const SPIRV_OPT_MODULES: &[(&str, &str, &[&str])] = &[
     // compiled apart with the phase a constant, which the optimiser of
     // Debian 12's glslc (SPIRV-Tools 2022.4) crashes on.
     ("span_persistent_layer", "span_persistent_layer.comp", &[]),
-    // Its timing variant with the idle workgroups' L2 prefetch.
-    (
-        "span_persistent_layer_prefetch",
-        "span_persistent_layer.comp",
-        &["PREFETCH_IDLE"],
-    ),
-    // Its timing variant with workgroups that only stream weights into L2.
-    (
-        "span_persistent_layer_stream",
-        "span_persistent_layer.comp",
-        &["PREFETCH_STREAM"],
-    ),
 ];
 
 /// Arguments every glslc module is compiled with (part of the staleness hash).

@@ -14,16 +14,14 @@
 //! past 65535 iterations, so grid-wide waits among several workgroups are
 //! checked on devices that keep them resident: FISH_TEST_PERSISTENT_GROUPS=N),
 //! and one dispatch per stage on three, which checks how blocks are dealt
-//! (and, on twelve, the variants that prefetch weights: the workgroups
-//! without a head during the attention, and workgroups that only stream).
+//! (and on twelve, more workgroups than the test's heads).
 
 mod common;
 
 use common::{assert_no_validation_messages, gpu_or_skip, random_values};
 use fish_gguf::GgmlType;
 use fish_vk::{
-    Gpu, PersistentMode, PersistentPrefetch, SpanActivation, SpanDesc, SpanLayerDesc, SpanRope,
-    SpanShape, TensorHandle,
+    Gpu, PersistentMode, SpanActivation, SpanDesc, SpanLayerDesc, SpanRope, SpanShape, TensorHandle,
 };
 
 const N_CTX: usize = 64;
@@ -288,7 +286,6 @@ fn one_dispatch(groups: u32) -> PersistentMode {
     PersistentMode {
         groups,
         per_phase: false,
-        prefetch: PersistentPrefetch::Off,
     }
 }
 
@@ -296,25 +293,6 @@ fn per_phase(groups: u32) -> PersistentMode {
     PersistentMode {
         groups,
         per_phase: true,
-        prefetch: PersistentPrefetch::Off,
-    }
-}
-
-/// The prefetching variant per phase on more workgroups than heads, so
-/// that some of them prefetch during the attention.
-fn prefetching(groups: u32) -> PersistentMode {
-    PersistentMode {
-        prefetch: PersistentPrefetch::Idle,
-        ..per_phase(groups)
-    }
-}
-
-/// The variant whose last fifth of the workgroups only streams weights,
-/// per phase (so its streamers never wait).
-fn streaming(groups: u32) -> PersistentMode {
-    PersistentMode {
-        prefetch: PersistentPrefetch::Stream,
-        ..per_phase(groups)
     }
 }
 
@@ -329,12 +307,7 @@ fn persistent_decode_layers_match_the_staged_span() {
     let extra: Option<u32> = std::env::var("FISH_TEST_PERSISTENT_GROUPS")
         .ok()
         .and_then(|v| v.parse().ok());
-    let mut modes = vec![
-        one_dispatch(1),
-        per_phase(3),
-        prefetching(12),
-        streaming(12),
-    ];
+    let mut modes = vec![one_dispatch(1), per_phase(3), per_phase(12)];
     modes.extend(extra.map(one_dispatch));
     check(gpu, SMALL, &modes);
     // The whole llama-1b layer in one dispatch of one workgroup goes wrong

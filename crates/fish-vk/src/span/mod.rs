@@ -25,7 +25,7 @@ mod recorded;
 mod step;
 
 pub use desc::{SpanActivation, SpanDesc, SpanLayerDesc, SpanOutputDesc, SpanRope, SpanShape};
-pub use persistent::{PersistentMode, PersistentPrefetch, PERSISTENT_MAX_POSITIONS};
+pub use persistent::{PersistentMode, PERSISTENT_MAX_POSITIONS};
 pub use profile::SpanStage;
 pub use step::{SpanRow, SPAN_MAX_BATCH_ROWS};
 

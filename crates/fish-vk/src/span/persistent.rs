@@ -64,53 +64,7 @@ pub struct PersistentMode {
     /// One dispatch per stage with barriers between them (the same code
     /// without grid-wide waits), to measure what the waits save.
     pub per_phase: bool,
-    /// Which weights the kernel reads into L2 ahead of its phases (timing
-    /// variants; the same results).
-    pub prefetch: PersistentPrefetch,
 }
-
-/// The persistent kernel's L2 prefetch (a timing variant each).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum PersistentPrefetch {
-    /// None: the default module.
-    Off,
-    /// The workgroups without an attention head read wo and the first
-    /// gate/up rows during the attention (span_persistent_layer_prefetch).
-    Idle,
-    /// A fifth of the workgroups only read the next phases' weights, up
-    /// to 24 MB ahead of the others (span_persistent_layer_stream).
-    Stream,
-}
-
-impl PersistentPrefetch {
-    /// FISH_GPU_PERSISTENT_PREFETCH: 1 idle, 2 stream, else off.
-    fn from_env() -> PersistentPrefetch {
-        match std::env::var("FISH_GPU_PERSISTENT_PREFETCH").as_deref() {
-            Ok("1") => PersistentPrefetch::Idle,
-            Ok("2") => PersistentPrefetch::Stream,
-            _ => PersistentPrefetch::Off,
-        }
-    }
-
-    fn module(self) -> &'static str {
-        match self {
-            PersistentPrefetch::Off => "span_persistent_layer",
-            PersistentPrefetch::Idle => "span_persistent_layer_prefetch",
-            PersistentPrefetch::Stream => "span_persistent_layer_stream",
-        }
-    }
-
-    /// Workgroups of `groups` that sum (the shader's consumers()).
-    fn consumers(self, groups: u32) -> u32 {
-        match self {
-            PersistentPrefetch::Stream => groups - groups / STREAM_SHARE,
-            _ => groups,
-        }
-    }
-}
-
-/// One workgroup in this many streams weights (the shader's STREAM_SHARE).
-const STREAM_SHARE: u32 = 5;
 
 impl PersistentMode {
     /// `FISH_GPU_PERSISTENT=N` (1..=65535 workgroups) and
@@ -126,7 +80,6 @@ impl PersistentMode {
         Some(PersistentMode {
             groups,
             per_phase: on("FISH_GPU_PERSISTENT_PER_PHASE"),
-            prefetch: PersistentPrefetch::from_env(),
         })
     }
 }
@@ -140,12 +93,8 @@ pub(crate) struct PersistentPipeline {
 }
 
 impl PersistentPipeline {
-    fn new(
-        device: &ash::Device,
-        stats: Option<&PipelineStats>,
-        prefetch: PersistentPrefetch,
-    ) -> Result<PersistentPipeline> {
-        let name = prefetch.module();
+    fn new(device: &ash::Device, stats: Option<&PipelineStats>) -> Result<PersistentPipeline> {
+        let name = "span_persistent_layer";
         let mut out = PersistentPipeline {
             set_layout: persistent_set_layout(device)?,
             layout: vk::PipelineLayout::null(),
@@ -375,11 +324,8 @@ impl Gpu {
                 "persistent decode layers: {why}"
             )));
         }
-        if mode.prefetch.consumers(mode.groups) == 0 {
-            return Err(VkError::Input(format!(
-                "persistent layers on {} workgroups, none of them summing",
-                mode.groups
-            )));
+        if mode.groups == 0 {
+            return Err(VkError::Input("persistent layers on 0 workgroups".into()));
         }
         let s = shape;
         let n_ff = layers.iter().map(|l| l.n_ff).max().unwrap_or(0);
@@ -419,8 +365,7 @@ impl Gpu {
                 ]
             })
             .collect();
-        let pipeline =
-            PersistentPipeline::new(&self.device, self.pipelines.stats.as_ref(), mode.prefetch)?;
+        let pipeline = PersistentPipeline::new(&self.device, self.pipelines.stats.as_ref())?;
         let scratch = match self.alloc((words * 4) as u64, MemoryKind::Device) {
             Ok(b) => b,
             Err(e) => {
