@@ -587,7 +587,8 @@ void sum_task(bool q6, uint g, Task tk, XSrc x, bool ready, out float s0, out fl
 // Sums this subgroup's tasks of matvec phase g, a round's units loaded
 // then summed; `ready` says that the first round of the first task is
 // already in `ahead`. (Loading each round while the one before is summed
-// took 100 registers instead of 81 and was no faster; running the first
+// took 100 registers instead of 81 and was no faster; across tasks too, as
+// one stream of rounds, 207-255 instead of 94; running the first
 // task apart from the loop, so that `ahead` is not live in it, doubled the
 // module, took more local memory and fell from 224 to 140 tok/s on
 // llama-8b: docs/BENCHMARKS.md.)
