@@ -31,6 +31,12 @@ void arrive() {
     }
 }
 
+// Whether a wait gave up (the failure word raised). A relaxed load names
+// no storage semantics (VUID-StandaloneSpirv-MemorySemantics-10871).
+bool failure_raised() {
+    return atomicLoad(arrivals[FAILURE_WORD], gl_ScopeDevice, gl_StorageSemanticsNone, gl_SemanticsRelaxed) != 0u;
+}
+
 // Waits until every workgroup has arrived g times, after its dispatch's
 // phase g - 1 (the counter starts at zero in each submission, so a
 // dispatch of several phases comes first in it); a wait that gives up
@@ -50,10 +56,8 @@ void wait_for(uint g) {
             }
             // A wait elsewhere already gave up: the forward is discarded,
             // so stop waiting (a wrong N then costs about one wait's spins
-            // per forward instead of every wait's). A relaxed load names no
-            // storage semantics (VUID-StandaloneSpirv-MemorySemantics-10871).
-            if ((spins & 4095u) == 0u
-                && atomicLoad(arrivals[FAILURE_WORD], gl_ScopeDevice, gl_StorageSemanticsNone, gl_SemanticsRelaxed) != 0u) {
+            // per forward instead of every wait's).
+            if ((spins & 4095u) == 0u && failure_raised()) {
                 break;
             }
         }

@@ -486,8 +486,7 @@ bool tag_poll_ends(uint spins) {
         arrivals[FAILURE_WORD] = 1u;
         return true;
     }
-    return (spins & 4095u) == 4095u
-        && atomicLoad(arrivals[FAILURE_WORD], gl_ScopeDevice, gl_StorageSemanticsNone, gl_SemanticsRelaxed) != 0u;
+    return (spins & 4095u) == 4095u && failure_raised();
 }
 
 // The activation's int8 blocks without a phase (and a grid-wide wait) of

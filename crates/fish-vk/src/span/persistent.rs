@@ -76,10 +76,9 @@ impl PersistentMode {
             .parse::<u32>()
             .ok()
             .filter(|g| (1..=65535).contains(g))?;
-        let on = |name: &str| std::env::var(name).as_deref() == Ok("1");
         Some(PersistentMode {
             groups,
-            per_phase: on("FISH_GPU_PERSISTENT_PER_PHASE"),
+            per_phase: std::env::var("FISH_GPU_PERSISTENT_PER_PHASE").as_deref() == Ok("1"),
         })
     }
 }
@@ -94,7 +93,7 @@ pub(crate) struct PersistentPipeline {
 
 impl PersistentPipeline {
     fn new(device: &ash::Device, stats: Option<&PipelineStats>) -> Result<PersistentPipeline> {
-        let name = "span_persistent_layer";
+        const NAME: &str = "span_persistent_layer";
         let mut out = PersistentPipeline {
             set_layout: persistent_set_layout(device)?,
             layout: vk::PipelineLayout::null(),
@@ -103,7 +102,7 @@ impl PersistentPipeline {
         };
         let built = push_layout(device, out.set_layout, PUSH_WORDS).and_then(|layout| {
             out.layout = layout;
-            (out.module, out.pipeline) = module_pipeline(device, layout, name, stats)?;
+            (out.module, out.pipeline) = module_pipeline(device, layout, NAME, stats)?;
             Ok(())
         });
         match built {
