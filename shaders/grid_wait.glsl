@@ -37,19 +37,19 @@ bool failure_raised() {
     return atomicLoad(arrivals[FAILURE_WORD], gl_ScopeDevice, gl_StorageSemanticsNone, gl_SemanticsRelaxed) != 0u;
 }
 
-// Waits until every workgroup has arrived g times, after its dispatch's
-// phase g - 1 (the counter starts at zero in each submission, so a
-// dispatch of several phases comes first in it); a wait that gives up
-// raises the failure word. Invocation 0 polls with relaxed loads (an
-// acquire per poll cost every poll a fence) and acquires once after the
-// loop, then the workgroup meets, which orders every invocation's later
-// loads after that acquire.
-void wait_for(uint g) {
+// Waits until every workgroup has arrived g times at the counter in word
+// `counter`, after its dispatch's phase g - 1 (the counter starts at zero
+// in each submission, so a dispatch of several phases comes first in it);
+// a wait that gives up raises the failure word. Invocation 0 polls with
+// relaxed loads (an acquire per poll cost every poll a fence) and acquires
+// once after the loop, then the workgroup meets, which orders every
+// invocation's later loads after that acquire.
+void wait_on(uint counter, uint g) {
     if (gl_LocalInvocationID.x == 0u) {
         uint target = g * p.groups_x;
         uint arrived = 0u;
         for (uint spins = 0u; spins < SPIN_LIMIT; spins++) {
-            arrived = atomicLoad(arrivals[COUNTER_WORD], gl_ScopeDevice, gl_StorageSemanticsNone,
+            arrived = atomicLoad(arrivals[counter], gl_ScopeDevice, gl_StorageSemanticsNone,
                 gl_SemanticsRelaxed);
             if (arrived >= target) {
                 break;
@@ -74,4 +74,9 @@ void wait_for(uint g) {
     }
     controlBarrier(gl_ScopeWorkgroup, gl_ScopeWorkgroup, gl_StorageSemanticsBuffer,
         gl_SemanticsAcquireRelease);
+}
+
+// The wait at the counter of COUNTER_WORD.
+void wait_for(uint g) {
+    wait_on(COUNTER_WORD, g);
 }

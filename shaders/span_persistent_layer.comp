@@ -1,9 +1,11 @@
 #version 450
-// One span layer of a single-token decode step in ONE dispatch of resident
+// Span layers of a single-token decode step in ONE dispatch of resident
 // workgroups (span/persistent.rs, FISH_GPU_PERSISTENT): the dependent
 // stages of a llama layer separated by grid-wide waits instead of dispatch
 // boundaries, on int8 activations as the staged decode's matvecs take them
-// (matvec_i8.comp). Phases:
+// (matvec_i8.comp). A dispatch runs one layer, or consecutive layers
+// (FISH_GPU_PERSISTENT_SPAN=1), each after a grid-wide wait for the
+// layer before it. Phases of a layer:
 //   0 q/k/v: each workgroup with rows to sum quantises the attention norm
 //     of x into shared memory (the blocks of int8_acts.glsl), then k and v,
 //     then q, into the scratch, each value tagged with its layer;
@@ -32,8 +34,8 @@
 // during the wait (and, for wo, during the attention; for down, during
 // the settling).
 //
-// Each matrix is Q4_K or Q6_K (the Q4_K_M mix; bit t of p.types: tensor t
-// is Q6_K), in its own buffer, read through the array at binding 6. Both
+// Each matrix is Q4_K or Q6_K (the Q4_K_M mix; p.types says which are
+// Q6_K), in its own buffer, read through the array at binding 6. Both
 // types are read as units of 32 values in two runs of 16 that share a
 // scale, so a phase's tasks are cut alike whatever their rows' types; each
 // task's rounds run in a loop compiled for its type.
@@ -64,8 +66,16 @@ const uint WG = 128u;
 const uint MAX_EMBD = 8192u;
 const uint MAX_D = 128u;
 
-// span/persistent.rs `Push`; n_in is n_embd, named so for dequant.glsl.
-layout(push_constant) uniform Layer {
+// Layers of one dispatch: at most the set's slots (SET_SLOTS, from the
+// storage buffers the device binds), at most MAX_LAYERS (p.types' bytes).
+const uint MAX_LAYERS = 32u;
+layout(constant_id = 0) const uint SET_SLOTS = 1u;
+
+// span/persistent.rs `push_words`; n_in is n_embd, named so for
+// dequant.glsl. Every layer of a dispatch shares the shape, n_ff and the
+// RoPE table, and its norms lie norm_stride floats after the layer
+// before's (the host checks it).
+layout(push_constant) uniform Layers {
     uint n_in;
     uint n_ff;
     // n_head | n_kv_heads << 16.
@@ -76,14 +86,13 @@ layout(push_constant) uniform Layer {
     uint groups_x;
     // Bit 0: NeoX RoPE halves (i, i + head_dim / 2), else adjacent pairs.
     uint flags;
-    // Bit t: tensor t (q, k, v, wo, gate, up, down) is Q6_K, else Q4_K.
-    uint types;
-    // Float offsets in the parameters of the two norms and the RoPE table.
+    // Float offsets in the parameters of the first layer's two norms, the
+    // floats from a layer's norms to the next's, and the RoPE table.
     uint attn_norm;
     uint ffn_norm;
+    uint norm_stride;
     uint rope_table;
-    // Scratch words of this layer's arrival counter and of the first slot.
-    uint counter_word;
+    // Scratch word of the first slot.
     uint slots0;
     // Scratch word of the activation's tagged values (see settle_block),
     // zeroed before every forward.
@@ -93,8 +102,15 @@ layout(push_constant) uniform Layer {
     uint qkv_tags;
     // The phases this dispatch runs: first | end << 16 (0: all six). A
     // layer recorded as one dispatch per phase, with pipeline barriers
-    // between them, runs the same code without grid-wide waits.
+    // between them, runs the same code without grid-wide waits (one layer).
     uint phase_range;
+    // The layers it runs, by their index in the span: first | count << 16.
+    uint layers;
+    // The span index of the layer in slot 0 of the set's arrays.
+    uint slot_base;
+    // Bit t of byte i: tensor t (q, k, v, wo, gate, up, down) of the
+    // dispatch's layer i is Q6_K, else Q4_K.
+    uint types[MAX_LAYERS / 4u];
 } p;
 
 // dequant.glsl and matvec_units.glsl (Q4_K) name binding 0 as `w` and
@@ -102,12 +118,13 @@ layout(push_constant) uniform Layer {
 // alias x's binding.
 layout(std430, binding = 0) readonly buffer Wq { uint w[]; };
 layout(std430, binding = 0) readonly buffer Wq4 { uvec4 w4[]; };
-// The layer's seven matrices as one array of buffers, read with an index
-// uniform in every workgroup (a workgroup's subgroups take consecutive
-// tasks, and every tensor's rows are a multiple of the subgroups per
-// workgroup): one load per 16 bytes, where choosing among single bindings
-// by a switch cost the matvec phases ~30%.
-layout(std430, binding = 6) readonly buffer Matrix4 { uvec4 v[]; } mats[7];
+// The seven matrices of each layer of the set (slot l: 7 l .. 7 l + 6) as
+// one array of buffers, read with an index uniform in every workgroup (a
+// workgroup's subgroups take consecutive tasks, and every tensor's rows
+// are a multiple of the subgroups per workgroup): one load per 16 bytes,
+// where choosing among single bindings by a switch cost the matvec phases
+// ~30%.
+layout(std430, binding = 6) readonly buffer Matrix4 { uvec4 v[]; } mats[7u * SET_SLOTS];
 #include "dequant.glsl"
 #include "matvec_units.glsl"
 #include "int8_dot.glsl"
@@ -116,10 +133,11 @@ layout(std430, binding = 6) readonly buffer Matrix4 { uvec4 v[]; } mats[7];
 // The residual stream (token 0), read and written across workgroups.
 layout(std430, binding = 0) coherent buffer X { float x_f[]; };
 layout(std430, binding = 0) coherent buffer X4 { vec4 x_f4[]; };
-// The layer's f16 keys and values, two per word, one row per position.
-layout(std430, binding = 1) buffer Keys { uint k_cache[]; };
-layout(std430, binding = 1) buffer Keys4 { uvec4 k_cache4[]; };
-layout(std430, binding = 2) buffer Values { uint v_cache[]; };
+// Each layer's f16 keys and values, two per word, one row per position
+// (slot l of each array: the layer of slot l).
+layout(std430, binding = 1) buffer Keys { uint k_cache[]; } keys[SET_SLOTS];
+layout(std430, binding = 1) buffer Keys4 { uvec4 k_cache4[]; } keys4[SET_SLOTS];
+layout(std430, binding = 2) buffer Values { uint v_cache[]; } values[SET_SLOTS];
 layout(std430, binding = 3) readonly buffer Params { float params[]; };
 layout(std430, binding = 3) readonly buffer Params4 { vec4 params4[]; };
 // The scratch: the failure word, the arrival counters, the slots.
@@ -141,7 +159,25 @@ layout(std430, binding = 4) readonly buffer Int8InF { float in8_f[]; };
 layout(std430, binding = 5) readonly buffer Step { uint step_words[]; };
 #include "span_rope.glsl"
 
-#define COUNTER_WORD p.counter_word
+// The layer running now, by its index in the span: the counter, tags,
+// matrices, caches, norms and types below are its own.
+uint cur_layer;
+uint first_layer() {
+    return p.layers & 0xFFFFu;
+}
+uint end_layer() {
+    return first_layer() + (p.layers >> 16);
+}
+// Its slot in the set's arrays.
+uint layer_slot() {
+    return cur_layer - p.slot_base;
+}
+// Scratch word of layer il's arrival counter, one line per layer after the
+// failure word's (persistent.rs `Header`).
+uint counter_word_of(uint il) {
+    return 64u * (1u + il);
+}
+#define COUNTER_WORD counter_word_of(cur_layer)
 #define FAILURE_WORD 0u
 const uint SPIN_LIMIT = 1u << 22;
 #include "grid_wait.glsl"
@@ -207,7 +243,8 @@ uint act8_slot() {
 }
 
 bool is_q6(uint t) {
-    return ((p.types >> t) & 1u) != 0u;
+    uint i = cur_layer - first_layer();
+    return ((p.types[i / 4u] >> (8u * (i % 4u) + t)) & 1u) != 0u;
 }
 
 // Bytes of a row of n values of tensor t in the device layout (rows start
@@ -219,7 +256,7 @@ uint row_stride(uint t, uint n) {
 
 // 16 bytes of tensor t.
 uvec4 wload4(uint t, uint i) {
-    return mats[t].v[i];
+    return mats[7u * layer_slot() + t].v[i];
 }
 
 // A unit of 32 values of either type, two runs of 16 sharing a scale.
@@ -469,7 +506,7 @@ float unit_sum(bool q6, XSrc x, RUnit un, uint u) {
 // This layer's tag of its activation values: its arrival counter's line
 // (1 for the span's first layer), never 0 (the fill's).
 uint layer_tag() {
-    return p.counter_word / 64u;
+    return counter_word_of(cur_layer) / 64u;
 }
 
 // Polls of tagged values (settle_block, attention_block) before a wait for
@@ -790,8 +827,8 @@ void attention_block(uint hq) {
     if (hq % group == 0u) {
         uint at = (row0 + pos) * row_words + head_words;
         for (uint i = tid; i < d_head / 2u; i += WG) {
-            k_cache[at + i] = packHalf2x16(vec2(kc[2u * i], kc[2u * i + 1u]));
-            v_cache[at + i] = packHalf2x16(vec2(vc[2u * i], vc[2u * i + 1u]));
+            keys[layer_slot()].k_cache[at + i] = packHalf2x16(vec2(kc[2u * i], kc[2u * i + 1u]));
+            values[layer_slot()].v_cache[at + i] = packHalf2x16(vec2(vc[2u * i], vc[2u * i + 1u]));
         }
     }
     // Scores of positions tid, tid + WG, ... into the staging's words (as
@@ -811,7 +848,7 @@ void attention_block(uint hq) {
             for (uint c = 0u; c < d_head / 8u; c += KEY_LOADS) {
                 uvec4 k4[KEY_LOADS];
                 [[unroll]] for (uint u = 0u; u < KEY_LOADS; u++) {
-                    k4[u] = k_cache4[kw / 4u + min(c + u, d_head / 8u - 1u)];
+                    k4[u] = keys4[layer_slot()].k_cache4[kw / 4u + min(c + u, d_head / 8u - 1u)];
                 }
                 [[unroll]] for (uint u = 0u; u < KEY_LOADS; u++) {
                     if (c + u >= d_head / 8u) {
@@ -851,7 +888,7 @@ void attention_block(uint hq) {
             uint vl[VALUE_LOADS];
             [[unroll]] for (uint u = 0u; u < VALUE_LOADS; u++) {
                 uint t = min(t0 + u * sets, pos - 1u);
-                vl[u] = v_cache[vw + t * row_words];
+                vl[u] = values[layer_slot()].v_cache[vw + t * row_words];
             }
             [[unroll]] for (uint u = 0u; u < VALUE_LOADS; u++) {
                 if (t0 + u * sets >= pos) {
@@ -896,50 +933,65 @@ void attention_block(uint hq) {
 void main() {
     uint first = first_phase();
     bool ready = false;
+    cur_layer = first_layer();
     load_ahead(first == ATTN ? WO : (first == SETTLE ? DOWN : first), ready);
-    for (uint g = first; g < end_phase(); g++) {
-        // The attention and the settling wait for their own inputs
-        // (attention_block, settle_block); every phase still arrives, so
-        // that the count before phase g is g arrivals per workgroup.
-        if (g > first && g != ATTN && g != SETTLE) {
-            wait_for(g - first);
+    for (uint il = first_layer(); il < end_layer(); il++) {
+        cur_layer = il;
+        // The layer before in this dispatch has written x: every workgroup
+        // arrived after its six phases.
+        if (il > first_layer()) {
+            wait_on(counter_word_of(il - 1u), PHASES);
         }
-        if (g == SETTLE) {
-            settle_phase();
-        } else if (g == ATTN) {
-            // Heads on the last workgroups: with k and v first, q/k/v's
-            // tasks fall on the first ones in its last round.
-            for (uint hq = p.groups_x - 1u - gl_WorkGroupID.x; hq < n_head(); hq += p.groups_x) {
-                attention_block(hq);
+        for (uint g = first; g < end_phase(); g++) {
+            // The attention and the settling wait for their own inputs
+            // (attention_block, settle_block); every phase still arrives, so
+            // that the count before phase g is g arrivals per workgroup.
+            if (g > first && g != ATTN && g != SETTLE) {
+                wait_for(g - first);
             }
-        } else {
-            // Uniform: whether any subgroup of the workgroup has a task.
-            bool sums = gl_WorkGroupID.x * gl_NumSubgroups < tasks_of(g);
-            if (sums && (g == QKV || g == GATE_UP)) {
-                stage_normed(g == QKV ? p.attn_norm : p.ffn_norm);
-            }
-            // Each matvec phase compiled apart, its phase a constant, so
-            // that its tasks' shape folds: 12% off a llama-8b layer
-            // against one loop taking the phase at run time, at the same
-            // registers (docs/BENCHMARKS.md). The optimiser of Debian 12's
-            // glslc crashes on it (shader_set.rs SPIRV_OPT_MODULES).
-            if (g == QKV) {
-                matvec_phase(QKV, ready);
-            } else if (g == WO) {
-                matvec_phase(WO, ready);
-            } else if (g == GATE_UP) {
-                matvec_phase(GATE_UP, ready);
+            if (g == SETTLE) {
+                settle_phase();
+            } else if (g == ATTN) {
+                // Heads on the last workgroups: with k and v first, q/k/v's
+                // tasks fall on the first ones in its last round.
+                for (uint hq = p.groups_x - 1u - gl_WorkGroupID.x; hq < n_head(); hq += p.groups_x) {
+                    attention_block(hq);
+                }
             } else {
-                matvec_phase(DOWN, ready);
+                // Uniform: whether any subgroup of the workgroup has a task.
+                bool sums = gl_WorkGroupID.x * gl_NumSubgroups < tasks_of(g);
+                if (sums && (g == QKV || g == GATE_UP)) {
+                    uint norms = p.norm_stride * (il - first_layer());
+                    stage_normed((g == QKV ? p.attn_norm : p.ffn_norm) + norms);
+                }
+                // Each matvec phase compiled apart, its phase a constant, so
+                // that its tasks' shape folds: 12% off a llama-8b layer
+                // against one loop taking the phase at run time, at the same
+                // registers (docs/BENCHMARKS.md). The optimiser of Debian 12's
+                // glslc crashes on it (shader_set.rs SPIRV_OPT_MODULES).
+                if (g == QKV) {
+                    matvec_phase(QKV, ready);
+                } else if (g == WO) {
+                    matvec_phase(WO, ready);
+                } else if (g == GATE_UP) {
+                    matvec_phase(GATE_UP, ready);
+                } else {
+                    matvec_phase(DOWN, ready);
+                }
             }
-        }
-        arrive();
-        // After the arrival's release, which waits for the invocation's
-        // outstanding memory operations: loads ahead issued before it would
-        // hold the arrival back by their latency; here they stream while
-        // the other workgroups arrive.
-        if (g != ATTN && g != SETTLE) {
-            load_ahead(next_matvec(g), ready);
+            arrive();
+            // After the arrival's release, which waits for the invocation's
+            // outstanding memory operations: loads ahead issued before it
+            // would hold the arrival back by their latency; here they stream
+            // while the other workgroups arrive. After down, the next
+            // layer's q/k/v, where this dispatch runs it.
+            if (g == DOWN && il + 1u < end_layer()) {
+                cur_layer = il + 1u;
+                load_ahead(QKV, ready);
+                cur_layer = il;
+            } else if (g != ATTN && g != SETTLE) {
+                load_ahead(next_matvec(g), ready);
+            }
         }
     }
 }

@@ -54,6 +54,10 @@ pub struct DeviceInfo {
     /// (shaderStorageBufferArrayDynamicIndexing; enabled where offered):
     /// the persistent decode layers read their matrices so.
     pub storage_array_indexing: bool,
+    /// Storage buffers one compute stage may bind (the least of
+    /// maxPerStageDescriptorStorageBuffers, maxDescriptorSetStorageBuffers
+    /// and maxPerStageResources).
+    pub max_stage_storage_buffers: u32,
     /// Tokens per pass of the int8 matvec on the matrix units
     /// (int8_matrix.rs: the device's 16 x N x 32 int8 fragment width), where
     /// the device has those fragments and the prefill tile's features.
@@ -266,6 +270,11 @@ fn describe_physical(
         cooperative_tensor: None,
         int8_dot,
         storage_array_indexing,
+        max_stage_storage_buffers: props
+            .limits
+            .max_per_stage_descriptor_storage_buffers
+            .min(props.limits.max_descriptor_set_storage_buffers)
+            .min(props.limits.max_per_stage_resources),
         int8_matrix: None,
         prefill_frags: false,
         prefill_frags_offered: false,

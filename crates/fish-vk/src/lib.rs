@@ -52,8 +52,9 @@ pub use persistent_decode::{DecodeRun, DecodeShape, DECODE_PROBE_MAX_LAYERS};
 pub use persistent_layer::{LayerProbe, LayerRun, LayerShape, LAYER_PROBE_MAX_LAYERS};
 pub use pipeline::{module_bytes, COMPILED_AT_BUILD};
 pub use span::{
-    PersistentMode, Reservation, Span, SpanActivation, SpanDesc, SpanFootprint, SpanLayerDesc,
-    SpanOutputDesc, SpanRope, SpanShape, SpanStage, PERSISTENT_MAX_POSITIONS, SPAN_CHUNK_TOKENS,
+    PersistentDispatch, PersistentMode, Reservation, Span, SpanActivation, SpanDesc, SpanFootprint,
+    SpanLayerDesc, SpanOutputDesc, SpanRope, SpanShape, SpanStage, PERSISTENT_MAX_POSITIONS,
+    SPAN_CHUNK_TOKENS,
 };
 pub use status::{enabled, global, status};
 pub use tile_padding::{padded_row_stride, PaddingRule, RowStride, SharedLayout};

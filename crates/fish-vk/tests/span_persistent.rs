@@ -21,7 +21,8 @@ mod common;
 use common::{assert_no_validation_messages, gpu_or_skip, random_values};
 use fish_gguf::GgmlType;
 use fish_vk::{
-    Gpu, PersistentMode, SpanActivation, SpanDesc, SpanLayerDesc, SpanRope, SpanShape, TensorHandle,
+    Gpu, PersistentDispatch, PersistentMode, SpanActivation, SpanDesc, SpanLayerDesc, SpanRope,
+    SpanShape, TensorHandle,
 };
 
 const N_CTX: usize = 64;
@@ -285,14 +286,21 @@ fn int8_gpu_or_skip() -> Option<&'static Gpu> {
 fn one_dispatch(groups: u32) -> PersistentMode {
     PersistentMode {
         groups,
-        per_phase: false,
+        dispatch: PersistentDispatch::Layer,
     }
 }
 
 fn per_phase(groups: u32) -> PersistentMode {
     PersistentMode {
         groups,
-        per_phase: true,
+        dispatch: PersistentDispatch::Phase,
+    }
+}
+
+fn whole_span(groups: u32) -> PersistentMode {
+    PersistentMode {
+        groups,
+        dispatch: PersistentDispatch::Span,
     }
 }
 
@@ -307,8 +315,9 @@ fn persistent_decode_layers_match_the_staged_span() {
     let extra: Option<u32> = std::env::var("FISH_TEST_PERSISTENT_GROUPS")
         .ok()
         .and_then(|v| v.parse().ok());
-    let mut modes = vec![one_dispatch(1), per_phase(3), per_phase(12)];
+    let mut modes = vec![one_dispatch(1), whole_span(1), per_phase(3), per_phase(12)];
     modes.extend(extra.map(one_dispatch));
+    modes.extend(extra.map(whole_span));
     check(gpu, SMALL, &modes);
     // The whole llama-1b layer in one dispatch of one workgroup goes wrong
     // on lavapipe (0.65 of max |x| off), where one dispatch per stage on 1,
@@ -319,6 +328,7 @@ fn persistent_decode_layers_match_the_staged_span() {
     // resident workgroups with FISH_TEST_PERSISTENT_GROUPS.
     let mut modes = vec![per_phase(16)];
     modes.extend(extra.map(one_dispatch));
+    modes.extend(extra.map(whole_span));
     check(gpu, LLAMA_1B, &modes);
     gpu.release_scratch();
     assert_eq!(gpu.allocation_count(), mark, "device memory returned");
@@ -356,6 +366,7 @@ fn a_profiled_span_times_its_persistent_layers() {
     let desc = weights.desc(SpanRope::Adjacent);
     for (mode, stages) in [
         (one_dispatch(1), &["persistent layer"][..]),
+        (whole_span(1), &["persistent layer"][..]),
         (per_phase(2), &["matvec", "attention"][..]),
     ] {
         let mut span = gpu.span_create(&desc, true).expect("span");

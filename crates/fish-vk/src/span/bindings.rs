@@ -7,8 +7,7 @@ use super::kv::KvCache;
 use super::output::SpanOutput;
 use super::params::Params;
 use super::persistent::{
-    layer_tensors, single_buffer, Persistent, MATRIX_ARRAY_BINDING, PERSISTENT_BINDINGS,
-    PERSISTENT_DESCRIPTORS,
+    layer_tensors, single_buffer, Persistent, KEYS_BINDING, MATRIX_ARRAY_BINDING, VALUES_BINDING,
 };
 use super::pipelines::{SpanPipelines, SPAN_BINDINGS};
 use super::record::NormedGroup;
@@ -205,12 +204,14 @@ impl Bindings {
             .iter()
             .map(|w| w[2].len() + 2 * w[2].len().div_ceil(2) + w[3].len())
             .sum();
-        // The persistent kernel's sets, one per layer, of their own layout.
-        let n_persistent = if bufs.persistent.is_some() {
-            layers.len()
-        } else {
-            0
-        };
+        // The persistent kernel's sets, one per set of layers, of their
+        // own layout: (sets, descriptors of each).
+        let persistent = bufs.persistent.map_or((0, 0), |p| {
+            (
+                layers.len().div_ceil(p.pipeline.slots),
+                p.pipeline.set_descriptors(),
+            )
+        });
         // The output's plain sets, and its fused-norm and int8 copies.
         let pool = create_pool(
             gpu,
@@ -221,7 +222,7 @@ impl Bindings {
                 + n_residual
                 + n_gate_up_act
                 + n_span,
-            n_persistent,
+            persistent,
         )?;
         let built = Self::write(
             gpu,
@@ -535,8 +536,11 @@ fn deferred_norm_wanted(gpu: &Gpu) -> bool {
     gpu.info.subgroup_arithmetic && std::env::var("FISH_GPU_DEFER_NORM").as_deref() != Ok("0")
 }
 
-/// Per layer the persistent kernel's set: the layer's seven matrices, x,
-/// its keys and values, the parameters, the scratch, the step buffer.
+/// The persistent kernel's sets, one per `slots` layers: x, the
+/// parameters, the scratch, the step buffer, and per layer (its slot in
+/// the set's arrays: its index modulo `slots`) its keys, values and
+/// seven matrices. A set's slots past the span's last layer repeat its
+/// first layer's (bound, never read).
 fn persistent_sets(
     gpu: &Gpu,
     pool: vk::DescriptorPool,
@@ -545,37 +549,52 @@ fn persistent_sets(
     bufs: &SpanBuffers<'_>,
 ) -> Result<Vec<vk::DescriptorSet>> {
     let a = bufs.arena;
-    layers
-        .iter()
-        .enumerate()
-        .map(|(il, l)| {
-            let matrices = layer_tensors(l)
-                .iter()
-                .map(|&h| single_buffer(gpu, h))
-                .collect::<Result<Vec<_>>>()?;
-            // The set's single bindings, their count checked by the type.
-            let buffers: [vk::Buffer; PERSISTENT_BINDINGS as usize] = [
-                a.x.raw,
-                bufs.kv.k[il].raw,
-                bufs.kv.v[il].raw,
-                bufs.params.buffer.raw,
-                p.scratch.raw,
-                a.step.raw,
-            ];
+    let n = p.pipeline.slots;
+    (0..layers.len())
+        .step_by(n)
+        .map(|base| {
+            let slots: Vec<usize> = (0..n)
+                .map(|i| {
+                    if base + i < layers.len() {
+                        base + i
+                    } else {
+                        base
+                    }
+                })
+                .collect();
+            let mut matrices = Vec::with_capacity(slots.len() * layer_tensors(&layers[base]).len());
+            for &il in &slots {
+                for h in layer_tensors(&layers[il]) {
+                    matrices.push(single_buffer(gpu, h)?);
+                }
+            }
+            let keys: Vec<vk::Buffer> = slots.iter().map(|&il| bufs.kv.k[il].raw).collect();
+            let values: Vec<vk::Buffer> = slots.iter().map(|&il| bufs.kv.v[il].raw).collect();
             let set = allocate(gpu, pool, p.pipeline.set_layout)?;
-            write_set(gpu, set, &buffers);
+            // Bindings 0 and 3..=5; 1, 2 and 6 are the arrays.
+            for (binding, buffer) in [
+                (0, a.x.raw),
+                (3, bufs.params.buffer.raw),
+                (4, p.scratch.raw),
+                (5, a.step.raw),
+            ] {
+                write_array(gpu, set, binding, &[buffer]);
+            }
+            write_array(gpu, set, KEYS_BINDING, &keys);
+            write_array(gpu, set, VALUES_BINDING, &values);
             write_array(gpu, set, MATRIX_ARRAY_BINDING, &matrices);
             Ok(set)
         })
         .collect()
 }
 
-/// A pool for `n_sets` span sets and `n_persistent` persistent-kernel sets.
-fn create_pool(gpu: &Gpu, n_sets: usize, n_persistent: usize) -> Result<vk::DescriptorPool> {
+/// A pool for `n_sets` span sets and `persistent.0` persistent-kernel sets
+/// of `persistent.1` descriptors each.
+fn create_pool(gpu: &Gpu, n_sets: usize, persistent: (usize, u32)) -> Result<vk::DescriptorPool> {
+    let (n_persistent, per_set) = persistent;
     let sizes = [vk::DescriptorPoolSize {
         ty: vk::DescriptorType::STORAGE_BUFFER,
-        descriptor_count: SPAN_BINDINGS * n_sets as u32
-            + PERSISTENT_DESCRIPTORS * n_persistent as u32,
+        descriptor_count: SPAN_BINDINGS * n_sets as u32 + per_set * n_persistent as u32,
     }];
     let info = vk::DescriptorPoolCreateInfo::default()
         .max_sets((n_sets + n_persistent) as u32)

@@ -25,7 +25,7 @@ mod recorded;
 mod step;
 
 pub use desc::{SpanActivation, SpanDesc, SpanLayerDesc, SpanOutputDesc, SpanRope, SpanShape};
-pub use persistent::{PersistentMode, PERSISTENT_MAX_POSITIONS};
+pub use persistent::{PersistentDispatch, PersistentMode, PERSISTENT_MAX_POSITIONS};
 pub use profile::SpanStage;
 pub use step::{SpanRow, SPAN_MAX_BATCH_ROWS};
 
@@ -298,12 +298,12 @@ impl Gpu {
                 eprintln!("fish-vk: FISH_GPU_PERSISTENT: staged decode layers ({e})");
             } else if self.config.verbose {
                 eprintln!(
-                    "fish-vk: decode layers as one dispatch each on {} workgroups{}",
+                    "fish-vk: persistent decode layers on {} workgroups, {}",
                     mode.groups,
-                    if mode.per_phase {
-                        " (one dispatch per stage)"
-                    } else {
-                        ""
+                    match mode.dispatch {
+                        PersistentDispatch::Layer => "one dispatch per layer",
+                        PersistentDispatch::Phase => "one dispatch per stage",
+                        PersistentDispatch::Span => "the span's layers in one dispatch",
                     }
                 );
             }

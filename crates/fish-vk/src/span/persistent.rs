@@ -3,7 +3,9 @@
 //! its six phases (q/k/v, attention, wo, gate/up, the activation's int8
 //! copy, down), three of them after grid-wide waits and two polling the
 //! tagged values they read, instead of dispatch boundaries and barriers,
-//! on int8 activations. Opt-in
+//! on int8 activations; or the span's layers in one dispatch
+//! (`FISH_GPU_PERSISTENT_SPAN=1`), each layer after a grid-wide wait for
+//! the one before. Opt-in
 //! (`FISH_GPU_PERSISTENT=N`, N workgroups, or
 //! `Gpu::span_set_persistent`): every workgroup must be resident at once,
 //! which only the caller knows of its device. A wait that gives up raises
@@ -17,29 +19,52 @@
 
 use super::desc::{LayerTensors, SpanActivation, SpanRope, SpanShape};
 use super::params::Params;
-use super::pipelines::{module_pipeline, push_layout};
+use super::pipelines::push_layout;
+use super::profile::SpanStage;
 use crate::buffer::{Buffer, MemoryKind};
 use crate::error::{Result, VkError};
 use crate::gpu::Gpu;
 use crate::int8_dot::{int8_token_bytes, Int8Dot};
-use crate::pipeline::storage_array_set_layout;
+use crate::pipeline::{module_compute_pipeline, storage_array_set_layout};
 use crate::pipeline_stats::PipelineStats;
 use crate::upload::TensorHandle;
 use crate::weight_format::WeightFormat;
 use ash::vk;
 use fish_gguf::GgmlType;
 
-/// Single-buffer bindings of the kernel's set: x, the layer's keys and
-/// values, the parameters, the scratch, the step buffer; then binding
-/// MATRIX_ARRAY_BINDING, the seven matrices as one array.
-pub(crate) const PERSISTENT_BINDINGS: u32 = 6;
-pub(crate) const MATRIX_ARRAY_BINDING: u32 = PERSISTENT_BINDINGS;
-/// Matrices of a layer (the array binding's descriptors).
+/// The most layers of one dispatch (`MAX_LAYERS` in the shader: a byte of
+/// the push constants' types each).
+const MAX_DISPATCH_LAYERS: usize = 32;
+/// The kernel's set: x; the keys and the values of each of its layers (two
+/// arrays, a slot per layer); the parameters, the scratch, the step
+/// buffer; then the seven matrices of each of its layers as one array
+/// (MATRIX_ARRAY_BINDING). Its layer slots (`SET_SLOTS` in the shader)
+/// follow from the storage buffers the device binds per stage.
+pub(crate) const KEYS_BINDING: u32 = 1;
+pub(crate) const VALUES_BINDING: u32 = 2;
+pub(crate) const MATRIX_ARRAY_BINDING: u32 = 6;
+/// Matrices of a layer.
 pub(crate) const LAYER_MATRICES: u32 = 7;
-/// Descriptors of one set.
-pub(crate) const PERSISTENT_DESCRIPTORS: u32 = PERSISTENT_BINDINGS + LAYER_MATRICES;
-/// Push-constant words (`Layer` in the shader).
-const PUSH_WORDS: usize = 17;
+/// Single buffers of the set, and descriptors per layer slot.
+const SET_SINGLES: u32 = 4;
+const SLOT_DESCRIPTORS: u32 = 2 + LAYER_MATRICES;
+
+/// Layer slots of the set on a device that binds `max_buffers` storage
+/// buffers per stage (0: not even one layer's).
+fn set_slots(max_buffers: u32) -> usize {
+    (max_buffers.saturating_sub(SET_SINGLES) / SLOT_DESCRIPTORS).min(MAX_DISPATCH_LAYERS as u32)
+        as usize
+}
+
+/// Descriptors of each binding of a set of `slots` layers.
+fn binding_counts(slots: usize) -> [u32; 7] {
+    let n = slots as u32;
+    [1, n, n, 1, 1, 1, LAYER_MATRICES * n]
+}
+
+/// Push-constant words (`Layers` in the shader): 18, then a byte of types
+/// per layer.
+const PUSH_WORDS: usize = 18 + MAX_DISPATCH_LAYERS / 4;
 /// The scores of the positions attended share the staging's shared memory
 /// (MAX_EMBD / 4 words): tokens at positions from this on take the staged
 /// recording.
@@ -56,19 +81,33 @@ const MAX_HEAD_DIM: usize = 128;
 /// cache line holds two of them).
 const LINE_WORDS: usize = 64;
 
+/// What one dispatch of the kernel runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PersistentDispatch {
+    /// A layer.
+    Layer,
+    /// A stage of a layer, with barriers between them (the same code
+    /// without grid-wide waits), to measure what the waits save.
+    Phase,
+    /// Consecutive layers, as many as a set holds (up to 32, fewer where
+    /// the device binds fewer storage buffers; a layer's first matvec round
+    /// then loads while the layer before ends, and no dispatch boundary
+    /// comes between them).
+    Span,
+}
+
 /// How a span runs its persistent layers.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct PersistentMode {
     /// Workgroups per dispatch: all must be resident on the device at once.
     pub groups: u32,
-    /// One dispatch per stage with barriers between them (the same code
-    /// without grid-wide waits), to measure what the waits save.
-    pub per_phase: bool,
+    pub dispatch: PersistentDispatch,
 }
 
 impl PersistentMode {
-    /// `FISH_GPU_PERSISTENT=N` (1..=65535 workgroups) and
-    /// `FISH_GPU_PERSISTENT_PER_PHASE=1`; None when unset.
+    /// `FISH_GPU_PERSISTENT=N` (1..=65535 workgroups), with
+    /// `FISH_GPU_PERSISTENT_PER_PHASE=1` or `FISH_GPU_PERSISTENT_SPAN=1`;
+    /// None when unset.
     pub fn from_env() -> Option<PersistentMode> {
         let groups = std::env::var("FISH_GPU_PERSISTENT")
             .ok()?
@@ -76,15 +115,22 @@ impl PersistentMode {
             .parse::<u32>()
             .ok()
             .filter(|g| (1..=65535).contains(g))?;
-        Some(PersistentMode {
-            groups,
-            per_phase: std::env::var("FISH_GPU_PERSISTENT_PER_PHASE").as_deref() == Ok("1"),
-        })
+        let on = |name: &str| std::env::var(name).as_deref() == Ok("1");
+        let dispatch = if on("FISH_GPU_PERSISTENT_PER_PHASE") {
+            PersistentDispatch::Phase
+        } else if on("FISH_GPU_PERSISTENT_SPAN") {
+            PersistentDispatch::Span
+        } else {
+            PersistentDispatch::Layer
+        };
+        Some(PersistentMode { groups, dispatch })
     }
 }
 
 /// The kernel's pipeline, on a layout of its own.
 pub(crate) struct PersistentPipeline {
+    /// Layer slots of its set (`SET_SLOTS`).
+    pub slots: usize,
     pub set_layout: vk::DescriptorSetLayout,
     pub layout: vk::PipelineLayout,
     module: vk::ShaderModule,
@@ -92,17 +138,25 @@ pub(crate) struct PersistentPipeline {
 }
 
 impl PersistentPipeline {
-    fn new(device: &ash::Device, stats: Option<&PipelineStats>) -> Result<PersistentPipeline> {
+    fn new(
+        device: &ash::Device,
+        slots: usize,
+        stats: Option<&PipelineStats>,
+    ) -> Result<PersistentPipeline> {
         const NAME: &str = "span_persistent_layer";
         let mut out = PersistentPipeline {
-            set_layout: persistent_set_layout(device)?,
+            slots,
+            set_layout: storage_array_set_layout(device, &binding_counts(slots))?,
             layout: vk::PipelineLayout::null(),
             module: vk::ShaderModule::null(),
             pipeline: vk::Pipeline::null(),
         };
         let built = push_layout(device, out.set_layout, PUSH_WORDS).and_then(|layout| {
             out.layout = layout;
-            (out.module, out.pipeline) = module_pipeline(device, layout, NAME, stats)?;
+            let flags = vk::PipelineShaderStageCreateFlags::empty();
+            let spec = [slots as u32];
+            (out.module, out.pipeline) =
+                module_compute_pipeline(device, layout, NAME, &spec, flags, stats)?;
             Ok(())
         });
         match built {
@@ -124,28 +178,36 @@ impl PersistentPipeline {
             device.destroy_descriptor_set_layout(self.set_layout, None);
         }
     }
-}
 
-/// The kernel's set layout: PERSISTENT_BINDINGS single buffers, then the
-/// array of the layer's matrices.
-fn persistent_set_layout(device: &ash::Device) -> Result<vk::DescriptorSetLayout> {
-    let mut counts = vec![1; PERSISTENT_BINDINGS as usize];
-    counts.push(LAYER_MATRICES);
-    storage_array_set_layout(device, &counts)
+    /// Descriptors of one set.
+    pub fn set_descriptors(&self) -> u32 {
+        binding_counts(self.slots).iter().sum()
+    }
 }
 
 /// A span's persistent layers: the pipeline, the scratch (failure word,
 /// one arrival counter per layer, the tagged values of the activation and
-/// of q | k | v, the int8 slots), the failure word's host copy, and each
-/// layer's push constants.
+/// of q | k | v, the int8 slots), the failure word's host copy, and the
+/// push constants of each dispatch.
 pub(crate) struct Persistent {
     pub mode: PersistentMode,
     pub pipeline: PersistentPipeline,
     pub scratch: Buffer,
     pub failure: Buffer,
-    pub push: Vec<[u32; PUSH_WORDS]>,
+    dispatches: Vec<Dispatch>,
     /// Scratch words zeroed before every forward (`Header`).
     header_words: usize,
+}
+
+/// One dispatch of a forward: its set (the set of its layers), push
+/// constants, whether it begins a layer (for the profile) and the stage it
+/// is timed as.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Dispatch {
+    pub set: usize,
+    pub push: [u32; PUSH_WORDS],
+    pub starts_layer: bool,
+    pub stage: SpanStage,
 }
 
 impl Persistent {
@@ -220,6 +282,13 @@ pub(crate) fn unfit(
     }
     if !info.storage_array_indexing {
         return Some("needs storage buffer arrays indexed dynamically".into());
+    }
+    if set_slots(info.max_stage_storage_buffers) == 0 {
+        return Some(format!(
+            "needs {} storage buffers per stage (the device binds {})",
+            SET_SINGLES + SLOT_DESCRIPTORS,
+            info.max_stage_storage_buffers
+        ));
     }
     if info.max_shared_memory < 32 << 10 {
         return Some("needs 32 KB of shared memory per workgroup".into());
@@ -333,38 +402,41 @@ impl Gpu {
         // The shader's slots: wo's int8 input, down's int8 input.
         let int8_words = |n: usize| int8_token_bytes(n) / 4;
         let words = header.slots0 + line(int8_words(s.q_dim())) + line(int8_words(n_ff));
-        let push = layers
+        let words_of = layers
             .iter()
             .zip(&params.layers)
-            .enumerate()
-            .map(|(il, (l, lp))| {
-                let types = layer_tensors(l)
+            .map(|(l, lp)| LayerWords {
+                n_ff: l.n_ff as u32,
+                types: layer_tensors(l)
                     .iter()
                     .enumerate()
                     .filter(|(_, h)| h.ty() == WeightFormat::Ggml(GgmlType::Q6_K))
-                    .fold(0u32, |bits, (t, _)| bits | 1 << t);
-                [
-                    s.n_embd as u32,
-                    l.n_ff as u32,
-                    (s.n_head | s.n_head_kv << 16) as u32,
-                    s.head_dim as u32,
-                    s.rms_eps.to_bits(),
-                    s.attn_scale.to_bits(),
-                    mode.groups,
-                    u32::from(s.rope == SpanRope::Neox),
-                    types,
-                    lp.attn_norm,
-                    lp.ffn_norm,
-                    params.rope_tables[l.rope_table],
-                    (LINE_WORDS * (1 + il)) as u32,
-                    header.slots0 as u32,
-                    header.act_tags as u32,
-                    header.qkv_tags as u32,
-                    0,
-                ]
+                    .fold(0u32, |bits, (t, _)| bits | 1 << t),
+                attn_norm: lp.attn_norm,
+                ffn_norm: lp.ffn_norm,
+                rope_table: params.rope_tables[l.rope_table],
+            })
+            .collect::<Vec<_>>();
+        let shape_words = [
+            s.n_embd as u32,
+            (s.n_head | s.n_head_kv << 16) as u32,
+            s.head_dim as u32,
+            s.rms_eps.to_bits(),
+            s.attn_scale.to_bits(),
+            mode.groups,
+            u32::from(s.rope == SpanRope::Neox),
+        ];
+        let slots = set_slots(self.info().max_stage_storage_buffers);
+        let dispatches = plan_dispatches(mode.dispatch, &words_of, slots)
+            .into_iter()
+            .map(|(run, phases, stage)| Dispatch {
+                set: run.first / slots,
+                starts_layer: phases.start == 0,
+                push: push_words(&shape_words, &header, &words_of, run, phases, slots),
+                stage,
             })
             .collect();
-        let pipeline = PersistentPipeline::new(&self.device, self.pipelines.stats.as_ref())?;
+        let pipeline = PersistentPipeline::new(&self.device, slots, self.pipelines.stats.as_ref())?;
         let scratch = match self.alloc((words * 4) as u64, MemoryKind::Device) {
             Ok(b) => b,
             Err(e) => {
@@ -385,7 +457,7 @@ impl Gpu {
             pipeline,
             scratch,
             failure,
-            push,
+            dispatches,
             header_words: header.slots0,
         })
     }
@@ -399,23 +471,156 @@ pub(crate) struct PersistentRecording<'a> {
 }
 
 impl PersistentRecording<'_> {
-    /// The dispatches of layer `il`: one, or one per stage (with the stage
-    /// each belongs to, for the profile), each to be followed by a barrier.
-    pub fn dispatches(&self, il: usize) -> Vec<([u32; PUSH_WORDS], bool)> {
-        let p = self.persistent;
-        let push = p.push[il];
-        if !p.mode.per_phase {
-            return vec![(push, false)];
-        }
-        (0..PHASES)
-            .map(|g| {
-                let mut one = push;
-                one[PUSH_WORDS - 1] = g | (g + 1) << 16;
-                // Stage 1 is the attention.
-                (one, g == 1)
-            })
-            .collect()
+    /// The forward's dispatches, in order, each to be followed by a barrier.
+    pub fn dispatches(&self) -> &[Dispatch] {
+        &self.persistent.dispatches
     }
+}
+
+/// What the push constants say of one layer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct LayerWords {
+    n_ff: u32,
+    /// Bit t: tensor t (`layer_tensors`' order) is Q6_K.
+    types: u32,
+    /// Float offsets of its norms and RoPE table in the parameters.
+    attn_norm: u32,
+    ffn_norm: u32,
+    rope_table: u32,
+}
+
+/// Consecutive layers of one dispatch.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct LayerRun {
+    first: usize,
+    count: usize,
+}
+
+/// The floats from a layer's norms to the next layer's where both of
+/// `first`'s norms are that far from layer `first + 1`'s (0 for the last
+/// layer), else None.
+fn norm_stride(layers: &[LayerWords], first: usize) -> Option<u32> {
+    let Some(next) = layers.get(first + 1) else {
+        return Some(0);
+    };
+    let a = layers[first];
+    let stride = next.attn_norm.checked_sub(a.attn_norm)?;
+    (next.ffn_norm.checked_sub(a.ffn_norm)? == stride).then_some(stride)
+}
+
+/// Whether layer `next` can join `run` (its layers `run.first` up to
+/// `next`): in the same set of `slots` layers, with the same n_ff and RoPE table, its norms
+/// one stride further on than the layer before's (the shader steps the
+/// norms' offsets by one stride).
+fn extends(layers: &[LayerWords], run: LayerRun, next: usize, slots: usize) -> bool {
+    let (a, b) = (layers[run.first], layers[next]);
+    let Some(stride) = norm_stride(layers, run.first) else {
+        return false;
+    };
+    let at = |first: u32| u64::from(first) + u64::from(stride) * (next - run.first) as u64;
+    next / slots == run.first / slots
+        && b.n_ff == a.n_ff
+        && b.rope_table == a.rope_table
+        && u64::from(b.attn_norm) == at(a.attn_norm)
+        && u64::from(b.ffn_norm) == at(a.ffn_norm)
+}
+
+/// Phases of a layer; a dispatch runs `phases` of each of its layers.
+type Phases = std::ops::Range<u32>;
+
+/// The dispatches of a forward as `dispatch` asks: per layer, per phase of
+/// each layer, or runs of consecutive layers (`extends`, in sets of `slots`
+/// layers); each with the stage it is timed as.
+fn plan_dispatches(
+    dispatch: PersistentDispatch,
+    layers: &[LayerWords],
+    slots: usize,
+) -> Vec<(LayerRun, Phases, SpanStage)> {
+    let one = |il: usize| LayerRun {
+        first: il,
+        count: 1,
+    };
+    match dispatch {
+        PersistentDispatch::Layer => (0..layers.len())
+            .map(|il| (one(il), 0..PHASES, SpanStage::PersistentLayer))
+            .collect(),
+        PersistentDispatch::Phase => (0..layers.len())
+            .flat_map(|il| {
+                (0..PHASES).map(move |g| {
+                    // Phase 1 is the attention.
+                    let stage = if g == 1 {
+                        SpanStage::Attention
+                    } else {
+                        SpanStage::Matvec
+                    };
+                    (one(il), g..g + 1, stage)
+                })
+            })
+            .collect(),
+        PersistentDispatch::Span => {
+            let mut runs: Vec<LayerRun> = Vec::new();
+            for il in 0..layers.len() {
+                match runs.last_mut() {
+                    Some(run) if extends(layers, *run, il, slots) => run.count += 1,
+                    _ => runs.push(one(il)),
+                }
+            }
+            runs.into_iter()
+                .map(|run| (run, 0..PHASES, SpanStage::PersistentLayer))
+                .collect()
+        }
+    }
+}
+
+/// The push constants of a dispatch of `run`'s layers (`Layers` in the
+/// shader); `shape` holds n_embd, heads, head_dim, eps, attn_scale, the
+/// workgroups and the RoPE flags.
+fn push_words(
+    shape: &[u32; 7],
+    header: &Header,
+    layers: &[LayerWords],
+    run: LayerRun,
+    phases: Phases,
+    slots: usize,
+) -> [u32; PUSH_WORDS] {
+    let first = layers[run.first];
+    let [n_embd, heads, head_dim, eps, attn_scale, groups, flags] = *shape;
+    let stride = if run.count > 1 {
+        norm_stride(layers, run.first).unwrap_or(0)
+    } else {
+        0
+    };
+    // Each phase alone: first | end << 16; all six: 0.
+    let phase_range = if phases == (0..PHASES) {
+        0
+    } else {
+        phases.start | phases.end << 16
+    };
+    let mut push = [0u32; PUSH_WORDS];
+    push[..18].copy_from_slice(&[
+        n_embd,
+        first.n_ff,
+        heads,
+        head_dim,
+        eps,
+        attn_scale,
+        groups,
+        flags,
+        first.attn_norm,
+        first.ffn_norm,
+        stride,
+        first.rope_table,
+        header.slots0 as u32,
+        header.act_tags as u32,
+        header.qkv_tags as u32,
+        phase_range,
+        (run.first | run.count << 16) as u32,
+        (run.first / slots * slots) as u32,
+    ]);
+    for (i, l) in layers[run.first..run.first + run.count].iter().enumerate() {
+        push[18 + i / 4] |= l.types << (8 * (i % 4));
+    }
+    push
 }
 
 #[cfg(test)]
@@ -429,6 +634,94 @@ mod tests {
         assert!(!Persistent::takes(1, true, PERSISTENT_MAX_POSITIONS));
         assert!(!Persistent::takes(2, true, 0));
         assert!(!Persistent::takes(1, false, 0));
+    }
+
+    /// Layers of one shape whose norms lie `stride` floats apart.
+    fn uniform_layers(n: usize, stride: u32) -> Vec<LayerWords> {
+        (0..n as u32)
+            .map(|il| LayerWords {
+                n_ff: 8192,
+                types: il % 2 * 0b100_0100,
+                attn_norm: il * stride,
+                ffn_norm: il * stride + 2048,
+                rope_table: 7 * stride,
+            })
+            .collect()
+    }
+
+    fn runs(plan: &[(LayerRun, Phases, SpanStage)]) -> Vec<(usize, usize)> {
+        plan.iter().map(|(r, _, _)| (r.first, r.count)).collect()
+    }
+
+    #[test]
+    fn a_span_dispatch_takes_consecutive_layers_of_one_set() {
+        let layers = uniform_layers(5, 4096);
+        let plan = plan_dispatches(PersistentDispatch::Span, &layers, 2);
+        assert_eq!(runs(&plan), [(0, 2), (2, 2), (4, 1)]);
+        assert!(plan
+            .iter()
+            .all(|(_, p, s)| *p == (0..PHASES) && *s == SpanStage::PersistentLayer));
+        let plan = plan_dispatches(PersistentDispatch::Span, &layers, 32);
+        assert_eq!(runs(&plan), [(0, 5)]);
+        // Per layer and per phase: one layer each.
+        let plan = plan_dispatches(PersistentDispatch::Layer, &layers, 32);
+        assert_eq!(runs(&plan), (0..5).map(|il| (il, 1)).collect::<Vec<_>>());
+        let plan = plan_dispatches(PersistentDispatch::Phase, &layers, 32);
+        assert_eq!(plan.len(), 5 * PHASES as usize);
+        assert_eq!(plan[7].1, 1..2);
+        assert_eq!(plan[7].2, SpanStage::Attention);
+    }
+
+    #[test]
+    fn a_layer_unlike_the_one_before_starts_a_dispatch() {
+        // Its norms off the stride (layer 2, which then cannot take layer
+        // 3 either), its n_ff or its RoPE table another.
+        let mut layers = uniform_layers(8, 4096);
+        layers[2].ffn_norm += 4;
+        layers[5].n_ff = 14336;
+        layers[7].rope_table = 0;
+        let plan = plan_dispatches(PersistentDispatch::Span, &layers, 32);
+        assert_eq!(runs(&plan), [(0, 2), (2, 1), (3, 2), (5, 1), (6, 1), (7, 1)]);
+        // The first layer's two norms at different strides from the second's.
+        let mut layers = uniform_layers(3, 4096);
+        layers[0].ffn_norm += 4;
+        let plan = plan_dispatches(PersistentDispatch::Span, &layers, 32);
+        assert_eq!(runs(&plan), [(0, 1), (1, 2)]);
+    }
+
+    #[test]
+    fn push_words_name_the_run_its_set_and_each_layers_types() {
+        let layers = uniform_layers(40, 4096);
+        let header = Header::new(40, 8192, 3072);
+        let shape = [2048, 32 | 8 << 16, 64, 0, 0, 660, 1];
+        let run = LayerRun {
+            first: 33,
+            count: 6,
+        };
+        let push = push_words(&shape, &header, &layers, run, 0..PHASES, 32);
+        assert_eq!(push[1], 8192);
+        // Layer 33's norms, the stride, the RoPE table.
+        assert_eq!(push[8..12], [33 * 4096, 33 * 4096 + 2048, 4096, 7 * 4096]);
+        assert_eq!(push[15], 0, "all six phases");
+        assert_eq!(push[16], 33 | 6 << 16);
+        assert_eq!(push[17], 32, "the set of layers 32..64");
+        // Odd layers have Q6_K v and down: dispatch layers 0, 2, 4 (33, 35, 37).
+        assert_eq!(push[18], 0b100_0100 | 0b100_0100 << 16);
+        assert_eq!(push[19], 0b100_0100);
+        assert!(push[20..].iter().all(|&w| w == 0));
+        let one = LayerRun { first: 3, count: 1 };
+        let push = push_words(&shape, &header, &layers, one, 4..5, 32);
+        assert_eq!(push[10], 0, "no stride for one layer");
+        assert_eq!(push[15], 4 | 5 << 16);
+    }
+
+    #[test]
+    fn a_set_holds_the_layers_the_devices_buffers_allow() {
+        assert_eq!(set_slots(12), 0);
+        assert_eq!(set_slots(13), 1);
+        assert_eq!(set_slots(32), 3);
+        assert_eq!(set_slots(1 << 20), MAX_DISPATCH_LAYERS);
+        assert_eq!(binding_counts(3).iter().sum::<u32>(), 4 + 3 * 9);
     }
 
     #[test]

@@ -1068,34 +1068,29 @@ impl Recording<'_> {
             p.marks.clear();
             p.layer_starts.clear();
         }
-        for (il, layer) in self.layers.iter().enumerate() {
-            if let Some(pr) = &self.persistent {
-                if let Some(p) = r.profiler.as_deref_mut() {
+        if let Some(pr) = &self.persistent {
+            let pipeline = &pr.persistent.pipeline;
+            for d in pr.dispatches() {
+                if let Some(p) = r.profiler.as_deref_mut().filter(|_| d.starts_layer) {
                     p.layer_starts.push(p.marks.len());
                 }
-                let layout = pr.persistent.pipeline.layout;
-                let groups = pr.persistent.mode.groups;
-                for (push, attention) in pr.dispatches(il) {
-                    r.dispatch_on(
-                        pr.persistent.pipeline.pipeline,
-                        layout,
-                        pr.sets[il],
-                        &push,
-                        (groups, 1),
-                    );
-                    r.end(match (pr.persistent.mode.per_phase, attention) {
-                        (false, _) => SpanStage::PersistentLayer,
-                        (true, true) => SpanStage::Attention,
-                        (true, false) => SpanStage::Matvec,
-                    });
-                }
-                continue;
+                r.dispatch_on(
+                    pipeline.pipeline,
+                    pipeline.layout,
+                    pr.sets[d.set],
+                    &d.push,
+                    (pr.persistent.mode.groups, 1),
+                );
+                r.end(d.stage);
             }
-            for chunk in self.chunks {
-                if let Some(p) = r.profiler.as_deref_mut() {
-                    p.layer_starts.push(p.marks.len());
+        } else {
+            for (il, layer) in self.layers.iter().enumerate() {
+                for chunk in self.chunks {
+                    if let Some(p) = r.profiler.as_deref_mut() {
+                        p.layer_starts.push(p.marks.len());
+                    }
+                    self.record_layer(&mut r, il, layer, chunk);
                 }
-                self.record_layer(&mut r, il, layer, chunk);
             }
         }
         if let Some(p) = r.profiler.as_deref_mut() {
