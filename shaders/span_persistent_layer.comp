@@ -92,8 +92,10 @@ layout(push_constant) uniform Layers {
     uint ffn_norm;
     uint norm_stride;
     uint rope_table;
-    // Scratch word of the first slot.
+    // Scratch word of the span's first layer's first slot, and the words
+    // from a layer's slots to the next's.
     uint slots0;
+    uint slot_stride;
     // Scratch word of the activation's tagged values (see settle_block),
     // zeroed before every forward.
     uint act_tags;
@@ -228,7 +230,9 @@ uint q_dim() {
 }
 
 // Scratch slots, each on a 256-byte boundary: wo's int8 input, down's int8
-// input (persistent.rs sizes them alike).
+// input (persistent.rs sizes them alike), a pair per layer: a layer of a
+// dispatch after the first reads its slots through L1, which may still
+// hold lines of the layer before's if they shared the addresses.
 uint line(uint words) {
     return (words + 63u) / 64u * 64u;
 }
@@ -236,7 +240,7 @@ uint int8_words(uint n) {
     return 4u * int8_token_vec4s(n);
 }
 uint attn_slot() {
-    return p.slots0;
+    return p.slots0 + cur_layer * p.slot_stride;
 }
 uint act8_slot() {
     return attn_slot() + line(int8_words(q_dim()));
@@ -245,6 +249,9 @@ uint act8_slot() {
 bool is_q6(uint t) {
     uint i = cur_layer - first_layer();
     return ((p.types[i / 4u] >> (8u * (i % 4u) + t)) & 1u) != 0u;
+}
+void set_layer(uint il) {
+    cur_layer = il;
 }
 
 // Bytes of a row of n values of tensor t in the device layout (rows start
@@ -288,13 +295,14 @@ RUnit load_runit(bool q6, uint t, uint row_byte, uint u, uint nb) {
         un.a = wload4(t, body16 + 4u * n + 2u * qq + hl);
         un.b = wload4(t, body16 + 8u + 2u * n + hl);
         // Scales s0 = 8n + hl + 2qq (run 0) and s0 + 4 (run 1).
-        uvec4 scales = wload4(t, body16 + 12u);
         uint s0 = 8u * n + hl + 2u * qq;
-        un.c = ((scales[s0 / 4u] >> (8u * (s0 % 4u))) & 0xFFu)
-             | (((scales[s0 / 4u + 1u] >> (8u * (s0 % 4u))) & 0xFFu) << 8);
         // The ds follow the bodies on a 16-byte boundary.
         uint d_word = (row_byte + 208u * nb) / 4u + sb / 2u;
+        uvec4 scales = wload4(t, body16 + 12u);
+        uint sc_lo = scales[s0 / 4u];
+        uint sc_hi = scales[s0 / 4u + 1u];
         uint dw = wload4(t, d_word / 4u)[d_word % 4u];
+        un.c = ((sc_lo >> (8u * (s0 % 4u))) & 0xFFu) | (((sc_hi >> (8u * (s0 % 4u))) & 0xFFu) << 8);
         un.e = ((dw >> (16u * (sb % 2u))) & 0xFFFFu) | (v << 16);
     } else {
         uint block16 = (row_byte + 144u * sb) / 16u;
@@ -933,10 +941,10 @@ void attention_block(uint hq) {
 void main() {
     uint first = first_phase();
     bool ready = false;
-    cur_layer = first_layer();
+    set_layer(first_layer());
     load_ahead(first == ATTN ? WO : (first == SETTLE ? DOWN : first), ready);
     for (uint il = first_layer(); il < end_layer(); il++) {
-        cur_layer = il;
+        set_layer(il);
         // The layer before in this dispatch has written x: every workgroup
         // arrived after its six phases.
         if (il > first_layer()) {
@@ -986,9 +994,9 @@ void main() {
             // while the other workgroups arrive. After down, the next
             // layer's q/k/v, where this dispatch runs it.
             if (g == DOWN && il + 1u < end_layer()) {
-                cur_layer = il + 1u;
+                set_layer(il + 1u);
                 load_ahead(QKV, ready);
-                cur_layer = il;
+                set_layer(il);
             } else if (g != ATTN && g != SETTLE) {
                 load_ahead(next_matvec(g), ready);
             }

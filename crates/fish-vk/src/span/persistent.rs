@@ -62,9 +62,11 @@ fn binding_counts(slots: usize) -> [u32; 7] {
     [1, n, n, 1, 1, 1, LAYER_MATRICES * n]
 }
 
-/// Push-constant words (`Layers` in the shader): 18, then a byte of types
+/// Push-constant words (`Layers` in the shader): 19, then a byte of types
 /// per layer.
-const PUSH_WORDS: usize = 18 + MAX_DISPATCH_LAYERS / 4;
+const PUSH_WORDS: usize = TYPES_WORD + MAX_DISPATCH_LAYERS / 4;
+/// The push constants' first word of types.
+const TYPES_WORD: usize = 19;
 /// The scores of the positions attended share the staging's shared memory
 /// (MAX_EMBD / 4 words): tokens at positions from this on take the staged
 /// recording.
@@ -240,24 +242,33 @@ impl Persistent {
 /// Where the scratch words zeroed before every forward lie: the failure
 /// word's line, one line per layer's arrival counter, the activation's
 /// values with their layers' tags, two words each (`act_tags`), q | k | v
-/// likewise (`qkv_tags`); the slots follow (`slots0`).
+/// likewise (`qkv_tags`); the slots follow (`slots0`): per layer wo's
+/// int8 input and down's, each line-aligned, `slot_stride` words a layer.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 struct Header {
     act_tags: usize,
     qkv_tags: usize,
     slots0: usize,
+    slot_stride: usize,
 }
 
 impl Header {
-    fn new(n_layers: usize, n_ff: usize, qkv: usize) -> Header {
+    fn new(n_layers: usize, n_ff: usize, q_dim: usize, kv_dim: usize) -> Header {
         let line = |n: usize| n.next_multiple_of(LINE_WORDS);
+        let int8_words = |n: usize| int8_token_bytes(n) / 4;
         let act_tags = LINE_WORDS * (1 + n_layers);
         let qkv_tags = act_tags + line(2 * n_ff);
         Header {
             act_tags,
             qkv_tags,
-            slots0: qkv_tags + line(2 * qkv),
+            slots0: qkv_tags + line(2 * (q_dim + 2 * kv_dim)),
+            slot_stride: line(int8_words(q_dim)) + line(int8_words(n_ff)),
         }
+    }
+
+    /// Scratch words in all, for `n_layers` layers.
+    fn words(&self, n_layers: usize) -> usize {
+        self.slots0 + n_layers * self.slot_stride
     }
 }
 
@@ -397,11 +408,8 @@ impl Gpu {
         }
         let s = shape;
         let n_ff = layers.iter().map(|l| l.n_ff).max().unwrap_or(0);
-        let line = |n: usize| n.next_multiple_of(LINE_WORDS);
-        let header = Header::new(layers.len(), n_ff, s.q_dim() + 2 * s.k_dim());
-        // The shader's slots: wo's int8 input, down's int8 input.
-        let int8_words = |n: usize| int8_token_bytes(n) / 4;
-        let words = header.slots0 + line(int8_words(s.q_dim())) + line(int8_words(n_ff));
+        let header = Header::new(layers.len(), n_ff, s.q_dim(), s.k_dim());
+        let words = header.words(layers.len());
         let words_of = layers
             .iter()
             .zip(&params.layers)
@@ -597,7 +605,7 @@ fn push_words(
         phases.start | phases.end << 16
     };
     let mut push = [0u32; PUSH_WORDS];
-    push[..18].copy_from_slice(&[
+    push[..TYPES_WORD].copy_from_slice(&[
         n_embd,
         first.n_ff,
         heads,
@@ -611,6 +619,7 @@ fn push_words(
         stride,
         first.rope_table,
         header.slots0 as u32,
+        header.slot_stride as u32,
         header.act_tags as u32,
         header.qkv_tags as u32,
         phase_range,
@@ -618,7 +627,7 @@ fn push_words(
         (run.first / slots * slots) as u32,
     ]);
     for (i, l) in layers[run.first..run.first + run.count].iter().enumerate() {
-        push[18 + i / 4] |= l.types << (8 * (i % 4));
+        push[TYPES_WORD + i / 4] |= l.types << (8 * (i % 4));
     }
     push
 }
@@ -681,7 +690,10 @@ mod tests {
         layers[5].n_ff = 14336;
         layers[7].rope_table = 0;
         let plan = plan_dispatches(PersistentDispatch::Span, &layers, 32);
-        assert_eq!(runs(&plan), [(0, 2), (2, 1), (3, 2), (5, 1), (6, 1), (7, 1)]);
+        assert_eq!(
+            runs(&plan),
+            [(0, 2), (2, 1), (3, 2), (5, 1), (6, 1), (7, 1)]
+        );
         // The first layer's two norms at different strides from the second's.
         let mut layers = uniform_layers(3, 4096);
         layers[0].ffn_norm += 4;
@@ -692,7 +704,7 @@ mod tests {
     #[test]
     fn push_words_name_the_run_its_set_and_each_layers_types() {
         let layers = uniform_layers(40, 4096);
-        let header = Header::new(40, 8192, 3072);
+        let header = Header::new(40, 8192, 2048, 512);
         let shape = [2048, 32 | 8 << 16, 64, 0, 0, 660, 1];
         let run = LayerRun {
             first: 33,
@@ -702,17 +714,21 @@ mod tests {
         assert_eq!(push[1], 8192);
         // Layer 33's norms, the stride, the RoPE table.
         assert_eq!(push[8..12], [33 * 4096, 33 * 4096 + 2048, 4096, 7 * 4096]);
-        assert_eq!(push[15], 0, "all six phases");
-        assert_eq!(push[16], 33 | 6 << 16);
-        assert_eq!(push[17], 32, "the set of layers 32..64");
+        assert_eq!(
+            push[12..14],
+            [header.slots0 as u32, header.slot_stride as u32]
+        );
+        assert_eq!(push[16], 0, "all six phases");
+        assert_eq!(push[17], 33 | 6 << 16);
+        assert_eq!(push[18], 32, "the set of layers 32..64");
         // Odd layers have Q6_K v and down: dispatch layers 0, 2, 4 (33, 35, 37).
-        assert_eq!(push[18], 0b100_0100 | 0b100_0100 << 16);
-        assert_eq!(push[19], 0b100_0100);
-        assert!(push[20..].iter().all(|&w| w == 0));
+        assert_eq!(push[19], 0b100_0100 | 0b100_0100 << 16);
+        assert_eq!(push[20], 0b100_0100);
+        assert!(push[21..].iter().all(|&w| w == 0));
         let one = LayerRun { first: 3, count: 1 };
         let push = push_words(&shape, &header, &layers, one, 4..5, 32);
         assert_eq!(push[10], 0, "no stride for one layer");
-        assert_eq!(push[15], 4 | 5 << 16);
+        assert_eq!(push[16], 4 | 5 << 16);
     }
 
     #[test]
@@ -728,15 +744,19 @@ mod tests {
     fn counters_tags_and_the_failure_word_sit_on_lines_of_their_own() {
         // 3 llama-8b layers: 28,672 tag words of the activation, 12,288 of
         // q | k | v.
-        let h = Header::new(3, 14336, 6144);
+        let h = Header::new(3, 14336, 4096, 1024);
         assert_eq!(h.act_tags, 4 * LINE_WORDS);
         assert_eq!(h.qkv_tags, h.act_tags + 2 * 14336);
         assert_eq!(h.slots0, h.qkv_tags + 2 * 6144);
-        assert!([h.act_tags, h.qkv_tags, h.slots0]
+        assert!([h.act_tags, h.qkv_tags, h.slots0, h.slot_stride]
             .iter()
             .all(|w| w % LINE_WORDS == 0));
+        // Each layer's two int8 inputs apart from every other layer's.
+        let int8_words = |n: usize| int8_token_bytes(n) / 4;
+        assert!(h.slot_stride >= int8_words(4096) + int8_words(14336));
+        assert_eq!(h.words(3), h.slots0 + 3 * h.slot_stride);
         // Values that do not fill a line still take a whole one.
-        let h = Header::new(0, 1024, 100);
+        let h = Header::new(0, 1024, 32, 34);
         assert_eq!(h.slots0 - h.qkv_tags, 4 * LINE_WORDS);
     }
 }
