@@ -7,7 +7,8 @@ use super::kv::KvCache;
 use super::output::SpanOutput;
 use super::params::Params;
 use super::persistent::{
-    layer_tensors, single_buffer, Persistent, KEYS_BINDING, MATRIX_ARRAY_BINDING, VALUES_BINDING,
+    layer_tensors, single_buffer, Persistent, KEYS_BINDING, MATRIX_ARRAY_BINDING, SINGLE_BINDINGS,
+    VALUES_BINDING,
 };
 use super::pipelines::{SpanPipelines, SPAN_BINDINGS};
 use super::record::NormedGroup;
@@ -571,13 +572,8 @@ fn persistent_sets(
             let keys: Vec<vk::Buffer> = slots.iter().map(|&il| bufs.kv.k[il].raw).collect();
             let values: Vec<vk::Buffer> = slots.iter().map(|&il| bufs.kv.v[il].raw).collect();
             let set = allocate(gpu, pool, p.pipeline.set_layout)?;
-            // Bindings 0 and 3..=5; 1, 2 and 6 are the arrays.
-            for (binding, buffer) in [
-                (0, a.x.raw),
-                (3, bufs.params.buffer.raw),
-                (4, p.scratch.raw),
-                (5, a.step.raw),
-            ] {
+            let singles = [a.x.raw, bufs.params.buffer.raw, p.scratch.raw, a.step.raw];
+            for (binding, buffer) in SINGLE_BINDINGS.into_iter().zip(singles) {
                 write_array(gpu, set, binding, &[buffer]);
             }
             write_array(gpu, set, KEYS_BINDING, &keys);

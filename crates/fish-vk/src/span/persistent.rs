@@ -43,10 +43,13 @@ const MAX_DISPATCH_LAYERS: usize = 32;
 pub(crate) const KEYS_BINDING: u32 = 1;
 pub(crate) const VALUES_BINDING: u32 = 2;
 pub(crate) const MATRIX_ARRAY_BINDING: u32 = 6;
+/// The set's single buffers: x, the parameters, the scratch, the step
+/// buffer.
+pub(crate) const SINGLE_BINDINGS: [u32; 4] = [0, 3, 4, 5];
 /// Matrices of a layer.
 pub(crate) const LAYER_MATRICES: u32 = 7;
 /// Single buffers of the set, and descriptors per layer slot.
-const SET_SINGLES: u32 = 4;
+const SET_SINGLES: u32 = SINGLE_BINDINGS.len() as u32;
 const SLOT_DESCRIPTORS: u32 = 2 + LAYER_MATRICES;
 
 /// Layer slots of the set on a device that binds `max_buffers` storage
@@ -59,7 +62,11 @@ fn set_slots(max_buffers: u32) -> usize {
 /// Descriptors of each binding of a set of `slots` layers.
 fn binding_counts(slots: usize) -> [u32; 7] {
     let n = slots as u32;
-    [1, n, n, 1, 1, 1, LAYER_MATRICES * n]
+    let mut counts = [1; 7];
+    counts[KEYS_BINDING as usize] = n;
+    counts[VALUES_BINDING as usize] = n;
+    counts[MATRIX_ARRAY_BINDING as usize] = LAYER_MATRICES * n;
+    counts
 }
 
 /// Push-constant words (`Layers` in the shader): 19, then a byte of types
