@@ -246,12 +246,15 @@ uint act8_slot() {
     return attn_slot() + line(int8_words(q_dim()));
 }
 
+// Its byte of p.types, read once per layer rather than per use.
+uint cur_types;
 bool is_q6(uint t) {
-    uint i = cur_layer - first_layer();
-    return ((p.types[i / 4u] >> (8u * (i % 4u) + t)) & 1u) != 0u;
+    return ((cur_types >> t) & 1u) != 0u;
 }
 void set_layer(uint il) {
     cur_layer = il;
+    uint i = il - first_layer();
+    cur_types = p.types[i / 4u] >> (8u * (i % 4u));
 }
 
 // Bytes of a row of n values of tensor t in the device layout (rows start
@@ -705,10 +708,11 @@ uint next_matvec(uint g) {
 // iteration would wait for them one after another.
 const uint NORM_LOADS = 4u;
 // 16-byte words of a cached key, and cached value words, each invocation
-// of the attention has in flight at once (the same reasoning; on the H100
-// the kernel still keeps 660 workgroups resident with them).
-const uint KEY_LOADS = 8u;
-const uint VALUE_LOADS = 16u;
+// of the attention has in flight at once (the same reasoning). 8 and 16
+// took the kernel from 93 to 98 registers on the H100, so four workgroups
+// per multiprocessor instead of five (docs/BENCHMARKS.md).
+const uint KEY_LOADS = 4u;
+const uint VALUE_LOADS = 8u;
 
 // The RMS norm of x times the weights at float norm_off, quantised into the
 // staging (sxq / sxd / sxs) with the int8 writers' arithmetic
@@ -939,68 +943,73 @@ void attention_block(uint hq) {
     barrier();
 }
 
+// The dispatch's phases of its layers as one loop over (layer, phase)
+// steps: a loop over the layers around the loop over the phases took the
+// kernel from 98 to 109 registers on the H100 (docs/BENCHMARKS.md).
 void main() {
     uint first = first_phase();
+    uint span = end_phase() - first;
     bool ready = false;
     set_layer(first_layer());
     load_ahead(first == ATTN ? WO : (first == SETTLE ? DOWN : first), ready);
-    for (uint il = first_layer(); il < end_layer(); il++) {
+    uint steps = (p.layers >> 16) * span;
+    for (uint s = 0u; s < steps; s++) {
+        uint il = first_layer() + s / span;
+        uint g = first + s % span;
         set_layer(il);
         // The layer before in this dispatch has written x: every workgroup
         // arrived after its six phases.
-        if (il > first_layer()) {
+        if (g == first && il > first_layer()) {
             wait_on(counter_word_of(il - 1u), PHASES);
         }
-        for (uint g = first; g < end_phase(); g++) {
-            // The attention and the settling wait for their own inputs
-            // (attention_block, settle_block); every phase still arrives, so
-            // that the count before phase g is g arrivals per workgroup.
-            if (g > first && g != ATTN && g != SETTLE) {
-                wait_for(g - first);
+        // The attention and the settling wait for their own inputs
+        // (attention_block, settle_block); every phase still arrives, so
+        // that the count before phase g is g arrivals per workgroup.
+        if (g > first && g != ATTN && g != SETTLE) {
+            wait_for(g - first);
+        }
+        if (g == SETTLE) {
+            settle_phase();
+        } else if (g == ATTN) {
+            // Heads on the last workgroups: with k and v first, q/k/v's
+            // tasks fall on the first ones in its last round.
+            for (uint hq = p.groups_x - 1u - gl_WorkGroupID.x; hq < n_head(); hq += p.groups_x) {
+                attention_block(hq);
             }
-            if (g == SETTLE) {
-                settle_phase();
-            } else if (g == ATTN) {
-                // Heads on the last workgroups: with k and v first, q/k/v's
-                // tasks fall on the first ones in its last round.
-                for (uint hq = p.groups_x - 1u - gl_WorkGroupID.x; hq < n_head(); hq += p.groups_x) {
-                    attention_block(hq);
-                }
+        } else {
+            // Uniform: whether any subgroup of the workgroup has a task.
+            bool sums = gl_WorkGroupID.x * gl_NumSubgroups < tasks_of(g);
+            if (sums && (g == QKV || g == GATE_UP)) {
+                uint norms = p.norm_stride * (il - first_layer());
+                stage_normed((g == QKV ? p.attn_norm : p.ffn_norm) + norms);
+            }
+            // Each matvec phase compiled apart, its phase a constant, so
+            // that its tasks' shape folds: 12% off a llama-8b layer
+            // against one loop taking the phase at run time, at the same
+            // registers (docs/BENCHMARKS.md). The optimiser of Debian 12's
+            // glslc crashes on it (shader_set.rs SPIRV_OPT_MODULES).
+            if (g == QKV) {
+                matvec_phase(QKV, ready);
+            } else if (g == WO) {
+                matvec_phase(WO, ready);
+            } else if (g == GATE_UP) {
+                matvec_phase(GATE_UP, ready);
             } else {
-                // Uniform: whether any subgroup of the workgroup has a task.
-                bool sums = gl_WorkGroupID.x * gl_NumSubgroups < tasks_of(g);
-                if (sums && (g == QKV || g == GATE_UP)) {
-                    uint norms = p.norm_stride * (il - first_layer());
-                    stage_normed((g == QKV ? p.attn_norm : p.ffn_norm) + norms);
-                }
-                // Each matvec phase compiled apart, its phase a constant, so
-                // that its tasks' shape folds: 12% off a llama-8b layer
-                // against one loop taking the phase at run time, at the same
-                // registers (docs/BENCHMARKS.md). The optimiser of Debian 12's
-                // glslc crashes on it (shader_set.rs SPIRV_OPT_MODULES).
-                if (g == QKV) {
-                    matvec_phase(QKV, ready);
-                } else if (g == WO) {
-                    matvec_phase(WO, ready);
-                } else if (g == GATE_UP) {
-                    matvec_phase(GATE_UP, ready);
-                } else {
-                    matvec_phase(DOWN, ready);
-                }
+                matvec_phase(DOWN, ready);
             }
-            arrive();
-            // After the arrival's release, which waits for the invocation's
-            // outstanding memory operations: loads ahead issued before it
-            // would hold the arrival back by their latency; here they stream
-            // while the other workgroups arrive. After down, the next
-            // layer's q/k/v, where this dispatch runs it.
-            if (g == DOWN && il + 1u < end_layer()) {
-                set_layer(il + 1u);
-                load_ahead(QKV, ready);
-                set_layer(il);
-            } else if (g != ATTN && g != SETTLE) {
-                load_ahead(next_matvec(g), ready);
-            }
+        }
+        arrive();
+        // After the arrival's release, which waits for the invocation's
+        // outstanding memory operations: loads ahead issued before it
+        // would hold the arrival back by their latency; here they stream
+        // while the other workgroups arrive. After down, the next
+        // layer's q/k/v, where this dispatch runs it.
+        if (g == DOWN && il + 1u < end_layer()) {
+            set_layer(il + 1u);
+            load_ahead(QKV, ready);
+            set_layer(il);
+        } else if (g != ATTN && g != SETTLE) {
+            load_ahead(next_matvec(g), ready);
         }
     }
 }
