@@ -246,7 +246,8 @@ uint act8_slot() {
     return attn_slot() + line(int8_words(q_dim()));
 }
 
-// Its byte of p.types, read once per layer rather than per use.
+// The running layer's byte of p.types (its tensors' Q6_K bits), read once
+// per layer rather than at every use.
 uint cur_types;
 bool is_q6(uint t) {
     return ((cur_types >> t) & 1u) != 0u;
