@@ -1006,9 +1006,9 @@ void main() {
         // while the other workgroups arrive. After down, the next
         // layer's q/k/v, where this dispatch runs it.
         if (g == DOWN && il + 1u < end_layer()) {
+            // (The next step sets its own layer.)
             set_layer(il + 1u);
             load_ahead(QKV, ready);
-            set_layer(il);
         } else if (g != ATTN && g != SETTLE) {
             load_ahead(next_matvec(g), ready);
         }
