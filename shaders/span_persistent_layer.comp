@@ -11,11 +11,13 @@
 //     then q, into the scratch, each value tagged with its layer;
 //   1 attention, with no grid-wide wait before it (it polls the tags of
 //     the values it reads, so each head starts once its own rows are
-//     stored): one workgroup per query head: RoPE from the span's cos/sin
-//     table on its q and its key-value head's k (the group's first query
-//     head stores k and v as f16 at the token's KV row), softmax(q k *
-//     attn_scale) over the positions up to the token's, the weighted
-//     values quantised into wo's int8 input;
+//     stored): each query head's positions up to the token's in runs of
+//     consecutive positions, one workgroup per run: RoPE from the span's
+//     cos/sin table on its q and its key-value head's k (the group's first
+//     query head's last run stores k and v as f16 at the token's KV row),
+//     softmax(q k * attn_scale) over the run; the last run of a head to
+//     finish merges the runs and quantises the weighted values into wo's
+//     int8 input (attention_run);
 //   2 wo: x += wo times that;
 //   3 gate/up: the feed-forward norm of x in shared memory as in phase 0,
 //     SiLU(gate) * up of each row into the scratch, each value tagged;
@@ -102,6 +104,12 @@ layout(push_constant) uniform Layers {
     // Scratch word of q | k | v with their layer's tags (two words a value),
     // zeroed before every forward.
     uint qkv_tags;
+    // Scratch word of the attention's arrival counters, one per query head
+    // 16 words apart, zeroed before every forward (each head's merge puts
+    // its counter back to zero), and of the runs' partial results
+    // (attention_run).
+    uint attn_counts;
+    uint attn_parts;
     // The phases this dispatch runs: first | end << 16 (0: all six). A
     // layer recorded as one dispatch per phase, with pipeline barriers
     // between them, runs the same code without grid-wide waits (one layer).
@@ -782,8 +790,67 @@ uvec2 head_pair(uint i) {
     return rope_pair(i, p.head_dim, p.head_dim, (p.flags & 1u) != 0u);
 }
 
-// Attention of query head hq (one workgroup) for the step's token.
-void attention_block(uint hq) {
+// A token's attention is split into runs of consecutive positions, each
+// a workgroup's (the heads' runs on the last workgroups, those with the
+// fewest q/k/v tasks): one workgroup per head walked a llama-8b head's 128
+// positions in 4 rounds of key loads and 8 of value loads, each a round
+// trip, while hundreds of workgroups had nothing to do. Runs of at most
+// RUN_KEYS positions take one round of each; there are at most MAX_RUNS
+// per head, and at most as many as the workgroups give each head.
+const uint RUN_KEYS = 16u;
+const uint MAX_RUNS = 16u;
+// A run's partial result in the scratch: its head_dim weighted value sums,
+// then its largest score and its sum of exponentials.
+uint run_words() {
+    return p.head_dim + 2u;
+}
+
+// Runs per head for a token attending to n_keys positions: none empty (the
+// last holds the token's own position), each of ceil(n_keys / runs).
+uint attention_runs(uint n_keys) {
+    uint want = min(min(MAX_RUNS, max(1u, p.groups_x / n_head())), (n_keys + RUN_KEYS - 1u) / RUN_KEYS);
+    uint per_run = (n_keys + max(want, 1u) - 1u) / max(want, 1u);
+    return (n_keys + per_run - 1u) / per_run;
+}
+
+// Sums of lane groups of `lanes` consecutive invocations (a power of two up
+// to the subgroup's size): every lane of the group gets the group's sum.
+float lane_group_sum(float v, uint lanes) {
+    for (uint o = 1u; o < lanes; o *= 2u) {
+        v += subgroupShuffleXor(v, o);
+    }
+    return v;
+}
+
+// The head's values (head_out) quantised into wo's int8 input
+// (int8_acts.glsl layout), four per invocation: whole blocks of 32, since
+// head_dim is a multiple of 32 (persistent.rs checks it).
+void store_head(uint hq) {
+    uint quads = p.head_dim / 4u;
+    uint tid = gl_LocalInvocationID.x;
+    bool mine = tid < quads;
+    vec4 v = vec4(0.0);
+    if (mine) {
+        v = vec4(head_out[4u * tid], head_out[4u * tid + 1u], head_out[4u * tid + 2u], head_out[4u * tid + 3u]);
+    }
+    uint packed;
+    float scale;
+    float half_sum;
+    quantise_part(v, packed, scale, half_sum);
+    if (mine) {
+        store_int8_word(attn_slot(), q_dim(), hq * quads + tid, packed, scale, half_sum);
+    }
+}
+
+// Shared: whether this workgroup's run was its head's last to arrive, and
+// the runs' weights in its merge.
+shared bool merges;
+shared float run_weight[MAX_RUNS];
+// Runs whose partial sums a merging invocation loads at once.
+const uint MERGE_LOADS = 8u;
+
+// Run `run` of `runs` of query head hq's attention for the step's token.
+void attention_run(uint hq, uint run, uint runs) {
     uint pos = step_words[0];
     uint row0 = step_words[2];
     uint group = n_head() / n_kv();
@@ -837,38 +904,54 @@ void attention_block(uint hq) {
         vc[tid] = f16_round(v_in);
     }
     barrier();
+    uint n_keys = pos + 1u;
+    uint per_run = (n_keys + runs - 1u) / runs;
+    uint t0 = run * per_run;
+    uint t1 = min(t0 + per_run, n_keys);
     uint head_words = j * d_head / 2u;
-    if (hq % group == 0u) {
+    // The last run holds the token's own position; the group's first query
+    // head stores its key and value as f16 at the token's KV row.
+    if (hq % group == 0u && run + 1u == runs) {
         uint at = (row0 + pos) * row_words + head_words;
         for (uint i = tid; i < d_head / 2u; i += WG) {
             keys[layer_slot()].k_cache[at + i] = packHalf2x16(vec2(kc[2u * i], kc[2u * i + 1u]));
             values[layer_slot()].v_cache[at + i] = packHalf2x16(vec2(vc[2u * i], vc[2u * i + 1u]));
         }
     }
-    // Scores of positions tid, tid + WG, ... into the staging's words (as
-    // float bits; SCORE), a cached key read as 16-byte words KEY_LOADS at
-    // a time (a llama-8b key's 16 in two round trips, a llama-1b key's 8
-    // in one).
+    // Scores of the run's positions into the staging's words (as float
+    // bits; SCORE, by position within the run): each position's 16-byte
+    // key words dealt to a group of `lanes` consecutive invocations,
+    // KEY_LOADS of them in flight at once, their products summed across
+    // the group (a llama-8b run of 16 positions: 8 lanes of 2 words, one
+    // round trip).
+    uint key_words = d_head / 8u;
+    uint lanes = 1u;
+    while (lanes < key_words && lanes < gl_SubgroupSize && (WG / (2u * lanes)) >= per_run) {
+        lanes *= 2u;
+    }
+    uint lane = tid % lanes;
     float m = -3.0e38;
-    for (uint t = tid; t <= pos; t += WG) {
+    for (uint b = t0; b < t1; b += WG / lanes) {
+        uint t = b + tid / lanes;
         float s = 0.0;
         if (t == pos) {
-            for (uint d = 0u; d < d_head; d++) {
-                s += qr[d] * kc[d];
+            for (uint w = lane; w < key_words; w += lanes) {
+                for (uint d = 8u * w; d < 8u * w + 8u; d++) {
+                    s += qr[d] * kc[d];
+                }
             }
-        } else {
-            // A whole number of 16-byte words: head_dim is a multiple of 8.
+        } else if (t < t1) {
             uint kw = (row0 + t) * row_words + head_words;
-            for (uint c = 0u; c < d_head / 8u; c += KEY_LOADS) {
+            for (uint c = lane; c < key_words; c += KEY_LOADS * lanes) {
                 uvec4 k4[KEY_LOADS];
                 [[unroll]] for (uint u = 0u; u < KEY_LOADS; u++) {
-                    k4[u] = keys4[layer_slot()].k_cache4[kw / 4u + min(c + u, d_head / 8u - 1u)];
+                    k4[u] = keys4[layer_slot()].k_cache4[kw / 4u + min(c + u * lanes, key_words - 1u)];
                 }
                 [[unroll]] for (uint u = 0u; u < KEY_LOADS; u++) {
-                    if (c + u >= d_head / 8u) {
+                    if (c + u * lanes >= key_words) {
                         break;
                     }
-                    uint d0 = 8u * (c + u);
+                    uint d0 = 8u * (c + u * lanes);
                     for (uint q = 0u; q < 4u; q++) {
                         vec2 k = unpackHalf2x16(k4[u][q]);
                         s += qr[d0 + 2u * q] * k.x + qr[d0 + 2u * q + 1u] * k.y;
@@ -876,71 +959,137 @@ void attention_block(uint hq) {
                 }
             }
         }
-        s *= p.attn_scale;
-        SCORE(t) = floatBitsToUint(s);
-        m = max(m, s);
+        s = lane_group_sum(s, lanes) * p.attn_scale;
+        if (t < t1) {
+            if (lane == 0u) {
+                SCORE(t - t0) = floatBitsToUint(s);
+            }
+            m = max(m, s);
+        }
     }
     m = workgroup_max(m);
     float sum = 0.0;
-    for (uint t = tid; t <= pos; t += WG) {
-        float e = exp(uintBitsToFloat(SCORE(t)) - m);
-        SCORE(t) = floatBitsToUint(e);
-        sum += e;
+    for (uint i = tid; i < t1 - t0; i += WG) {
+        float x = exp(uintBitsToFloat(SCORE(i)) - m);
+        SCORE(i) = floatBitsToUint(x);
+        sum += x;
     }
     sum = workgroup_sum(sum);
     // The weighted values: each thread owns one word (two dimensions) and
-    // every sets-th cached position, VALUE_LOADS loads issued together (a
-    // round trip each time); this position's value comes from vc.
+    // every sets-th cached position of the run, VALUE_LOADS loads issued
+    // together (a round trip each time); the token's own value comes from
+    // vc.
     uint words = d_head / 2u;
     uint sets = WG / words;
     uint word = tid % words;
     uint set = tid / words;
+    uint cached_end = min(t1, pos);
     vec2 o = vec2(0.0);
     if (set < sets) {
         uint vw = row0 * row_words + head_words + word;
-        for (uint t0 = set; t0 < pos; t0 += VALUE_LOADS * sets) {
+        for (uint ta = t0 + set; ta < cached_end; ta += VALUE_LOADS * sets) {
             uint vl[VALUE_LOADS];
             [[unroll]] for (uint u = 0u; u < VALUE_LOADS; u++) {
-                uint t = min(t0 + u * sets, pos - 1u);
+                uint t = min(ta + u * sets, cached_end - 1u);
                 vl[u] = values[layer_slot()].v_cache[vw + t * row_words];
             }
             [[unroll]] for (uint u = 0u; u < VALUE_LOADS; u++) {
-                if (t0 + u * sets >= pos) {
+                if (ta + u * sets >= cached_end) {
                     break;
                 }
-                o += uintBitsToFloat(SCORE(t0 + u * sets)) * unpackHalf2x16(vl[u]);
+                o += uintBitsToFloat(SCORE(ta + u * sets - t0)) * unpackHalf2x16(vl[u]);
             }
         }
     }
     out_parts[2u * tid] = o.x;
     out_parts[2u * tid + 1u] = o.y;
     barrier();
-    for (uint d = tid; d < d_head; d += WG) {
-        float total = uintBitsToFloat(SCORE(pos)) * vc[d];
+    float own = t1 == n_keys ? uintBitsToFloat(SCORE(pos - t0)) : 0.0;
+    float run_o = 0.0;
+    if (tid < d_head) {
+        run_o = own * vc[tid];
         for (uint k = 0u; k < sets; k++) {
-            total += out_parts[2u * (k * words + d / 2u) + (d & 1u)];
+            run_o += out_parts[2u * (k * words + tid / 2u) + (tid & 1u)];
         }
-        head_out[d] = total / sum;
     }
-    barrier();
-    // The head's values quantised into wo's input (int8_acts.glsl layout),
-    // four per invocation: whole blocks of 32, since head_dim is a multiple
-    // of 32 (persistent.rs checks it).
-    uint quads = d_head / 4u;
-    bool mine = tid < quads;
-    vec4 v = vec4(0.0);
-    if (mine) {
-        v = vec4(head_out[4u * tid], head_out[4u * tid + 1u], head_out[4u * tid + 2u], head_out[4u * tid + 3u]);
+    if (runs == 1u) {
+        if (tid < d_head) {
+            head_out[tid] = run_o / sum;
+        }
+        barrier();
+        store_head(hq);
+        // The staging's words, qr, kc, vc and head_out serve the
+        // workgroup's next run.
+        barrier();
+        return;
     }
-    uint packed;
-    float scale;
-    float half_sum;
-    quantise_part(v, packed, scale, half_sum);
-    if (mine) {
-        store_int8_word(attn_slot(), q_dim(), hq * quads + tid, packed, scale, half_sum);
+    // Several runs: this one's sums to the scratch, then the head's counter;
+    // the last run to arrive merges them all (no workgroup waits for
+    // another, so the runs need not be resident together). The stores
+    // are published as arrive() publishes a phase's: the workgroup meets,
+    // then one invocation's device-scope release (with the acquire that
+    // the merge needs).
+    uint parts = p.attn_parts + hq * MAX_RUNS * run_words();
+    uint mine = parts + run * run_words();
+    if (tid < d_head) {
+        vec_f[mine + tid] = run_o;
     }
-    // The staging's words, qr, kc, vc and head_out serve the workgroup's
-    // next head.
+    if (tid == 0u) {
+        vec_f[mine + d_head] = m;
+        vec_f[mine + d_head + 1u] = sum;
+    }
+    controlBarrier(gl_ScopeWorkgroup, gl_ScopeWorkgroup, gl_StorageSemanticsBuffer,
+        gl_SemanticsAcquireRelease);
+    uint counter = p.attn_counts + 16u * hq;
+    if (tid == 0u) {
+        uint before = atomicAdd(arrivals[counter], 1u, gl_ScopeDevice, gl_StorageSemanticsBuffer,
+            gl_SemanticsAcquireRelease);
+        merges = before + 1u == runs;
+    }
+    controlBarrier(gl_ScopeWorkgroup, gl_ScopeWorkgroup, gl_StorageSemanticsBuffer | gl_StorageSemanticsShared,
+        gl_SemanticsAcquireRelease);
+    if (merges) {
+        // Each run's largest score and sum by one invocation each (loaded
+        // together), every run's weight exp(its largest - the largest of
+        // all) in shared memory, then each dimension's sums weighted, in
+        // run order, MERGE_LOADS runs' loads in flight at once.
+        float run_m = -3.0e38;
+        float run_l = 0.0;
+        if (tid < runs) {
+            run_m = vec_f[parts + tid * run_words() + d_head];
+            run_l = vec_f[parts + tid * run_words() + d_head + 1u];
+        }
+        float top = workgroup_max(run_m);
+        float w = exp(run_m - top);
+        if (tid < runs) {
+            run_weight[tid] = w;
+        }
+        float total = workgroup_sum(tid < runs ? w * run_l : 0.0);
+        float acc = 0.0;
+        if (tid < d_head) {
+            for (uint r0 = 0u; r0 < runs; r0 += MERGE_LOADS) {
+                float ov[MERGE_LOADS];
+                [[unroll]] for (uint u = 0u; u < MERGE_LOADS; u++) {
+                    ov[u] = vec_f[parts + min(r0 + u, runs - 1u) * run_words() + tid];
+                }
+                [[unroll]] for (uint u = 0u; u < MERGE_LOADS; u++) {
+                    if (r0 + u < runs) {
+                        acc += run_weight[r0 + u] * ov[u];
+                    }
+                }
+            }
+            head_out[tid] = acc / total;
+        }
+        if (tid == 0u) {
+            // Ready for the next layer's runs (published by the phase's
+            // arrival).
+            arrivals[counter] = 0u;
+        }
+        barrier();
+        store_head(hq);
+    }
+    // The staging's words, qr, kc, vc, head_out and `merges` serve the
+    // workgroup's next run.
     barrier();
 }
 
@@ -972,10 +1121,13 @@ void main() {
         if (g == SETTLE) {
             settle_phase();
         } else if (g == ATTN) {
-            // Heads on the last workgroups: with k and v first, q/k/v's
-            // tasks fall on the first ones in its last round.
-            for (uint hq = p.groups_x - 1u - gl_WorkGroupID.x; hq < n_head(); hq += p.groups_x) {
-                attention_block(hq);
+            // Runs on the last workgroups: with k and v first, q/k/v's
+            // tasks fall on the first ones in its last round. Items of
+            // one run index are the heads' in turn, so that the first
+            // workgroups of the attention hold every head's first run.
+            uint runs = attention_runs(step_words[0] + 1u);
+            for (uint w = p.groups_x - 1u - gl_WorkGroupID.x; w < n_head() * runs; w += p.groups_x) {
+                attention_run(w % n_head(), w / n_head(), runs);
             }
         } else {
             // Uniform: whether any subgroup of the workgroup has a task.

@@ -14,7 +14,8 @@
 //! past 65535 iterations, so grid-wide waits among several workgroups are
 //! checked on devices that keep them resident: FISH_TEST_PERSISTENT_GROUPS=N),
 //! and one dispatch per stage on three, which checks how blocks are dealt
-//! (and on twelve, more workgroups than the test's heads).
+//! (and on twelve, more workgroups than the test's heads; on forty, each
+//! head's attention split into runs that the last of them merges).
 
 mod common;
 
@@ -315,7 +316,15 @@ fn persistent_decode_layers_match_the_staged_span() {
     let extra: Option<u32> = std::env::var("FISH_TEST_PERSISTENT_GROUPS")
         .ok()
         .and_then(|v| v.parse().ok());
-    let mut modes = vec![one_dispatch(1), whole_span(1), per_phase(3), per_phase(12)];
+    // 40 workgroups give each of the 8 heads up to 5 runs of its attention:
+    // 2 from position 16 on, 3 from 32 (merged by the last to finish).
+    let mut modes = vec![
+        one_dispatch(1),
+        whole_span(1),
+        per_phase(3),
+        per_phase(12),
+        per_phase(40),
+    ];
     modes.extend(extra.map(one_dispatch));
     modes.extend(extra.map(whole_span));
     check(gpu, SMALL, &modes);

@@ -69,11 +69,11 @@ fn binding_counts(slots: usize) -> [u32; 7] {
     counts
 }
 
-/// Push-constant words (`Layers` in the shader): 19, then a byte of types
+/// Push-constant words (`Layers` in the shader): 21, then a byte of types
 /// per layer.
 const PUSH_WORDS: usize = TYPES_WORD + MAX_DISPATCH_LAYERS / 4;
 /// The push constants' first word of types.
-const TYPES_WORD: usize = 19;
+const TYPES_WORD: usize = 21;
 /// The scores of the positions attended share the staging's shared memory
 /// (MAX_EMBD / 4 words): tokens at positions from this on take the staged
 /// recording.
@@ -86,6 +86,10 @@ const MAX_EMBD: usize = 8192;
 const PHASES: u32 = 6;
 /// The widest head (MAX_D).
 const MAX_HEAD_DIM: usize = 128;
+/// Runs of a head's attention, at most (MAX_RUNS), and the scratch words
+/// from one head's counter to the next's.
+const MAX_ATTENTION_RUNS: usize = 16;
+const ATTENTION_COUNTER_WORDS: usize = 16;
 /// Scratch words per arrival counter and slot alignment (256 bytes: no
 /// cache line holds two of them).
 const LINE_WORDS: usize = 64;
@@ -249,26 +253,47 @@ impl Persistent {
 /// Where the scratch words zeroed before every forward lie: the failure
 /// word's line, one line per layer's arrival counter, the activation's
 /// values with their layers' tags, two words each (`act_tags`), q | k | v
-/// likewise (`qkv_tags`); the slots follow (`slots0`): per layer wo's
-/// int8 input and down's, each line-aligned, `slot_stride` words a layer.
+/// likewise (`qkv_tags`), the attention's counters, one per query head
+/// (`attn_counts`), all before `zeroed_end`. Then the attention runs'
+/// partial results (`attn_parts`: per head MAX_ATTENTION_RUNS runs of
+/// head_dim + 2 words), and the slots (`slots0`): per layer wo's int8
+/// input and down's, each line-aligned, `slot_stride` words a layer.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 struct Header {
     act_tags: usize,
     qkv_tags: usize,
+    attn_counts: usize,
+    zeroed_end: usize,
+    attn_parts: usize,
     slots0: usize,
     slot_stride: usize,
 }
 
+/// The attention's part of the scratch: query heads and their width.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Heads {
+    n_head: usize,
+    head_dim: usize,
+}
+
 impl Header {
-    fn new(n_layers: usize, n_ff: usize, q_dim: usize, kv_dim: usize) -> Header {
+    fn new(n_layers: usize, n_ff: usize, heads: Heads, kv_dim: usize) -> Header {
         let line = |n: usize| n.next_multiple_of(LINE_WORDS);
         let int8_words = |n: usize| int8_token_bytes(n) / 4;
+        let q_dim = heads.n_head * heads.head_dim;
         let act_tags = LINE_WORDS * (1 + n_layers);
         let qkv_tags = act_tags + line(2 * n_ff);
+        let attn_counts = qkv_tags + line(2 * (q_dim + 2 * kv_dim));
+        let zeroed_end = attn_counts + line(ATTENTION_COUNTER_WORDS * heads.n_head);
+        let attn_parts = zeroed_end;
+        let parts = heads.n_head * MAX_ATTENTION_RUNS * (heads.head_dim + 2);
         Header {
             act_tags,
             qkv_tags,
-            slots0: qkv_tags + line(2 * (q_dim + 2 * kv_dim)),
+            attn_counts,
+            zeroed_end,
+            attn_parts,
+            slots0: attn_parts + line(parts),
             slot_stride: line(int8_words(q_dim)) + line(int8_words(n_ff)),
         }
     }
@@ -415,7 +440,11 @@ impl Gpu {
         }
         let s = shape;
         let n_ff = layers.iter().map(|l| l.n_ff).max().unwrap_or(0);
-        let header = Header::new(layers.len(), n_ff, s.q_dim(), s.k_dim());
+        let heads = Heads {
+            n_head: s.n_head,
+            head_dim: s.head_dim,
+        };
+        let header = Header::new(layers.len(), n_ff, heads, s.k_dim());
         let words = header.words(layers.len());
         let words_of = layers
             .iter()
@@ -473,7 +502,7 @@ impl Gpu {
             scratch,
             failure,
             dispatches,
-            header_words: header.slots0,
+            header_words: header.zeroed_end,
         })
     }
 }
@@ -629,6 +658,8 @@ fn push_words(
         header.slot_stride as u32,
         header.act_tags as u32,
         header.qkv_tags as u32,
+        header.attn_counts as u32,
+        header.attn_parts as u32,
         phase_range,
         (run.first | run.count << 16) as u32,
         (run.first / slots * slots) as u32,
@@ -711,7 +742,11 @@ mod tests {
     #[test]
     fn push_words_name_the_run_its_set_and_each_layers_types() {
         let layers = uniform_layers(40, 4096);
-        let header = Header::new(40, 8192, 2048, 512);
+        let heads = Heads {
+            n_head: 32,
+            head_dim: 64,
+        };
+        let header = Header::new(40, 8192, heads, 512);
         let shape = [2048, 32 | 8 << 16, 64, 0, 0, 660, 1];
         let run = LayerRun {
             first: 33,
@@ -725,17 +760,21 @@ mod tests {
             push[12..14],
             [header.slots0 as u32, header.slot_stride as u32]
         );
-        assert_eq!(push[16], 0, "all six phases");
-        assert_eq!(push[17], 33 | 6 << 16);
-        assert_eq!(push[18], 32, "the set of layers 32..64");
+        assert_eq!(
+            push[16..18],
+            [header.attn_counts as u32, header.attn_parts as u32]
+        );
+        assert_eq!(push[18], 0, "all six phases");
+        assert_eq!(push[19], 33 | 6 << 16);
+        assert_eq!(push[20], 32, "the set of layers 32..64");
         // Odd layers have Q6_K v and down: dispatch layers 0, 2, 4 (33, 35, 37).
-        assert_eq!(push[19], 0b100_0100 | 0b100_0100 << 16);
-        assert_eq!(push[20], 0b100_0100);
-        assert!(push[21..].iter().all(|&w| w == 0));
+        assert_eq!(push[21], 0b100_0100 | 0b100_0100 << 16);
+        assert_eq!(push[22], 0b100_0100);
+        assert!(push[23..].iter().all(|&w| w == 0));
         let one = LayerRun { first: 3, count: 1 };
         let push = push_words(&shape, &header, &layers, one, 4..5, 32);
         assert_eq!(push[10], 0, "no stride for one layer");
-        assert_eq!(push[16], 4 | 5 << 16);
+        assert_eq!(push[18], 4 | 5 << 16);
     }
 
     #[test]
@@ -751,19 +790,39 @@ mod tests {
     fn counters_tags_and_the_failure_word_sit_on_lines_of_their_own() {
         // 3 llama-8b layers: 28,672 tag words of the activation, 12,288 of
         // q | k | v.
-        let h = Header::new(3, 14336, 4096, 1024);
+        let llama_8b = Heads {
+            n_head: 32,
+            head_dim: 128,
+        };
+        let h = Header::new(3, 14336, llama_8b, 1024);
         assert_eq!(h.act_tags, 4 * LINE_WORDS);
         assert_eq!(h.qkv_tags, h.act_tags + 2 * 14336);
-        assert_eq!(h.slots0, h.qkv_tags + 2 * 6144);
-        assert!([h.act_tags, h.qkv_tags, h.slots0, h.slot_stride]
-            .iter()
-            .all(|w| w % LINE_WORDS == 0));
+        assert_eq!(h.attn_counts, h.qkv_tags + 2 * 6144);
+        // A counter per head, 16 words apart; the runs' parts not zeroed.
+        assert_eq!(h.zeroed_end, h.attn_counts + 32 * 16);
+        assert_eq!(h.attn_parts, h.zeroed_end);
+        assert_eq!(h.slots0, h.attn_parts + 32 * 16 * 130);
+        assert!([
+            h.act_tags,
+            h.qkv_tags,
+            h.attn_counts,
+            h.attn_parts,
+            h.slots0,
+            h.slot_stride
+        ]
+        .iter()
+        .all(|w| w % LINE_WORDS == 0));
         // Each layer's two int8 inputs apart from every other layer's.
         let int8_words = |n: usize| int8_token_bytes(n) / 4;
         assert!(h.slot_stride >= int8_words(4096) + int8_words(14336));
         assert_eq!(h.words(3), h.slots0 + 3 * h.slot_stride);
         // Values that do not fill a line still take a whole one.
-        let h = Header::new(0, 1024, 32, 34);
-        assert_eq!(h.slots0 - h.qkv_tags, 4 * LINE_WORDS);
+        let one_head = Heads {
+            n_head: 1,
+            head_dim: 32,
+        };
+        let h = Header::new(0, 1024, one_head, 34);
+        assert_eq!(h.attn_counts - h.qkv_tags, 4 * LINE_WORDS);
+        assert_eq!(h.zeroed_end - h.attn_counts, LINE_WORDS);
     }
 }
