@@ -7,17 +7,12 @@ use std::sync::MutexGuard;
 use fish_core::backend::{BackendError, SpanBackend, SpanRow, SpanSpec};
 use fish_core::model::ops::RopeAngles;
 use fish_core::model::{Activation, ModelConfig, RopeStyle};
-use fish_vk::{Span, SpanActivation, SpanDesc, SpanLayerDesc, SpanOutputDesc, SpanRope, SpanShape};
+use fish_vk::{
+    Span, SpanActivation, SpanDesc, SpanLayerDesc, SpanOutputDesc, SpanProfiling, SpanRope,
+    SpanShape,
+};
 
 use crate::backend::{map_err, VulkanBackend};
-
-/// Whether FISH_GPU_PROFILE asks for the per-stage span profile (level 2+).
-fn profiling() -> bool {
-    std::env::var("FISH_GPU_PROFILE")
-        .ok()
-        .and_then(|v| v.trim().parse::<u32>().ok())
-        .is_some_and(|level| level >= 2)
-}
 
 /// For each position `0..n_ctx`, the (cos, sin) pairs of `RopeAngles`.
 fn rope_table(n_ctx: usize, n_rot: usize, base: f32, freq_scale: f32) -> Vec<f32> {
@@ -176,7 +171,9 @@ impl VulkanBackend {
                 None => None,
             },
         };
-        self.gpu().span_create(&desc, profiling()).map_err(map_err)
+        self.gpu()
+            .span_create(&desc, SpanProfiling::from_env())
+            .map_err(map_err)
     }
 }
 

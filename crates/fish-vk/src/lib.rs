@@ -53,8 +53,8 @@ pub use persistent_layer::{LayerProbe, LayerRun, LayerShape, LAYER_PROBE_MAX_LAY
 pub use pipeline::{module_bytes, COMPILED_AT_BUILD};
 pub use span::{
     PersistentDispatch, PersistentMode, Reservation, Span, SpanActivation, SpanDesc, SpanFootprint,
-    SpanLayerDesc, SpanOutputDesc, SpanRope, SpanShape, SpanStage, PERSISTENT_MAX_POSITIONS,
-    SPAN_CHUNK_TOKENS,
+    SpanLayerDesc, SpanOutputDesc, SpanProfiling, SpanRope, SpanShape, SpanStage,
+    PERSISTENT_MAX_POSITIONS, SPAN_CHUNK_TOKENS,
 };
 pub use status::{enabled, global, status};
 pub use tile_padding::{padded_row_stride, PaddingRule, RowStride, SharedLayout};

@@ -22,8 +22,8 @@ mod common;
 use common::{assert_no_validation_messages, gpu_or_skip, random_values};
 use fish_gguf::GgmlType;
 use fish_vk::{
-    Gpu, PersistentDispatch, PersistentMode, SpanActivation, SpanDesc, SpanLayerDesc, SpanRope,
-    SpanShape, TensorHandle,
+    Gpu, PersistentDispatch, PersistentMode, SpanActivation, SpanDesc, SpanLayerDesc,
+    SpanProfiling, SpanRope, SpanShape, TensorHandle,
 };
 
 const N_CTX: usize = 64;
@@ -219,7 +219,7 @@ fn decode_deltas(
     mode: Option<PersistentMode>,
 ) -> Vec<Vec<f32>> {
     let desc = w.desc(rope);
-    let mut span = gpu.span_create(&desc, false).expect("span");
+    let mut span = gpu.span_create(&desc, SpanProfiling::Off).expect("span");
     gpu.span_set_persistent(&mut span, mode)
         .expect("persistent");
     assert_eq!(span.persistent(), mode);
@@ -352,7 +352,7 @@ fn a_span_the_kernel_does_not_take_stays_staged() {
     };
     let weights = Weights::new(gpu, SMALL, Some(GgmlType::Q8_0));
     let desc = weights.desc(SpanRope::Neox);
-    let mut span = gpu.span_create(&desc, false).expect("span");
+    let mut span = gpu.span_create(&desc, SpanProfiling::Off).expect("span");
     let err = gpu
         .span_set_persistent(&mut span, Some(one_dispatch(1)))
         .expect_err("a Q8_0 matrix");
@@ -378,7 +378,7 @@ fn a_profiled_span_times_its_persistent_layers() {
         (whole_span(1), &["persistent layer"][..]),
         (per_phase(2), &["matvec", "attention"][..]),
     ] {
-        let mut span = gpu.span_create(&desc, true).expect("span");
+        let mut span = gpu.span_create(&desc, SpanProfiling::Stages).expect("span");
         gpu.span_set_persistent(&mut span, Some(mode))
             .expect("persistent");
         let mut x = inputs(SMALL)[0].clone();
@@ -392,4 +392,39 @@ fn a_profiled_span_times_its_persistent_layers() {
         gpu.span_destroy(span);
     }
     weights.free(gpu);
+}
+
+#[test]
+fn a_span_timing_its_forwards_sums_every_forward() {
+    let _serial = serial();
+    let Some(gpu) = int8_gpu_or_skip() else {
+        return;
+    };
+    let weights = Weights::new(gpu, SMALL, None);
+    let desc = weights.desc(SpanRope::Adjacent);
+    // Staged and persistent recordings both carry the two timestamps.
+    for mode in [None, Some(one_dispatch(1))] {
+        let mut span = gpu
+            .span_create(&desc, SpanProfiling::Forwards)
+            .expect("span");
+        gpu.span_set_persistent(&mut span, mode)
+            .expect("persistent");
+        assert_eq!(span.profile(), None, "nothing timed yet");
+        for (pos, x0) in inputs(SMALL).into_iter().take(3).enumerate() {
+            let mut x = x0;
+            gpu.span_forward(&mut span, &mut x, 1, pos)
+                .expect("forward");
+        }
+        // Without timestamps (a queue without them) there is no profile.
+        if let Some(profile) = span.profile() {
+            assert!(
+                profile.starts_with("forwards 3, per forward: GPU ")
+                    && profile.contains("between forwards"),
+                "{mode:?}: {profile}"
+            );
+        }
+        gpu.span_destroy(span);
+    }
+    weights.free(gpu);
+    assert_no_validation_messages(gpu);
 }

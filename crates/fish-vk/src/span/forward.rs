@@ -2,6 +2,7 @@
 //! x or the output's logits out), one submit, one fence.
 
 use super::bindings::{Bindings, SpanBuffers};
+use super::forward_timer::{ForwardMarks, ForwardTimer};
 use super::output::SpanOutput;
 use super::persistent::{Persistent, PersistentRecording};
 use super::profile::Profiler;
@@ -234,14 +235,25 @@ impl Gpu {
                         // SAFETY: every buffer and set recorded is live until
                         // the fence signals, which submit_and_wait waits for.
                         unsafe {
-                            record_forward(&self.device, cmd, &recording, Some(profiler), &copies)
+                            record_forward(
+                                &self.device,
+                                cmd,
+                                &recording,
+                                Some(profiler),
+                                None,
+                                &copies,
+                            )
                         }
                     }),
                     None => self
                         .record_once(&exec, |cmd| {
+                            let timer = span.forward_timer.as_ref();
                             // SAFETY: the recording is dropped (span.recorded
-                            // cleared) before any buffer or set it binds.
-                            unsafe { record_forward(&self.device, cmd, &recording, None, &copies) }
+                            // cleared) before any buffer or set it binds, and
+                            // the timer's pool lives as long as the span.
+                            unsafe {
+                                record_forward(&self.device, cmd, &recording, None, timer, &copies)
+                            }
                         })
                         .and_then(|cmd| {
                             span.recorded.insert(self, &exec, key, cmd);
@@ -285,6 +297,15 @@ impl Gpu {
         };
         for r in &runs {
             span.kv.set_len(r.slot, r.end);
+        }
+        if let Some(t) = span.forward_timer.as_mut() {
+            let marks = ForwardMarks {
+                start,
+                submit: submit_start,
+                read: read_start,
+                end: std::time::Instant::now(),
+            };
+            t.collect(&self.device, marks)?;
         }
         if let Some(p) = span.profiler.as_mut() {
             let ns = |a: std::time::Instant, b: std::time::Instant| {
@@ -405,8 +426,12 @@ unsafe fn record_forward(
     cmd: vk::CommandBuffer,
     recording: &Recording<'_>,
     profiler: Option<&mut Profiler>,
+    timer: Option<&ForwardTimer>,
     c: &Copies,
 ) {
+    if let Some(t) = timer {
+        t.record_start(d, cmd);
+    }
     let region = |size| {
         [vk::BufferCopy {
             src_offset: 0,
@@ -464,6 +489,9 @@ unsafe fn record_forward(
         ),
         (vk::PipelineStageFlags::HOST, vk::AccessFlags::HOST_READ),
     );
+    if let Some(t) = timer {
+        t.record_end(d, cmd);
+    }
 }
 
 /// A global memory barrier between two (stage, access) pairs.

@@ -13,6 +13,7 @@ mod attention_split;
 mod bindings;
 mod desc;
 mod forward;
+mod forward_timer;
 mod kv;
 mod output;
 mod params;
@@ -26,13 +27,14 @@ mod step;
 
 pub use desc::{SpanActivation, SpanDesc, SpanLayerDesc, SpanOutputDesc, SpanRope, SpanShape};
 pub use persistent::{PersistentDispatch, PersistentMode, PERSISTENT_MAX_POSITIONS};
-pub use profile::SpanStage;
+pub use profile::{SpanProfiling, SpanStage};
 pub use step::{SpanRow, SPAN_MAX_BATCH_ROWS};
 
 use crate::error::Result;
 use crate::gpu::Gpu;
 use arena::Arena;
 use bindings::Bindings;
+use forward_timer::ForwardTimer;
 use kv::KvCache;
 use output::SpanOutput;
 use params::Params;
@@ -126,6 +128,7 @@ pub struct Span {
     /// for (`Gpu::span_set_persistent`).
     persistent: Option<Persistent>,
     profiler: Option<Profiler>,
+    forward_timer: Option<ForwardTimer>,
 }
 
 impl Span {
@@ -199,9 +202,14 @@ impl Span {
     }
 
     /// The per-stage share of GPU time of the last forward, when the span was
-    /// created with profiling on.
+    /// created with `SpanProfiling::Stages`; with `Forwards`, the GPU's and
+    /// the host's time per forward over all of its forwards.
     pub fn profile(&self) -> Option<String> {
-        self.profiler.as_ref().and_then(|p| p.summary())
+        match (&self.profiler, &self.forward_timer) {
+            (Some(p), _) => p.summary(),
+            (None, Some(t)) => t.summary(),
+            (None, None) => None,
+        }
     }
 }
 
@@ -237,7 +245,7 @@ impl Gpu {
 
     /// Uploads the span's parameters and allocates its arena and an initial
     /// KV; with `profile`, every forward records per-stage timestamps.
-    pub fn span_create(&self, desc: &SpanDesc<'_>, profile: bool) -> Result<Span> {
+    pub fn span_create(&self, desc: &SpanDesc<'_>, profiling: SpanProfiling) -> Result<Span> {
         let layers = desc.validate()?;
         let unavailable = self.coopmat_attention_unavailable();
         let pipelines = SpanPipelines::new(
@@ -274,10 +282,27 @@ impl Gpu {
                 return Err(e);
             }
         };
-        let profiler = if profile {
-            self.info.timestamp_period_ns.map(Profiler::new)
-        } else {
-            None
+        // Without timestamps on the queue there is nothing to time.
+        let period = self.info.timestamp_period_ns;
+        let profiler = match profiling {
+            SpanProfiling::Stages => period.map(Profiler::new),
+            _ => None,
+        };
+        let forward_timer = match (profiling, period) {
+            (SpanProfiling::Forwards, Some(ns)) => match ForwardTimer::new(&self.device, ns) {
+                Ok(t) => Some(t),
+                Err(e) => {
+                    pipelines.destroy(&self.device);
+                    params.release(self);
+                    arena.release(self);
+                    kv.release(self);
+                    if let Some(o) = output {
+                        o.release(self);
+                    }
+                    return Err(e);
+                }
+            },
+            _ => None,
         };
         let mut span = Span {
             shape: desc.shape.clone(),
@@ -291,6 +316,7 @@ impl Gpu {
             recorded: Recorded::default(),
             persistent: None,
             profiler,
+            forward_timer,
         };
         if let Some(mode) = PersistentMode::from_env() {
             // Asked for by name: say why it is not taken, and go on without.
@@ -412,6 +438,9 @@ impl Gpu {
         }
         if let Some(p) = span.profiler {
             p.destroy(&self.device);
+        }
+        if let Some(t) = span.forward_timer {
+            t.destroy(&self.device);
         }
         span.pipelines.destroy(&self.device);
         if let Some(p) = span.persistent {

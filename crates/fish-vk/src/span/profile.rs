@@ -9,6 +9,28 @@
 use crate::error::{Result, VkCall};
 use ash::vk;
 
+/// What a span times: nothing, its forwards as wholes (FISH_GPU_PROFILE=1,
+/// span/forward_timer.rs: two timestamps in the recording decode reuses,
+/// and the host's phases), or every stage (2 and up: each forward
+/// recorded afresh with a timestamp per stage).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SpanProfiling {
+    Off,
+    Forwards,
+    Stages,
+}
+
+impl SpanProfiling {
+    /// The kind FISH_GPU_PROFILE asks for.
+    pub fn from_env() -> SpanProfiling {
+        match level() {
+            0 => SpanProfiling::Off,
+            1 => SpanProfiling::Forwards,
+            _ => SpanProfiling::Stages,
+        }
+    }
+}
+
 /// The kinds of span stages the profile reports.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum SpanStage {
@@ -68,6 +90,24 @@ pub(crate) struct Profiler {
     /// Host nanoseconds of the last forward: preparing (plans, bindings, x
     /// upload), recording + submit + fence wait, and reading x back.
     pub host_ns: [u64; 3],
+}
+
+/// Timestamps 0..ticks.len() of `pool`, which a finished submission wrote.
+pub(super) fn read_timestamps(
+    device: &ash::Device,
+    pool: vk::QueryPool,
+    ticks: &mut [u64],
+) -> Result<()> {
+    // SAFETY: the caller's finished submission wrote those queries.
+    unsafe {
+        device.get_query_pool_results(
+            pool,
+            0,
+            ticks,
+            vk::QueryResultFlags::TYPE_64 | vk::QueryResultFlags::WAIT,
+        )
+    }
+    .call("vkGetQueryPoolResults")
 }
 
 /// `stages` as `label us, ...`, in order.
@@ -131,16 +171,7 @@ impl Profiler {
     pub fn collect(&mut self, device: &ash::Device) -> Result<()> {
         let n = self.marks.len() + 1;
         let mut ticks = vec![0u64; n];
-        // SAFETY: the finished submission wrote queries 0..n.
-        unsafe {
-            device.get_query_pool_results(
-                self.pool,
-                0,
-                &mut ticks,
-                vk::QueryResultFlags::TYPE_64 | vk::QueryResultFlags::WAIT,
-            )
-        }
-        .call("vkGetQueryPoolResults")?;
+        read_timestamps(device, self.pool, &mut ticks)?;
         let mut per_stage: Vec<(SpanStage, f64)> =
             SpanStage::ALL.iter().map(|&s| (s, 0.0)).collect();
         let mut per_mark = Vec::with_capacity(self.marks.len());
