@@ -244,7 +244,7 @@ impl Gpu {
     }
 
     /// Uploads the span's parameters and allocates its arena and an initial
-    /// KV; with `profile`, every forward records per-stage timestamps.
+    /// KV; `profiling` says what its forwards time (`SpanProfiling`).
     pub fn span_create(&self, desc: &SpanDesc<'_>, profiling: SpanProfiling) -> Result<Span> {
         let layers = desc.validate()?;
         let unavailable = self.coopmat_attention_unavailable();
