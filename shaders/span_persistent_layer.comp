@@ -799,17 +799,22 @@ uvec2 head_pair(uint i) {
 // per head, and at most as many as the workgroups give each head.
 const uint RUN_KEYS = 16u;
 const uint MAX_RUNS = 16u;
+// Scratch words from one head's arrival counter to the next's
+// (persistent.rs ATTENTION_COUNTER_WORDS).
+const uint ATTN_COUNTER_WORDS = 16u;
 // A run's partial result in the scratch: its head_dim weighted value sums,
 // then its largest score and its sum of exponentials.
 uint run_words() {
     return p.head_dim + 2u;
 }
 
-// Runs per head for a token attending to n_keys positions: none empty (the
-// last holds the token's own position), each of ceil(n_keys / runs).
+// Runs per head for a token attending to n_keys (>= 1) positions: none
+// empty (the last holds the token's own position), each of
+// ceil(n_keys / runs) (attention_run cuts them so).
 uint attention_runs(uint n_keys) {
+    // At least 1: n_keys is.
     uint want = min(min(MAX_RUNS, max(1u, p.groups_x / n_head())), (n_keys + RUN_KEYS - 1u) / RUN_KEYS);
-    uint per_run = (n_keys + max(want, 1u) - 1u) / max(want, 1u);
+    uint per_run = (n_keys + want - 1u) / want;
     return (n_keys + per_run - 1u) / per_run;
 }
 
@@ -1040,7 +1045,7 @@ void attention_run(uint hq, uint run, uint runs) {
     }
     controlBarrier(gl_ScopeWorkgroup, gl_ScopeWorkgroup, gl_StorageSemanticsBuffer,
         gl_SemanticsAcquireRelease);
-    uint counter = p.attn_counts + 16u * hq;
+    uint counter = p.attn_counts + ATTN_COUNTER_WORDS * hq;
     if (tid == 0u) {
         uint before = atomicAdd(arrivals[counter], 1u, gl_ScopeDevice, gl_StorageSemanticsBuffer,
             gl_SemanticsAcquireRelease);

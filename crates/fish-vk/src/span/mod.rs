@@ -288,22 +288,6 @@ impl Gpu {
             SpanProfiling::Stages => period.map(Profiler::new),
             _ => None,
         };
-        let forward_timer = match (profiling, period) {
-            (SpanProfiling::Forwards, Some(ns)) => match ForwardTimer::new(&self.device, ns) {
-                Ok(t) => Some(t),
-                Err(e) => {
-                    pipelines.destroy(&self.device);
-                    params.release(self);
-                    arena.release(self);
-                    kv.release(self);
-                    if let Some(o) = output {
-                        o.release(self);
-                    }
-                    return Err(e);
-                }
-            },
-            _ => None,
-        };
         let mut span = Span {
             shape: desc.shape.clone(),
             layers,
@@ -316,8 +300,17 @@ impl Gpu {
             recorded: Recorded::default(),
             persistent: None,
             profiler,
-            forward_timer,
+            forward_timer: None,
         };
+        if let (SpanProfiling::Forwards, Some(ns)) = (profiling, period) {
+            match ForwardTimer::new(&self.device, ns) {
+                Ok(t) => span.forward_timer = Some(t),
+                Err(e) => {
+                    self.span_destroy(span);
+                    return Err(e);
+                }
+            }
+        }
         if let Some(mode) = PersistentMode::from_env() {
             // Asked for by name: say why it is not taken, and go on without.
             if let Err(e) = self.span_set_persistent(&mut span, Some(mode)) {

@@ -254,8 +254,8 @@ impl Persistent {
 /// word's line, one line per layer's arrival counter, the activation's
 /// values with their layers' tags, two words each (`act_tags`), q | k | v
 /// likewise (`qkv_tags`), the attention's counters, one per query head
-/// (`attn_counts`), all before `zeroed_end`. Then the attention runs'
-/// partial results (`attn_parts`: per head MAX_ATTENTION_RUNS runs of
+/// (`attn_counts`), all before `attn_parts` (`zeroed_words`). Then the
+/// attention runs' partial results (`attn_parts`: per head MAX_ATTENTION_RUNS runs of
 /// head_dim + 2 words), and the slots (`slots0`): per layer wo's int8
 /// input and down's, each line-aligned, `slot_stride` words a layer.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -263,7 +263,6 @@ struct Header {
     act_tags: usize,
     qkv_tags: usize,
     attn_counts: usize,
-    zeroed_end: usize,
     attn_parts: usize,
     slots0: usize,
     slot_stride: usize,
@@ -284,18 +283,22 @@ impl Header {
         let act_tags = LINE_WORDS * (1 + n_layers);
         let qkv_tags = act_tags + line(2 * n_ff);
         let attn_counts = qkv_tags + line(2 * (q_dim + 2 * kv_dim));
-        let zeroed_end = attn_counts + line(ATTENTION_COUNTER_WORDS * heads.n_head);
-        let attn_parts = zeroed_end;
+        let attn_parts = attn_counts + line(ATTENTION_COUNTER_WORDS * heads.n_head);
         let parts = heads.n_head * MAX_ATTENTION_RUNS * (heads.head_dim + 2);
         Header {
             act_tags,
             qkv_tags,
             attn_counts,
-            zeroed_end,
             attn_parts,
             slots0: attn_parts + line(parts),
             slot_stride: line(int8_words(q_dim)) + line(int8_words(n_ff)),
         }
+    }
+
+    /// Scratch words zeroed before every forward: all before the runs'
+    /// parts, which each run writes before its merge reads them.
+    fn zeroed_words(&self) -> usize {
+        self.attn_parts
     }
 
     /// Scratch words in all, for `n_layers` layers.
@@ -502,7 +505,7 @@ impl Gpu {
             scratch,
             failure,
             dispatches,
-            header_words: header.zeroed_end,
+            header_words: header.zeroed_words(),
         })
     }
 }
@@ -799,8 +802,8 @@ mod tests {
         assert_eq!(h.qkv_tags, h.act_tags + 2 * 14336);
         assert_eq!(h.attn_counts, h.qkv_tags + 2 * 6144);
         // A counter per head, 16 words apart; the runs' parts not zeroed.
-        assert_eq!(h.zeroed_end, h.attn_counts + 32 * 16);
-        assert_eq!(h.attn_parts, h.zeroed_end);
+        assert_eq!(h.zeroed_words(), h.attn_counts + 32 * 16);
+        assert_eq!(h.attn_parts, h.zeroed_words());
         assert_eq!(h.slots0, h.attn_parts + 32 * 16 * 130);
         assert!([
             h.act_tags,
@@ -823,6 +826,6 @@ mod tests {
         };
         let h = Header::new(0, 1024, one_head, 34);
         assert_eq!(h.attn_counts - h.qkv_tags, 4 * LINE_WORDS);
-        assert_eq!(h.zeroed_end - h.attn_counts, LINE_WORDS);
+        assert_eq!(h.zeroed_words() - h.attn_counts, LINE_WORDS);
     }
 }
