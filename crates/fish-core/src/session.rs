@@ -74,21 +74,28 @@ impl<'m> Session<'m> {
         let model = self.model;
         let cache = &mut self.cache;
         let history = &self.tokens;
-        let logits =
+        // A decode step that runs on the device alone stays on this thread:
+        // handing it to the pool and back costs a thread wake-up each way,
+        // ~50 us of a 0.94 ms llama-1b step on an H100 machine.
+        let first = if tokens.len() == 1 && model.decode_step_on_device() {
+            model.forward(cache, tokens, pos0, logits_for)
+        } else {
             self.pool
-                .install(|| match model.forward(cache, tokens, pos0, logits_for) {
-                    // The GPU span lost this sequence's earlier positions (another
-                    // sequence used it, or the device failed and the layers moved to
-                    // the CPU): rebuild every position, then evaluate the new tokens.
-                    Err(EngineError::SpanReplay) => {
-                        cache.truncate(0);
-                        if !history.is_empty() {
-                            model.forward(cache, history, 0, LogitsFor::Last)?;
-                        }
-                        model.forward(cache, tokens, pos0, logits_for)
-                    }
-                    other => other,
-                })?;
+                .install(|| model.forward(cache, tokens, pos0, logits_for))
+        };
+        let logits = match first {
+            // The GPU span lost this sequence's earlier positions (another
+            // sequence used it, or the device failed and the layers moved to
+            // the CPU): rebuild every position, then evaluate the new tokens.
+            Err(EngineError::SpanReplay) => self.pool.install(|| {
+                cache.truncate(0);
+                if !history.is_empty() {
+                    model.forward(cache, history, 0, LogitsFor::Last)?;
+                }
+                model.forward(cache, tokens, pos0, logits_for)
+            }),
+            other => other,
+        }?;
         self.tokens.extend_from_slice(tokens);
         Ok(logits)
     }

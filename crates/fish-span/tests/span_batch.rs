@@ -461,22 +461,42 @@ fn slots_beyond_the_budget_are_refused_cleanly() {
     assert_eq!(gpu.gpu().validation_messages(), 0);
 }
 
-/// The Vulkan backend, whose batched span forwards fail from the
-/// `fail_from`-th call on (a lost device, as the engine sees it).
+/// The Vulkan backend, whose span forwards of one kind fail from the
+/// `fail_from`-th call of that kind on (a lost device, as the engine sees
+/// it).
 struct Failing {
     inner: Arc<VulkanBackend>,
     calls: AtomicUsize,
     fail_from: usize,
+    fails: Fails,
+}
+
+/// Which span forwards a `Failing` backend counts (and fails).
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Fails {
+    /// Batched forwards returning logits.
+    Batches,
+    /// Single-sequence forwards returning logits.
+    Sequences,
 }
 
 impl Failing {
-    /// Per-matmul calls pass (only batched span forwards fail).
+    fn new(inner: Arc<VulkanBackend>, fails: Fails, fail_from: usize) -> Failing {
+        Failing {
+            inner,
+            calls: AtomicUsize::new(0),
+            fail_from,
+            fails,
+        }
+    }
+
+    /// Per-matmul calls pass (only span forwards fail).
     fn before_matmul(&self) -> Result<(), BackendError> {
         Ok(())
     }
 
-    fn batch_call(&self) -> Result<(), BackendError> {
-        if self.calls.fetch_add(1, Ordering::Relaxed) + 1 >= self.fail_from {
+    fn call(&self, kind: Fails) -> Result<(), BackendError> {
+        if kind == self.fails && self.calls.fetch_add(1, Ordering::Relaxed) + 1 >= self.fail_from {
             return Err(BackendError::Device("injected failure".into()));
         }
         Ok(())
@@ -511,6 +531,7 @@ impl SpanBackend for Failing {
         pos0: usize,
         rows: usize,
     ) -> Result<Vec<f32>, BackendError> {
+        self.call(Fails::Sequences)?;
         self.inner.span_forward_logits(x, n_tok, pos0, rows)
     }
     fn span_max_batch_rows(&self) -> usize {
@@ -534,7 +555,7 @@ impl SpanBackend for Failing {
         rows: &[SpanRow],
         logit_rows: usize,
     ) -> Result<Vec<f32>, BackendError> {
-        self.batch_call()?;
+        self.call(Fails::Batches)?;
         self.inner.span_forward_batch_logits(x, rows, logit_rows)
     }
     fn span_end(&self) {
@@ -557,11 +578,7 @@ fn a_failing_span_moves_the_batch_to_the_host_without_losing_positions() {
     drop(reference);
 
     // Two prompts and two batched steps on the span, then the device "fails".
-    let failing = Arc::new(Failing {
-        inner: gpu.clone(),
-        calls: AtomicUsize::new(0),
-        fail_from: 5,
-    });
+    let failing = Arc::new(Failing::new(gpu.clone(), Fails::Batches, 5));
     let model = placed(failing);
     let mut batch = BatchSession::new(&model, 2, N_CTX, 2).expect("batch");
     let (tokens, logits) = batched_run(&mut batch, &PROMPTS[..2], STEPS);
@@ -592,6 +609,49 @@ fn a_failing_span_moves_the_batch_to_the_host_without_losing_positions() {
     assert_eq!(stats.rebuilt_positions, prompt_positions + 2 * 2);
     assert!(model.gpu.as_ref().unwrap().has_failed());
     drop(batch);
+    drop(model);
+    assert_eq!(gpu.gpu().validation_messages(), 0);
+}
+
+/// A decode step that runs on the device alone (every layer and the output
+/// in the span) runs on the session's own thread, not its pool's; when it
+/// fails, the session still rebuilds every position on the host (on its
+/// pool) and goes on with the same greedy tokens.
+#[test]
+fn a_failing_decode_step_on_the_device_alone_moves_the_session_to_the_host() {
+    let _device = device_lock();
+    let Some(gpu) = backend() else { return };
+    let whole = |backend: Arc<dyn ComputeBackend>| {
+        std::env::set_var("FISH_GPU_SPAN", "1");
+        let mut model = Model::load(default_model()).expect("load");
+        model.place_on(backend, PlacementLimits { max_layers: None });
+        model
+    };
+    const DECODE_STEPS: usize = 3;
+    let reference = whole(gpu.clone());
+    assert!(
+        reference.decode_step_on_device(),
+        "{:?}",
+        reference.gpu_describe()
+    );
+    let (ref_tokens, ref_logits) = single_run(&reference, PROMPTS[0], DECODE_STEPS);
+    drop(reference);
+
+    // The prompt and the first step on the device, the second step fails.
+    let failing = Arc::new(Failing::new(gpu.clone(), Fails::Sequences, 3));
+    let model = whole(failing);
+    assert!(model.decode_step_on_device());
+    let (tokens, logits) = single_run(&model, PROMPTS[0], DECODE_STEPS);
+    assert_eq!(tokens, ref_tokens, "greedy tokens");
+    assert_close("before the failure", &logits[..2], &ref_logits[..2]);
+    assert_within(
+        "after the failure",
+        &logits[2..],
+        &ref_logits[2..],
+        CROSS_DEVICE_BOUND,
+    );
+    assert!(model.gpu.as_ref().unwrap().has_failed());
+    assert!(!model.decode_step_on_device());
     drop(model);
     assert_eq!(gpu.gpu().validation_messages(), 0);
 }

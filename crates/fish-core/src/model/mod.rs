@@ -115,6 +115,17 @@ impl Model {
         }
     }
 
+    /// Whether a one-token forward leaves the host nothing to run on its
+    /// thread pool: a span from the first layer whose submit also returns
+    /// the logits, so that the host only embeds the token, waits and reads
+    /// the logits back.
+    pub fn decode_step_on_device(&self) -> bool {
+        match self.gpu.as_ref().and_then(|p| p.span()) {
+            Some((run, span)) => run.first_layer == 0 && span.span_max_logit_rows() >= 1,
+            None => false,
+        }
+    }
+
     /// A KV cache for `n_ctx` positions of every layer.
     pub fn new_cache(&self, n_ctx: usize) -> KvCache {
         KvCache::new(self.cfg.n_layer, n_ctx, self.cfg.k_dim(), self.cfg.v_dim())
