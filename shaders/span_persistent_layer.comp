@@ -717,11 +717,14 @@ uint next_matvec(uint g) {
 // iteration would wait for them one after another.
 const uint NORM_LOADS = 4u;
 // 16-byte words of a cached key, and cached value words, each invocation
-// of the attention has in flight at once (the same reasoning). 8 and 16
-// took the kernel from 93 to 98 registers on the H100, so four workgroups
-// per multiprocessor instead of five (docs/BENCHMARKS.md).
-const uint KEY_LOADS = 4u;
-const uint VALUE_LOADS = 8u;
+// of the attention has in flight at once (the same reasoning). A run's
+// key words are dealt to groups of up to 8 lanes, so a llama-8b key (16
+// words) needs 2 per lane. Registers bound the kernel's residency (five
+// workgroups per multiprocessor need at most 96): with runs, loads of 4
+// and 8 took it to 98 registers on the H100 (four per multiprocessor, and
+// fewer than five on the H200 too), 2 and 4 to 91 (docs/BENCHMARKS.md).
+const uint KEY_LOADS = 2u;
+const uint VALUE_LOADS = 4u;
 
 // The RMS norm of x times the weights at float norm_off, quantised into the
 // staging (sxq / sxd / sxs) with the int8 writers' arithmetic
