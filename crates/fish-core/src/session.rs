@@ -76,7 +76,8 @@ impl<'m> Session<'m> {
         let history = &self.tokens;
         // A decode step that runs on the device alone stays on this thread:
         // handing it to the pool and back costs a thread wake-up each way,
-        // ~50 us of a 0.94 ms llama-1b step on an H100 machine.
+        // ~50 us of a 0.94 ms llama-1b step on an H100 machine; on the
+        // H200 staying here made llama-1b tg128 4.5% faster.
         let first = if tokens.len() == 1 && model.decode_step_on_device() {
             model.forward(cache, tokens, pos0, logits_for)
         } else {
