@@ -172,6 +172,9 @@ impl Gpu {
         let persistent_on = persistent.is_some();
         let key = (n_tok, logit_rows, layout, persistent_on);
         let submit_start;
+        // Whether this forward recorded its command buffer (FISH_GPU_PROFILE=1
+        // leaves such forwards out of its means).
+        let mut recorded_now = false;
         let submitted = match span.recorded.get(key) {
             // The common case of decode: the same shape as an earlier forward,
             // so its command buffer is submitted again as it was recorded.
@@ -181,6 +184,7 @@ impl Gpu {
                 self.submit_recorded(&exec, cmd)
             }
             _ => {
+                recorded_now = true;
                 let bindings = span.bindings.as_ref().expect("built above");
                 let output = match logit_rows {
                     Some(rows) => Some(output_recording(
@@ -304,6 +308,7 @@ impl Gpu {
                 submit: submit_start,
                 read: read_start,
                 end: std::time::Instant::now(),
+                recorded: recorded_now,
             };
             t.collect(&self.device, marks)?;
         }

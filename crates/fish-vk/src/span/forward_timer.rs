@@ -9,7 +9,11 @@
 //! back, and the time from one forward's return to the next one's call
 //! (the engine's work between forwards: embedding, logits, sampling).
 //! What the submit + wait phase holds beyond the GPU's time is the launch
-//! and wake-up latency of one submit.
+//! and wake-up latency of one submit. Forwards that recorded their command
+//! buffer (the first of each shape, and every one after bindings were
+//! rebuilt) are counted apart: one such forward's recording (and a first
+//! use's pipeline work in the driver) would otherwise swamp the means of
+//! hundreds of reused ones.
 
 use std::time::Instant;
 
@@ -37,16 +41,21 @@ struct ForwardSums {
     /// From a forward's return to the next one's call, over `gaps` gaps.
     between: f64,
     gaps: u64,
+    /// Forwards that recorded their command buffer, left out of the sums
+    /// above, and their wall time (call to return).
+    recorded: u64,
+    recorded_wall: f64,
 }
 
 /// The host's marks of one forward: called, submitted, fence signalled
-/// (and waited for), returned.
+/// (and waited for), returned; and whether it recorded its command buffer.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct ForwardMarks {
     pub start: Instant,
     pub submit: Instant,
     pub read: Instant,
     pub end: Instant,
+    pub recorded: bool,
 }
 
 impl ForwardTimer {
@@ -96,7 +105,8 @@ impl ForwardTimer {
 
     /// e.g. `forwards 128, per forward: GPU 0.712 ms; host: prepare
     /// 0.010, submit+wait 0.741 (0.029 beyond the GPU), read back 0.021,
-    /// between forwards 0.015 ms`; None before the first forward.
+    /// between forwards 0.015 ms; 1 more recorded its commands (950.3 ms
+    /// in all)`; None before the first forward.
     pub fn summary(&self) -> Option<String> {
         self.sums.summary()
     }
@@ -110,20 +120,33 @@ impl ForwardTimer {
 impl ForwardSums {
     fn add(&mut self, gpu_ns: f64, m: ForwardMarks, between_ns: Option<f64>) {
         let ns = |a: Instant, b: Instant| b.saturating_duration_since(a).as_nanos() as f64;
+        if let Some(b) = between_ns {
+            self.between += b;
+            self.gaps += 1;
+        }
+        if m.recorded {
+            self.recorded += 1;
+            self.recorded_wall += ns(m.start, m.end);
+            return;
+        }
         self.forwards += 1;
         self.gpu += gpu_ns;
         self.prepare += ns(m.start, m.submit);
         self.execute += ns(m.submit, m.read);
         self.read += ns(m.read, m.end);
-        if let Some(b) = between_ns {
-            self.between += b;
-            self.gaps += 1;
-        }
     }
 
     fn summary(&self) -> Option<String> {
+        let recorded = match self.recorded {
+            0 => String::new(),
+            r => format!(
+                "{r} {}recorded its commands ({:.1} ms in all)",
+                if self.forwards == 0 { "" } else { "more " },
+                self.recorded_wall / 1e6
+            ),
+        };
         if self.forwards == 0 {
-            return None;
+            return (self.recorded > 0).then(|| format!("forwards: {recorded}"));
         }
         let n = self.forwards as f64;
         let ms = |ns: f64| ns / n / 1e6;
@@ -131,8 +154,12 @@ impl ForwardSums {
             0 => String::new(),
             g => format!(", between forwards {:.3}", self.between / g as f64 / 1e6),
         };
+        let recorded = match recorded.is_empty() {
+            true => recorded,
+            false => format!("; {recorded}"),
+        };
         Some(format!(
-            "forwards {}, per forward: GPU {:.3} ms; host: prepare {:.3}, submit+wait {:.3} ({:.3} beyond the GPU), read back {:.3}{between} ms",
+            "forwards {}, per forward: GPU {:.3} ms; host: prepare {:.3}, submit+wait {:.3} ({:.3} beyond the GPU), read back {:.3}{between} ms{recorded}",
             self.forwards,
             ms(self.gpu),
             ms(self.prepare),
@@ -155,6 +182,7 @@ mod tests {
             submit: after(us[0]),
             read: after(us[1]),
             end: after(us[2]),
+            recorded: false,
         }
     }
 
@@ -173,6 +201,32 @@ mod tests {
             Some(
                 "forwards 2, per forward: GPU 0.700 ms; host: prepare 0.010, submit+wait 0.800 \
                  (0.100 beyond the GPU), read back 0.020, between forwards 0.030 ms"
+            )
+        );
+    }
+
+    #[test]
+    fn forwards_that_record_are_left_out_of_the_means() {
+        let mut sums = ForwardSums::default();
+        let t0 = Instant::now();
+        // The first forward records: 900 us to submit, 1.5 ms in all.
+        let first = ForwardMarks {
+            recorded: true,
+            ..marks(t0, [900, 1400, 1500])
+        };
+        sums.add(500_000.0, first, None);
+        assert_eq!(
+            sums.summary().as_deref(),
+            Some("forwards: 1 recorded its commands (1.5 ms in all)")
+        );
+        let t1 = t0 + Duration::from_micros(1520);
+        sums.add(700_000.0, marks(t1, [10, 810, 830]), Some(20_000.0));
+        assert_eq!(
+            sums.summary().as_deref(),
+            Some(
+                "forwards 1, per forward: GPU 0.700 ms; host: prepare 0.010, submit+wait 0.800 \
+                 (0.100 beyond the GPU), read back 0.020, between forwards 0.020 ms; 1 more \
+                 recorded its commands (1.5 ms in all)"
             )
         );
     }
