@@ -105,8 +105,8 @@ impl ForwardTimer {
 
     /// e.g. `forwards 128, per forward: GPU 0.712 ms; host: prepare
     /// 0.010, submit+wait 0.741 (0.029 beyond the GPU), read back 0.021,
-    /// between forwards 0.015 ms; 1 more recorded its commands (950.3 ms
-    /// in all)`; None before the first forward.
+    /// between forwards 0.015 ms; recording forwards left out: 1 (950.3
+    /// ms in all)`; None before the first forward.
     pub fn summary(&self) -> Option<String> {
         self.sums.summary()
     }
@@ -140,23 +140,18 @@ impl ForwardSums {
         let recorded = match self.recorded {
             0 => String::new(),
             r => format!(
-                "{r} {}recorded its commands ({:.1} ms in all)",
-                if self.forwards == 0 { "" } else { "more " },
+                "; recording forwards left out: {r} ({:.1} ms in all)",
                 self.recorded_wall / 1e6
             ),
         };
         if self.forwards == 0 {
-            return (self.recorded > 0).then(|| format!("forwards: {recorded}"));
+            return (self.recorded > 0).then(|| format!("forwards 0{recorded}"));
         }
         let n = self.forwards as f64;
         let ms = |ns: f64| ns / n / 1e6;
         let between = match self.gaps {
             0 => String::new(),
             g => format!(", between forwards {:.3}", self.between / g as f64 / 1e6),
-        };
-        let recorded = match recorded.is_empty() {
-            true => recorded,
-            false => format!("; {recorded}"),
         };
         Some(format!(
             "forwards {}, per forward: GPU {:.3} ms; host: prepare {:.3}, submit+wait {:.3} ({:.3} beyond the GPU), read back {:.3}{between} ms{recorded}",
@@ -217,7 +212,7 @@ mod tests {
         sums.add(500_000.0, first, None);
         assert_eq!(
             sums.summary().as_deref(),
-            Some("forwards: 1 recorded its commands (1.5 ms in all)")
+            Some("forwards 0; recording forwards left out: 1 (1.5 ms in all)")
         );
         let t1 = t0 + Duration::from_micros(1520);
         sums.add(700_000.0, marks(t1, [10, 810, 830]), Some(20_000.0));
@@ -225,8 +220,8 @@ mod tests {
             sums.summary().as_deref(),
             Some(
                 "forwards 1, per forward: GPU 0.700 ms; host: prepare 0.010, submit+wait 0.800 \
-                 (0.100 beyond the GPU), read back 0.020, between forwards 0.020 ms; 1 more \
-                 recorded its commands (1.5 ms in all)"
+                 (0.100 beyond the GPU), read back 0.020, between forwards 0.020 ms; recording \
+                 forwards left out: 1 (1.5 ms in all)"
             )
         );
     }
