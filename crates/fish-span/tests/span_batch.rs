@@ -58,15 +58,15 @@ enum Spans {
 }
 
 fn placed_with(gpu: Arc<dyn ComputeBackend>, spans: Spans) -> Model {
+    placed_layers(gpu, spans, Some(GPU_LAYERS))
+}
+
+/// At most `max_layers` trailing layers on the device (None: all that fit).
+fn placed_layers(gpu: Arc<dyn ComputeBackend>, spans: Spans, max_layers: Option<usize>) -> Model {
     // Placement reads FISH_GPU_SPAN; the device lock keeps the tests apart.
     std::env::set_var("FISH_GPU_SPAN", if spans == Spans::On { "1" } else { "0" });
     let mut model = Model::load(default_model()).expect("load");
-    model.place_on(
-        gpu,
-        PlacementLimits {
-            max_layers: Some(GPU_LAYERS),
-        },
-    );
+    model.place_on(gpu, PlacementLimits { max_layers });
     model
 }
 
@@ -621,12 +621,7 @@ fn a_failing_span_moves_the_batch_to_the_host_without_losing_positions() {
 fn a_failing_decode_step_on_the_device_alone_moves_the_session_to_the_host() {
     let _device = device_lock();
     let Some(gpu) = backend() else { return };
-    let whole = |backend: Arc<dyn ComputeBackend>| {
-        std::env::set_var("FISH_GPU_SPAN", "1");
-        let mut model = Model::load(default_model()).expect("load");
-        model.place_on(backend, PlacementLimits { max_layers: None });
-        model
-    };
+    let whole = |backend: Arc<dyn ComputeBackend>| placed_layers(backend, Spans::On, None);
     const DECODE_STEPS: usize = 3;
     let reference = whole(gpu.clone());
     assert!(
