@@ -445,7 +445,7 @@ impl Bindings {
                 &[o.weight],
                 output_weights,
                 a.xn.raw,
-                o.logits.raw,
+                o.target().raw,
             )?),
             None => None,
         };
@@ -454,7 +454,7 @@ impl Bindings {
                 &[o.weight],
                 output_weights,
                 a.xn_int8.raw,
-                o.logits.raw,
+                o.target().raw,
             )?),
             _ => None,
         };
@@ -463,7 +463,7 @@ impl Bindings {
                 &[o.weight],
                 output_weights,
                 a.x.raw,
-                o.logits.raw,
+                o.target().raw,
                 &[p],
             )?),
             _ => None,

@@ -149,16 +149,16 @@ impl Gpu {
                 span.arena.gate_up_arrival_counter_bytes,
             )),
             persistent: None,
+            // (None: the projection wrote the host-visible logits itself.)
             result: match (logit_rows, span.output.as_ref()) {
                 (Some(rows), Some(o)) => (
-                    o.logits.raw,
-                    o.readback.raw,
+                    o.logits.as_ref().map(|l| (l.raw, o.readback.raw)),
                     (rows * o.n_vocab() * 4) as u64,
                 ),
-                _ => (span.arena.x.raw, span.arena.readback.raw, x_bytes),
+                _ => (Some((span.arena.x.raw, span.arena.readback.raw)), x_bytes),
             },
         };
-        let result_bytes = copies.result.2;
+        let result_bytes = copies.result.1;
         let layout = token_layout(&placement, &runs);
         let consecutive = layout == TokenLayout::Consecutive;
         let persistent = span
@@ -329,7 +329,7 @@ impl Gpu {
 }
 
 /// The copies around the layers: x (and the step buffer) in, the
-/// result (x or logits: device buffer, host buffer, bytes) out.
+/// result (x or logits: device buffer, host buffer; bytes) out.
 struct Copies {
     upload: vk::Buffer,
     x_dev: vk::Buffer,
@@ -346,7 +346,7 @@ struct Copies {
     /// The persistent layers' scratch, the bytes of its failure word and
     /// counters (zeroed first), and the failure word's host copy.
     persistent: Option<(vk::Buffer, u64, vk::Buffer)>,
-    result: (vk::Buffer, vk::Buffer, u64),
+    result: (Option<(vk::Buffer, vk::Buffer)>, u64),
 }
 
 /// Refuses `rows` of logits the forward or the span cannot return.
@@ -467,30 +467,34 @@ unsafe fn record_forward(
         ),
     );
     recording.record(cmd, profiler);
-    barrier(
-        d,
-        cmd,
-        (
-            vk::PipelineStageFlags::COMPUTE_SHADER,
-            vk::AccessFlags::SHADER_WRITE,
-        ),
-        (
-            vk::PipelineStageFlags::TRANSFER,
-            vk::AccessFlags::TRANSFER_READ,
-        ),
-    );
-    let (src, dst, bytes) = c.result;
-    d.cmd_copy_buffer(cmd, src, dst, &region(bytes));
+    if c.result.0.is_some() || c.persistent.is_some() {
+        barrier(
+            d,
+            cmd,
+            (
+                vk::PipelineStageFlags::COMPUTE_SHADER,
+                vk::AccessFlags::SHADER_WRITE,
+            ),
+            (
+                vk::PipelineStageFlags::TRANSFER,
+                vk::AccessFlags::TRANSFER_READ,
+            ),
+        );
+    }
+    if let (Some((src, dst)), bytes) = c.result {
+        d.cmd_copy_buffer(cmd, src, dst, &region(bytes));
+    }
     if let Some((scratch, _, failure)) = c.persistent {
         // The failure word (scratch word 0).
         d.cmd_copy_buffer(cmd, scratch, failure, &region(4));
     }
+    // Logits the projection wrote to host memory come from the compute stage.
     barrier(
         d,
         cmd,
         (
-            vk::PipelineStageFlags::TRANSFER,
-            vk::AccessFlags::TRANSFER_WRITE,
+            vk::PipelineStageFlags::TRANSFER | vk::PipelineStageFlags::COMPUTE_SHADER,
+            vk::AccessFlags::TRANSFER_WRITE | vk::AccessFlags::SHADER_WRITE,
         ),
         (vk::PipelineStageFlags::HOST, vk::AccessFlags::HOST_READ),
     );
