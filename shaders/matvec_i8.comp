@@ -50,6 +50,15 @@
 // same units, sums and reduction), so the same bits, and storing them as
 // that kernel does.
 //
+// In that q/k/v form, with p.split_count_off non-zero (a decode step whose
+// attention runs beside the matvec, span_attention_split.comp WAIT_QKV), each
+// workgroup stores its rows through a coherent binding and then counts
+// them in at the arrival word of each KV head they belong to (binding 4:
+// the span's step buffer): p.split rows of its matrix per KV head (q:
+// n_head / n_head_kv heads of head_dim, k: head_dim, v: head_dim_v),
+// p.split_part_off the matrix's first row in the output, p.split_count_off
+// the first head's word (two words a head).
+//
 // With GATE_UP_NARROW (on pre-quantised x) it is the gate/up matvec of an
 // int8 decode step in narrow workgroups: one slice of WG invocations
 // computing ROWS / 2 rows of gate and the same rows of up, each exactly as
@@ -148,6 +157,10 @@ shared uint last_here;
 #define INT8_PARTS 1
 #include "int8_acts.glsl"
 #endif
+// The q/k/v rows as the attention beside the matvec reads them, and its
+// arrival words (p.split_count_off non-zero).
+layout(std430, binding = 2) coherent buffer YLive { float y_live[]; };
+layout(std430, binding = 4) coherent buffer QkvArrivals { uint qkv_arrivals[]; };
 float acc[ROWS][NT];
 // Per slice, row and token: the partial sums of its subgroups.
 shared float partial[SLICES][ROWS * NT][WG / 4u];
@@ -651,6 +664,25 @@ void main() {
     }
 }
 #elif defined(SLICED)
+// Counts the workgroup's stored rows in at the arrival word of each KV head
+// they belong to (one token; p.split rows a head). Every invocation must
+// call it.
+void count_qkv_rows() {
+    memoryBarrierBuffer();
+    barrier();
+    uint wg_rows = SLICES * ROWS;
+    uint first = workgroup_index() * wg_rows;
+    if (gl_LocalInvocationID.x == 0u && first < p.n_rows) {
+        uint r0 = p.y_offset - p.split_part_off + first;
+        uint r1 = r0 + min(wg_rows, p.n_rows - first) - 1u;
+        for (uint g = r0 / p.split; g <= r1 / p.split; g++) {
+            uint lo = max(r0, g * p.split);
+            uint hi = min(r1, g * p.split + p.split - 1u);
+            atomicAdd(qkv_arrivals[p.split_count_off + 2u * g], hi - lo + 1u);
+        }
+    }
+}
+
 void main() {
     // Slice `slice` computes rows row0 .. row0 + ROWS - 1 of one token.
     uint slice = gl_LocalInvocationID.x / WG;
@@ -674,8 +706,17 @@ void main() {
         uint r = i / NT;
         uint t = i % NT;
         if (row0 + r < p.n_rows && t < p.n_tok) {
-            store_y(t * p.y_stride + p.y_offset + row0 + r, slice_sum(slice, i, sg_per_slice));
+            uint at = t * p.y_stride + p.y_offset + row0 + r;
+            float v = slice_sum(slice, i, sg_per_slice);
+            if (p.split_count_off != 0u) {
+                y_live[at] = v;
+            } else {
+                store_y(at, v);
+            }
         }
+    }
+    if (p.split_count_off != 0u) {
+        count_qkv_rows();
     }
 }
 #else

@@ -31,6 +31,19 @@
 // taken as stored (f16), so the plain kernel reading the cache written by
 // span_rope.comp gives the same bits.
 //
+// With WAIT_QKV (specialisation constant 0, set only on the ROPE_FUSED
+// module, for one-token decode steps) there is no barrier between the q/k/v
+// matvec and this dispatch: the matvec's workgroups count their rows in at
+// their KV head's word of the step buffer after storing them
+// (matvec_i8.comp QKV_ARRIVALS), and each workgroup here waits for its KV
+// head's q, k and v rows to have arrived, with its first block's cached
+// keys and values already in flight, then reads them through a coherent
+// binding. The attention of one KV head can so start while the matvec
+// still computes the others' rows. A wait that spins past QKV_SPINS sets
+// the failure word (the host then runs the forward again with the
+// barrier; tens of milliseconds of polls on a GPU). The arithmetic is the
+// same, so the bits are.
+//
 // Needs head_dim == head_dim_v, a multiple of 8 between 32 and 256, k_dim
 // and v_dim multiples of 8 (host-checked), and subgroup arithmetic.
 #extension GL_GOOGLE_include_directive : require
@@ -48,7 +61,19 @@ layout(local_size_x = 128) in;
 
 #include "span_common.glsl"
 
+layout(constant_id = 0) const uint WAIT_QKV = 0u;
+// Polls of a KV head's arrival word before a wait gives up.
+#define QKV_SPINS 60000u
+
 layout(std430, binding = 0) readonly buffer Qkv { float qkv[]; };
+// q/k/v written by the matvec running beside this dispatch (WAIT_QKV).
+layout(std430, binding = 0) coherent readonly buffer QkvLive { float qkv_live[]; };
+// The step buffer's arrival words (span_common.glsl QKV_ARRIVALS_AT).
+layout(std430, binding = 4) coherent buffer QkvArrivals { uint qkv_arrivals[]; };
+// The host-visible step buffer: a wait that gives up sets its failure word
+// there, which the host reads after the forward (span/step.rs
+// STEP_DEVICE_WORDS).
+layout(std430, binding = 8) coherent writeonly buffer WaitFailed { uint wait_failed[]; };
 #if defined(ROPE_FUSED)
 layout(std430, binding = 1) writeonly buffer KCacheW { uvec4 kc_w[]; };
 layout(std430, binding = 2) writeonly buffer VCacheW { uvec4 vc_w[]; };
@@ -120,6 +145,39 @@ shared float sg_red[2][WG];
 shared vec4 partial4[2][WG];
 // Whether this workgroup merges its token's splits (uniform after a barrier).
 shared uint merge_here;
+
+// Value i of q | k | v.
+float qkv_at(uint i) {
+    return WAIT_QKV != 0u ? qkv_live[i] : qkv[i];
+}
+
+// Waits until the q/k/v matvec has stored every q, k and v row of KV head
+// g (WAIT_QKV); the last of its `waiters` workgroups to pass clears the
+// head's words for the next layer. Every thread must call it.
+void wait_for_qkv(uint g, uint waiters) {
+    if (gl_LocalInvocationID.x == 0u) {
+        uint want = (p.n_head / p.n_head_kv) * p.head_dim + p.head_dim + p.head_dim_v;
+        uint at = qkv_rows_word(g);
+        uint seen = 0u;
+        for (uint spins = 0u; spins < QKV_SPINS; spins++) {
+            seen = atomicAdd(qkv_arrivals[at], 0u);
+            if (seen >= want) {
+                break;
+            }
+        }
+        // Checked after the loop, not in it: a driver may cut a long loop
+        // short (llvmpipe stops one after 65535 iterations).
+        if (seen < want) {
+            wait_failed[QKV_FAILED_HOST_WORD] = 1u;
+        }
+        if (atomicAdd(qkv_arrivals[at + 1u], 1u) + 1u == waiters) {
+            atomicExchange(qkv_arrivals[at], 0u);
+            atomicExchange(qkv_arrivals[at + 1u], 0u);
+        }
+    }
+    barrier();
+    memoryBarrierBuffer();
+}
 
 // Keys per split of a token attending to n_keys keys: whole blocks of BK
 // keys (the blocks of heads of head_dim values), at least one, and at most
@@ -268,6 +326,11 @@ void main() {
 #endif
         load_block(rk, rv, k_begin, cached_end, per_pass, row0);
     }
+    if (WAIT_QKV != 0u) {
+        // Every head of the KV head waits, each with the workgroups its
+        // splits take.
+        wait_for_qkv(kv_head, (p.n_head / p.n_head_kv) * min(n_split, p.splits));
+    }
 
 #if defined(ROPE_FUSED)
     {
@@ -285,11 +348,11 @@ void main() {
         vec2 cs = vec2(1.0, 0.0);
         vec4 va = vec4(0.0), vb = vec4(0.0);
         if (pair) {
-            qa = qkv[q0 + ab.x];
-            qb = qkv[q0 + ab.y];
+            qa = qkv_at(q0 + ab.x);
+            qb = qkv_at(q0 + ab.y);
             if (stores) {
-                ka = qkv[k0 + ab.x];
-                kb = qkv[k0 + ab.y];
+                ka = qkv_at(k0 + ab.x);
+                kb = qkv_at(k0 + ab.y);
             }
             if (j < half_rot) {
                 cs = rope_angle(p.table_off, pos, p.n_rot, j);
@@ -297,8 +360,8 @@ void main() {
         }
         if (stores && tid < words) {
             for (uint e = 0u; e < 4u; e++) {
-                va[e] = qkv[v0 + 8u * tid + e];
-                vb[e] = qkv[v0 + 8u * tid + 4u + e];
+                va[e] = qkv_at(v0 + 8u * tid + e);
+                vb[e] = qkv_at(v0 + 8u * tid + 4u + e);
             }
         }
         if (pair) {

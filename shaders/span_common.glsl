@@ -17,6 +17,16 @@ float kv_load(uint word, uint e) {
 #define STEP_HEADER_WORDS 4u
 layout(std430, binding = 4) readonly buffer Step { uint step_words[]; };
 
+// Past the step words (span/step.rs QKV_ARRIVALS_AT), zeroed at the start
+// of every submit that overlaps: the overlapped decode attention's words
+// (the q/k/v matvec counts its rows in, the attention waits for them; see
+// span_attention_split.comp WAIT_QKV): per KV head g its rows arrived
+// (4 + 2g) and its waiters passed (5 + 2g). The host-visible copy holds the
+// failure flag (a wait that gave up) past them, at QKV_FAILED_HOST_WORD.
+#define QKV_ARRIVALS_AT 160u
+#define QKV_FAILED_HOST_WORD (QKV_ARRIVALS_AT + 4u + 2u * 64u)
+uint qkv_rows_word(uint g) { return QKV_ARRIVALS_AT + 4u + 2u * g; }
+
 // (position, first KV row of the token's slot) of token t of the forward.
 uvec2 token_place(uint t) {
     if (step_words[1] == 0u) {

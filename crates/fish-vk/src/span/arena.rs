@@ -6,7 +6,7 @@ use super::attention_split::split_scratch_bytes;
 use super::desc::{LayerTensors, SpanShape};
 use super::record::INT8_CHUNK_MAX_TOKENS;
 use super::span_chunk_tokens;
-use super::step::STEP_WORDS;
+use super::step::{STEP_DEVICE_WORDS, STEP_UPLOAD_WORDS};
 use crate::buffer::{Buffer, MemoryKind};
 use crate::error::Result;
 use crate::gpu::Gpu;
@@ -50,7 +50,9 @@ pub(crate) struct Arena {
     pub upload: Buffer,
     pub readback: Buffer,
     /// Where the forward's tokens sit (span/step.rs; read by RoPE and
-    /// attention), copied from `step_upload` at the start of every submit.
+    /// attention), copied from `step_upload` at the start of every submit,
+    /// then the overlapped decode attention's arrival words
+    /// (`QKV_ARRIVALS_AT`).
     pub step: Buffer,
     pub step_upload: Buffer,
     /// The batch tile's split scratch (split_k.rs; binding 3 of the plain
@@ -116,8 +118,8 @@ fn sizes(shape: &SpanShape, n_ff: usize) -> [(usize, MemoryKind); 13] {
         ),
         (INITIAL_TOKENS * shape.n_embd, MemoryKind::Upload),
         (INITIAL_TOKENS * shape.n_embd, MemoryKind::Readback),
-        (STEP_WORDS, MemoryKind::Device),
-        (STEP_WORDS, MemoryKind::Upload),
+        (STEP_DEVICE_WORDS, MemoryKind::Device),
+        (STEP_UPLOAD_WORDS, MemoryKind::Upload),
         (
             gate_up_counter_words(n_ff) + INT8_CHUNK_MAX_TOKENS * n_ff,
             MemoryKind::Device,

@@ -39,7 +39,8 @@ pub(crate) struct LayerSets {
     pub gate_up_int8: Option<MatmulSets>,
     /// q/k/v of single-token int8 chunks with the attention norm in the
     /// matvec's prologue (`Kernel::MatvecInt8Normed`: weights, x, qkv, the
-    /// parameters); None where `qkv_int8` is, where `Gpu::int8_normable`
+    /// parameters, the step buffer whose arrival words an overlapped decode
+    /// attention waits on); None where `qkv_int8` is, where `Gpu::int8_normable`
     /// says no, and with FISH_GPU_INT8_QKV_NORM=0.
     pub qkv_int8_normed: Option<MatmulSets>,
     /// wo and down on the int8 copies of their inputs that the attention
@@ -399,7 +400,7 @@ impl Bindings {
                 down_int8_h16,
                 qkv_int8: int8_sets(&g[0], &w[0], a.qkv.raw)?,
                 qkv_int8_normed: (int8_qkv_norm_wanted() && gpu.int8_normable(&g[0], lp.attn_norm))
-                    .then(|| sets_binding(&g[0], &w[0], a.x.raw, a.qkv.raw, &[p]))
+                    .then(|| sets_binding(&g[0], &w[0], a.x.raw, a.qkv.raw, &[p, a.step.raw]))
                     .transpose()?,
                 gate_up_int8: int8_sets(&g[2], &w[2], a.gate_up.raw)?,
                 wo_int8: int8_sets(&g[1], &w[1], residual_target(lp.post_attn_norm))?,
@@ -434,6 +435,7 @@ impl Bindings {
                             p,
                             a.xn_int8.raw,
                             a.attn_split.raw,
+                            a.step_upload.raw,
                         ],
                     );
                     set

@@ -10,7 +10,7 @@ use super::record::{
     max_timestamps, narrow_gate_up_wanted, output_kernel, output_takes_int8, plan_chunks,
     OutputInput, OutputRecording, Recording, TokenLayout,
 };
-use super::step::{Placement, SlotRun, SpanRow, STEP_BYTES};
+use super::step::{Placement, SlotRun, SpanRow, STEP_BYTES, STEP_DEVICE_WORDS, STEP_UPLOAD_WORDS};
 use super::{span_chunk_tokens, Span};
 use crate::error::{Result, VkError};
 use crate::gpu::Gpu;
@@ -126,11 +126,13 @@ impl Gpu {
         }
         let x_bytes = std::mem::size_of_val(x) as u64;
         span.arena.upload.write_f32(&self.allocator, 0, x)?;
-        let step: Vec<u8> = placement
-            .words(&span.kv)
-            .iter()
-            .flat_map(|w| w.to_le_bytes())
-            .collect();
+        // One-token forwards may run their attention beside q/k/v: they
+        // upload zeros for its arrival words and its failure flag.
+        let mut words = placement.words(&span.kv);
+        if span.qkv_overlap && n_tok == 1 {
+            words.resize(STEP_UPLOAD_WORDS, 0);
+        }
+        let step: Vec<u8> = words.iter().flat_map(|w| w.to_le_bytes()).collect();
         span.arena.step_upload.write(&self.allocator, 0, &step)?;
         let copies = Copies {
             upload: span.arena.upload.raw,
@@ -149,6 +151,7 @@ impl Gpu {
                 span.arena.gate_up_arrival_counter_bytes,
             )),
             persistent: None,
+            step_bytes: STEP_BYTES,
             // (None: the projection wrote the host-visible logits itself.)
             result: match (logit_rows, span.output.as_ref()) {
                 (Some(rows), Some(o)) => (
@@ -170,7 +173,20 @@ impl Gpu {
             ..copies
         };
         let persistent_on = persistent.is_some();
-        let key = (n_tok, logit_rows, layout, persistent_on);
+        // One-token staged forwards may run their attention beside q/k/v:
+        // their step copy zeroes the arrival words too. Not while the stages
+        // are timed (FISH_GPU_PROFILE=2/3): the q/k/v stage would then end
+        // with no timestamp of its own.
+        let overlap_on =
+            span.qkv_overlap && n_tok == 1 && !persistent_on && span.profiler.is_none();
+        let copies = Copies {
+            step_bytes: match overlap_on {
+                true => (STEP_DEVICE_WORDS * 4) as u64,
+                false => STEP_BYTES,
+            },
+            ..copies
+        };
+        let key = (n_tok, logit_rows, layout, persistent_on, overlap_on);
         let submit_start;
         // Whether this forward recorded its command buffer (FISH_GPU_PROFILE=1
         // leaves such forwards out of its means).
@@ -230,6 +246,7 @@ impl Gpu {
                         persistent: p,
                         sets: &bindings.persistent,
                     }),
+                    qkv_overlap: overlap_on,
                 };
                 submit_start = std::time::Instant::now();
                 let exec = self.lock_exec();
@@ -281,6 +298,28 @@ impl Gpu {
                     span.kv.truncate(r.slot, r.first);
                 }
                 self.span_set_persistent(span, None)?;
+                return self.span_run(span, x, n_tok, placement, logit_rows);
+            }
+        }
+        // So does an attention wait that gave up (q/k/v never arrived: the
+        // GPU did not run the matvec's workgroups beside the waiting ones):
+        // barriers from now on.
+        if let (Ok(()), true) = (&submitted, overlap_on) {
+            let flag = span.arena.step_upload.read_f32_vec(
+                &self.allocator,
+                (STEP_DEVICE_WORDS * 4) as u64,
+                1,
+            )?;
+            if flag[0].to_bits() != 0 {
+                eprintln!(
+                    "fish-vk: an attention wait for its q/k/v rows gave up: \
+                     barriers after q/k/v from now on"
+                );
+                for r in &runs {
+                    span.kv.truncate(r.slot, r.first);
+                }
+                span.qkv_overlap = false;
+                span.recorded.clear(self);
                 return self.span_run(span, x, n_tok, placement, logit_rows);
             }
         }
@@ -346,6 +385,10 @@ struct Copies {
     /// The persistent layers' scratch, the bytes of its failure word and
     /// counters (zeroed first), and the failure word's host copy.
     persistent: Option<(vk::Buffer, u64, vk::Buffer)>,
+    /// Bytes of the step buffer copied in: the step words, and where q/k/v
+    /// and the attention overlap the (zero) arrival words after them
+    /// (step.rs `QKV_ARRIVALS_AT`).
+    step_bytes: u64,
     result: (Option<(vk::Buffer, vk::Buffer)>, u64),
 }
 
@@ -445,7 +488,7 @@ unsafe fn record_forward(
         }]
     };
     d.cmd_copy_buffer(cmd, c.upload, c.x_dev, &region(c.x_bytes));
-    d.cmd_copy_buffer(cmd, c.step_upload, c.step, &region(STEP_BYTES));
+    d.cmd_copy_buffer(cmd, c.step_upload, c.step, &region(c.step_bytes));
     d.cmd_fill_buffer(cmd, c.split.0, 0, c.split.1, 0);
     d.cmd_fill_buffer(cmd, c.attn_split.0, 0, c.attn_split.1, 0);
     if let Some((arrivals, bytes)) = c.gate_up_arrivals {
@@ -454,6 +497,7 @@ unsafe fn record_forward(
     if let Some((scratch, header, _)) = c.persistent {
         d.cmd_fill_buffer(cmd, scratch, 0, header, 0);
     }
+
     barrier(
         d,
         cmd,
@@ -488,6 +532,7 @@ unsafe fn record_forward(
         // The failure word (scratch word 0).
         d.cmd_copy_buffer(cmd, scratch, failure, &region(4));
     }
+
     // Logits the projection wrote to host memory come from the compute stage.
     barrier(
         d,

@@ -127,6 +127,10 @@ pub struct Span {
     /// Single-token forwards run each layer as one dispatch, where asked
     /// for (`Gpu::span_set_persistent`).
     persistent: Option<Persistent>,
+    /// One-token forwards run each layer's attention beside its q/k/v
+    /// matvec (`record::qkv_overlap_wanted`); cleared for good after a wait
+    /// that gave up.
+    qkv_overlap: bool,
     profiler: Option<Profiler>,
     forward_timer: Option<ForwardTimer>,
 }
@@ -299,6 +303,7 @@ impl Gpu {
             bindings: None,
             recorded: Recorded::default(),
             persistent: None,
+            qkv_overlap: record::qkv_overlap_wanted(),
             profiler,
             forward_timer: None,
         };

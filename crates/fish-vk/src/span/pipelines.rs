@@ -14,8 +14,9 @@ pub(crate) const PUSH_WORDS: usize = 16;
 /// (`SpanKernel::AttentionRope`; the other sets leave it unwritten), then
 /// the attention's int8 output (the arena's `xn_int8`; attention sets only),
 /// then the split attention's scratch (the arena's `attn_split`; attention
-/// sets only).
-pub(crate) const SPAN_BINDINGS: u32 = 8;
+/// sets only), then the host-visible step buffer (attention sets only: the
+/// failure flag of the overlapped decode attention's waits).
+pub(crate) const SPAN_BINDINGS: u32 = 9;
 
 /// The span kernels, by module.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -42,6 +43,10 @@ pub(crate) enum SpanKernel {
     /// devices with subgroup arithmetic.
     AttentionSplit,
     AttentionSplitRope,
+    /// `AttentionSplitRope` dispatched with no barrier after the q/k/v
+    /// matvec, each workgroup waiting for its KV head's rows to arrive
+    /// (WAIT_QKV): one-token decode steps with `qkv_overlap_wanted`.
+    AttentionSplitRopeWait,
 }
 
 /// Tokens per workgroup of `SpanKernel::AttentionTiled`
@@ -70,7 +75,11 @@ impl SpanKernel {
     ];
 
     /// The optional key-split attention kernels.
-    const SPLIT: [SpanKernel; 2] = [SpanKernel::AttentionSplit, SpanKernel::AttentionSplitRope];
+    const SPLIT: [SpanKernel; 3] = [
+        SpanKernel::AttentionSplit,
+        SpanKernel::AttentionSplitRope,
+        SpanKernel::AttentionSplitRopeWait,
+    ];
 
     /// The cooperative-matrix attention kernel for heads of `head_dim`
     /// values, if one is compiled for it.
@@ -94,7 +103,18 @@ impl SpanKernel {
             SpanKernel::AttentionCoopMat64 => "span_attention_coopmat_d64",
             SpanKernel::AttentionCoopMat128 => "span_attention_coopmat_d128",
             SpanKernel::AttentionSplit => "span_attention_split",
-            SpanKernel::AttentionSplitRope => "span_attention_split_rope",
+            SpanKernel::AttentionSplitRope | SpanKernel::AttentionSplitRopeWait => {
+                "span_attention_split_rope"
+            }
+        }
+    }
+
+    /// Its module's specialisation constants from id 0.
+    fn spec(self) -> &'static [u32] {
+        match self {
+            // WAIT_QKV.
+            SpanKernel::AttentionSplitRopeWait => &[1],
+            _ => &[],
         }
     }
 }
@@ -162,7 +182,15 @@ impl SpanPipelines {
         kernel: SpanKernel,
         stats: Option<&PipelineStats>,
     ) -> Result<()> {
-        let (module, pipeline) = module_pipeline(device, self.layout, kernel.module(), stats)?;
+        let flags = vk::PipelineShaderStageCreateFlags::empty();
+        let (module, pipeline) = module_compute_pipeline(
+            device,
+            self.layout,
+            kernel.module(),
+            kernel.spec(),
+            flags,
+            stats,
+        )?;
         self.modules.push(module);
         self.pipelines.push(pipeline);
         Ok(())
@@ -236,16 +264,4 @@ pub(crate) fn push_layout(
         .push_constant_ranges(&ranges);
     // SAFETY: valid create info on a live device.
     unsafe { device.create_pipeline_layout(&info, None) }.call("vkCreatePipelineLayout")
-}
-
-/// The embedded module `name` and its compute pipeline on `layout` (with
-/// `stats`, its statistics captured); on failure nothing stays created.
-pub(crate) fn module_pipeline(
-    device: &ash::Device,
-    layout: vk::PipelineLayout,
-    name: &str,
-    stats: Option<&PipelineStats>,
-) -> Result<(vk::ShaderModule, vk::Pipeline)> {
-    let flags = vk::PipelineShaderStageCreateFlags::empty();
-    module_compute_pipeline(device, layout, name, &[], flags, stats)
 }

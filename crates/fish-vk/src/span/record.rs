@@ -13,6 +13,7 @@ use super::pipelines::{
 };
 use super::prefetch::{L2Prefetch, PrefetchAt, PrefetchGroup};
 use super::profile::{Profiler, SpanStage};
+use super::step::{QKV_ARRIVAL_HEADS, QKV_ROWS_AT};
 use crate::error::{Result, VkError};
 use crate::gpu::Gpu;
 use crate::kernels::{Dispatch, GatedActivation, Kernel, MatmulInput, MATVEC_MAX_TOKENS};
@@ -941,6 +942,48 @@ pub(crate) struct Recording<'a> {
     /// Each layer as one dispatch (or one per stage) of the persistent
     /// kernel instead of the chunks' stages.
     pub persistent: Option<PersistentRecording<'a>>,
+    /// Whether one-token forwards run each layer's decode attention beside
+    /// its q/k/v matvec (`qkv_overlap_wanted`; `Recording::overlaps` says
+    /// which layers can).
+    pub qkv_overlap: bool,
+}
+
+/// Whether one-token decode steps dispatch each layer's attention with no
+/// barrier after its q/k/v matvec, the attention's workgroups waiting for
+/// their KV head's rows instead (shaders/span_attention_split.comp
+/// WAIT_QKV): on unless `FISH_GPU_QKV_OVERLAP=0` (H100 tg128 +2.8%
+/// llama-1b, +1.1% llama-8b, the same text; docs/BENCHMARKS.md).
+pub(crate) fn qkv_overlap_wanted() -> bool {
+    std::env::var("FISH_GPU_QKV_OVERLAP").as_deref() != Ok("0")
+}
+
+/// `FISH_GPU_QKV_OVERLAP=uncounted` (tests): the q/k/v matvec does not
+/// count its rows in, so every wait gives up and the forward runs again
+/// with barriers, as it would on a GPU that never ran the matvec's
+/// workgroups beside the waiting ones.
+fn qkv_rows_counted() -> bool {
+    std::env::var("FISH_GPU_QKV_OVERLAP").as_deref() != Ok("uncounted")
+}
+
+/// `plan` (the q/k/v group of a one-token step, `Kernel::MatvecInt8Normed`)
+/// counting its rows in at their KV heads' arrival words: per dispatch the
+/// rows of its matrix per KV head and the matrix's first row in the output
+/// (matvec_i8.comp `count_qkv_rows`).
+fn with_qkv_arrivals(plan: &[Dispatch], shape: &SpanShape) -> Vec<Dispatch> {
+    let (q_dim, k_dim) = (shape.q_dim() as u32, shape.k_dim() as u32);
+    let q_rows = (shape.n_head / shape.n_head_kv * shape.head_dim) as u32;
+    with_params(plan, |p| {
+        let (first, rows) = if p.y_offset < q_dim {
+            (0, q_rows)
+        } else if p.y_offset < q_dim + k_dim {
+            (q_dim, shape.head_dim as u32)
+        } else {
+            (q_dim + k_dim, shape.head_dim_v as u32)
+        };
+        p.split = rows;
+        p.split_part_off = first;
+        p.split_count_off = QKV_ROWS_AT as u32;
+    })
 }
 
 /// Records stages, ending each with a barrier (and a timestamp when profiling).
@@ -1042,6 +1085,24 @@ impl Recording<'_> {
         let built = self.pipelines.has(SpanKernel::AttentionSplit)
             && self.pipelines.has(SpanKernel::AttentionSplitRope);
         attention_splits(chunk.n).filter(|_| built && split_attention_fits(self.shape))
+    }
+
+    /// Whether layer `il` of `chunk` runs its attention beside its q/k/v
+    /// matvec: one-token chunks whose attention takes the key-split kernel
+    /// with RoPE, whose q/k/v is the normed int8 matvec (it counts its rows
+    /// in) and goes straight into the attention (no biases, no q/k norms).
+    fn overlaps(&self, il: usize, chunk: &Chunk) -> bool {
+        let lp = &self.params.layers[il];
+        self.qkv_overlap
+            && chunk.n == 1
+            && chunk.rope_in_attention
+            && self.attention_splits(chunk).is_some()
+            && self.pipelines.has(SpanKernel::AttentionSplitRopeWait)
+            && chunk.inputs[il][0] == NormedInput::Int8Normed
+            && [lp.bq, lp.bk, lp.bv, lp.q_norm, lp.k_norm]
+                .iter()
+                .all(Option::is_none)
+            && self.shape.n_head_kv <= QKV_ARRIVAL_HEADS
     }
 
     /// The cooperative-matrix kernel for a tiled-attention chunk of `shape`,
@@ -1150,14 +1211,25 @@ impl Recording<'_> {
         // Attention block.
         let [qkv_input, gate_up_input] = chunk.inputs[il];
         let qkv_plan = &chunk.matmuls[il][0];
-        self.normed_matmul(
-            r,
-            chunk,
-            &sets.qkv_group(),
-            qkv_input,
-            qkv_plan,
-            lp.attn_norm,
-        );
+        let overlap = self.overlaps(il, chunk);
+        if overlap {
+            // No barrier: the attention's workgroups wait for their rows.
+            let plan = with_norm(qkv_plan, lp.attn_norm, s.rms_eps);
+            let plan = match qkv_rows_counted() {
+                true => with_qkv_arrivals(&plan, s),
+                false => plan,
+            };
+            self.matmul(r, &plan, sets.qkv_group().sets(qkv_input));
+        } else {
+            self.normed_matmul(
+                r,
+                chunk,
+                &sets.qkv_group(),
+                qkv_input,
+                qkv_plan,
+                lp.attn_norm,
+            );
+        }
         let biases = [
             (lp.bq, 0, q_dim),
             (lp.bk, k_off, k_dim),
@@ -1220,6 +1292,7 @@ impl Recording<'_> {
         let per_token = (s.n_head * splits.unwrap_or(1)) as u32;
         let (attention_kernel, attention_groups) = if chunk.rope_in_attention {
             let kernel = match splits {
+                Some(_) if overlap => SpanKernel::AttentionSplitRopeWait,
                 Some(_) => SpanKernel::AttentionSplitRope,
                 None => SpanKernel::AttentionRope,
             };

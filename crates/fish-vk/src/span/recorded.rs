@@ -14,10 +14,11 @@ use ash::vk;
 const MAX_RECORDED: usize = 8;
 
 /// (tokens, rows of logits or None for x, token layout, whether its layers
-/// are persistent dispatches) of a forward: plain and batched forwards of
-/// one size record different attention kernels, and a single token past
-/// the persistent kernel's positions takes the staged layers.
-pub(crate) type ForwardKey = (usize, Option<usize>, TokenLayout, bool);
+/// are persistent dispatches, whether its attention overlaps q/k/v) of a
+/// forward: plain and batched forwards of one size record different
+/// attention kernels, and a single token past the persistent kernel's
+/// positions takes the staged layers.
+pub(crate) type ForwardKey = (usize, Option<usize>, TokenLayout, bool, bool);
 
 #[derive(Default)]
 pub(crate) struct Recorded {

@@ -26,6 +26,34 @@ pub(crate) const STEP_WORDS: usize = HEADER_WORDS + 2 * SPAN_MAX_BATCH_ROWS;
 /// do not depend on the layout).
 pub(crate) const STEP_BYTES: u64 = (STEP_WORDS * 4) as u64;
 
+/// Word of the device step buffer where the overlapped decode attention's
+/// words start (shaders/span_common.glsl QKV_ARRIVALS_AT, past the step
+/// words on a line of their own): four unused words, then two words per KV
+/// head (the q/k/v rows arrived, the attention workgroups that waited for
+/// them). Zeroed at the start of every submit that overlaps: the host
+/// writes them as zeros into the host-visible copy, which the submit copies
+/// in with the step words.
+pub(crate) const QKV_ARRIVALS_AT: usize = 160;
+
+// The arrival words lie past the step words.
+const _: () = assert!(QKV_ARRIVALS_AT >= STEP_WORDS);
+
+/// The most KV heads the overlapped decode attention counts.
+pub(crate) const QKV_ARRIVAL_HEADS: usize = 64;
+
+/// The first KV head's arrival word (shaders/span_common.glsl
+/// `qkv_rows_word`).
+pub(crate) const QKV_ROWS_AT: usize = QKV_ARRIVALS_AT + 4;
+
+/// Words of the device step buffer: the step words, then the arrival words.
+pub(crate) const STEP_DEVICE_WORDS: usize = QKV_ROWS_AT + 2 * QKV_ARRIVAL_HEADS;
+
+/// Words of the host-visible step buffer: the device buffer's as uploaded,
+/// then at STEP_DEVICE_WORDS (shaders/span_common.glsl
+/// QKV_FAILED_HOST_WORD) the failure flag that an attention wait which gave
+/// up sets.
+pub(crate) const STEP_UPLOAD_WORDS: usize = STEP_DEVICE_WORDS + 4;
+
 /// One row of a batched forward: a token of the sequence in KV slot `slot`
 /// at position `pos` of that sequence.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -152,6 +180,24 @@ fn rows_to_runs(rows: &[SpanRow], n_tok: usize) -> Result<Vec<SlotRun>> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_shaders_find_the_arrival_words_where_the_host_puts_them() {
+        let common = include_str!("../../../../shaders/span_common.glsl");
+        let define = format!("#define QKV_ARRIVALS_AT {QKV_ARRIVALS_AT}u");
+        assert!(
+            common.contains(&define),
+            "span_common.glsl lacks `{define}`"
+        );
+        assert!(common.contains("QKV_ARRIVALS_AT + 4u + 2u * g"));
+        let failed = format!(
+            "#define QKV_FAILED_HOST_WORD (QKV_ARRIVALS_AT + 4u + 2u * {QKV_ARRIVAL_HEADS}u)"
+        );
+        assert!(
+            common.contains(&failed),
+            "span_common.glsl lacks `{failed}`"
+        );
+    }
 
     fn row(slot: usize, pos: usize) -> SpanRow {
         SpanRow { slot, pos }

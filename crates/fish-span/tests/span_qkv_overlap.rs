@@ -1,0 +1,56 @@
+//! Decode steps (on the int8 matvec, whose q/k/v kernel counts its rows in;
+//! lavapipe needs it forced on) whose attention runs beside the q/k/v matvec
+//! (the default: no barrier between them, each attention workgroup waiting
+//! for its KV head's rows) give the logits of the staged steps
+//! (FISH_GPU_QKV_OVERLAP=0) bit for bit: the same kernels and sums, only
+//! the ordering differs.
+//! A prompt's forward (several tokens) keeps its barrier in both. Where the
+//! waits give up (FISH_GPU_QKV_OVERLAP=uncounted: the matvec does not count
+//! its rows in), the span runs the forward again with barriers: the same
+//! bits again, and the device not marked failed.
+//!
+//! One test only: the choice is read from the environment when a span is
+//! created.
+
+mod common;
+
+use common::{
+    default_greedy, default_model, differing_bits, int8_backend_or_skip, span_model_on,
+    teacher_forced, with_env, PARIS,
+};
+use fish_core::model::Model;
+use fish_core::sampling::argmax;
+
+fn decode_logits(model: &Model, forced: &[u32]) -> Vec<Vec<f32>> {
+    let rows = teacher_forced(model, forced);
+    assert!(!model.gpu.as_ref().unwrap().has_failed());
+    rows
+}
+
+#[test]
+fn overlapped_decode_attention_gives_the_staged_bits() {
+    let Some(gpu) = int8_backend_or_skip() else {
+        return;
+    };
+    let forced = default_greedy(8);
+    let staged = with_env(&[("FISH_GPU_QKV_OVERLAP", "0")], || {
+        decode_logits(&span_model_on(&gpu, &default_model()), &forced)
+    });
+    let overlapped = decode_logits(&span_model_on(&gpu, &default_model()), &forced);
+    assert_eq!(staged.len(), forced.len() + 1);
+    assert_eq!(
+        differing_bits(&staged, &overlapped),
+        0,
+        "staged vs overlapped logits"
+    );
+    let fallen_back = with_env(&[("FISH_GPU_QKV_OVERLAP", "uncounted")], || {
+        decode_logits(&span_model_on(&gpu, &default_model()), &forced)
+    });
+    assert_eq!(
+        differing_bits(&staged, &fallen_back),
+        0,
+        "staged vs given-up logits"
+    );
+    assert_eq!(argmax(&overlapped[0]), PARIS);
+    assert_eq!(gpu.gpu().validation_messages(), 0);
+}
