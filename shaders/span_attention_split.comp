@@ -165,8 +165,9 @@ void wait_for_qkv(uint g, uint waiters) {
                 break;
             }
         }
-        // Checked after the loop, not in it: a driver may cut a long loop
-        // short (llvmpipe stops one after 65535 iterations).
+        // Judged by the count after the loop. (QKV_SPINS stays below 65535:
+        // on llvmpipe, lavapipe, a longer loop ends the invocation that
+        // runs it, this flag's store included; grid_wait.glsl.)
         if (seen < want) {
             wait_failed[QKV_FAILED_HOST_WORD] = 1u;
         }
