@@ -327,6 +327,14 @@ void main() {
 #endif
         load_block(rk, rv, k_begin, cached_end, per_pass, row0);
     }
+#if defined(ROPE_FUSED)
+    // The rotation's (cos, sin) of thread j's pair, in flight before any
+    // wait for q/k/v (it needs only the position).
+    vec2 rope_cs = vec2(1.0, 0.0);
+    if (tid < p.head_dim / 2u && tid < p.n_rot / 2u) {
+        rope_cs = rope_angle(p.table_off, pos, p.n_rot, tid);
+    }
+#endif
     if (WAIT_QKV != 0u) {
         // Every head of the KV head waits, each with the workgroups its
         // splits take.
@@ -356,7 +364,7 @@ void main() {
                 kb = qkv_at(k0 + ab.y);
             }
             if (j < half_rot) {
-                cs = rope_angle(p.table_off, pos, p.n_rot, j);
+                cs = rope_cs;
             }
         }
         if (stores && tid < words) {

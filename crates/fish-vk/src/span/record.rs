@@ -951,8 +951,8 @@ pub(crate) struct Recording<'a> {
 /// Whether one-token decode steps dispatch each layer's attention with no
 /// barrier after its q/k/v matvec, the attention's workgroups waiting for
 /// their KV head's rows instead (shaders/span_attention_split.comp
-/// WAIT_QKV): on unless `FISH_GPU_QKV_OVERLAP=0` (H100 tg128 +2.8%
-/// llama-1b, +1.1% llama-8b, the same text; docs/BENCHMARKS.md).
+/// WAIT_QKV): on unless `FISH_GPU_QKV_OVERLAP=0` (H100 tg128 +3.2%
+/// llama-1b, +1.5% llama-8b, the same text; docs/BENCHMARKS.md).
 pub(crate) fn qkv_overlap_wanted() -> bool {
     std::env::var("FISH_GPU_QKV_OVERLAP").as_deref() != Ok("0")
 }
