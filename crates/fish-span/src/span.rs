@@ -65,11 +65,16 @@ impl VulkanBackend {
         self.span.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// `span N layers, KV M MB f16` while a span is open.
+    /// `span N layers, KV M MB f16` while a span is open (and, once an
+    /// attention wait for its q/k/v gave up, that it keeps the barrier).
     pub(crate) fn span_note(&self) -> Option<String> {
         self.span_slot().as_ref().map(|s| {
+            let waits = match s.qkv_overlap_gave_up() {
+                true => ", attention waits gave up: barriers after q/k/v",
+                false => "",
+            };
             format!(
-                "span {} layers, KV {} MB f16",
+                "span {} layers, KV {} MB f16{waits}",
                 s.n_layers(),
                 s.kv_bytes() >> 20
             )

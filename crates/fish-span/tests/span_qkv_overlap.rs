@@ -21,10 +21,14 @@ use common::{
 use fish_core::model::Model;
 use fish_core::sampling::argmax;
 
-fn decode_logits(model: &Model, forced: &[u32]) -> Vec<Vec<f32>> {
+/// The decode steps' logits, and whether the span's attention waits gave up
+/// (its `gpu:` description says so).
+fn decode_logits(model: &Model, forced: &[u32]) -> (Vec<Vec<f32>>, bool) {
     let rows = teacher_forced(model, forced);
     assert!(!model.gpu.as_ref().unwrap().has_failed());
-    rows
+    let described = model.gpu_describe().expect("a GPU model");
+    assert!(described.contains("span "), "{described}");
+    (rows, described.contains("attention waits gave up"))
 }
 
 #[test]
@@ -33,19 +37,26 @@ fn overlapped_decode_attention_gives_the_staged_bits() {
         return;
     };
     let forced = default_greedy(8);
-    let staged = with_env(&[("FISH_GPU_QKV_OVERLAP", "0")], || {
+    let (staged, _) = with_env(&[("FISH_GPU_QKV_OVERLAP", "0")], || {
         decode_logits(&span_model_on(&gpu, &default_model()), &forced)
     });
-    let overlapped = decode_logits(&span_model_on(&gpu, &default_model()), &forced);
+    let (overlapped, gave_up) = decode_logits(&span_model_on(&gpu, &default_model()), &forced);
+    assert!(!gave_up, "the counted waits gave up");
     assert_eq!(staged.len(), forced.len() + 1);
     assert_eq!(
         differing_bits(&staged, &overlapped),
         0,
         "staged vs overlapped logits"
     );
-    let fallen_back = with_env(&[("FISH_GPU_QKV_OVERLAP", "uncounted")], || {
+    // Only waits that ran can give up: this also shows the decode steps
+    // took the overlapped attention.
+    let (fallen_back, gave_up) = with_env(&[("FISH_GPU_QKV_OVERLAP", "uncounted")], || {
         decode_logits(&span_model_on(&gpu, &default_model()), &forced)
     });
+    assert!(
+        gave_up,
+        "no attention wait ran (or none gave up) with uncounted rows"
+    );
     assert_eq!(
         differing_bits(&staged, &fallen_back),
         0,

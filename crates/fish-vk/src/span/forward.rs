@@ -319,6 +319,7 @@ impl Gpu {
                     span.kv.truncate(r.slot, r.first);
                 }
                 span.qkv_overlap = false;
+                span.qkv_overlap_gave_up = true;
                 span.recorded.clear(self);
                 return self.span_run(span, x, n_tok, placement, logit_rows);
             }
@@ -497,7 +498,6 @@ unsafe fn record_forward(
     if let Some((scratch, header, _)) = c.persistent {
         d.cmd_fill_buffer(cmd, scratch, 0, header, 0);
     }
-
     barrier(
         d,
         cmd,
@@ -532,7 +532,6 @@ unsafe fn record_forward(
         // The failure word (scratch word 0).
         d.cmd_copy_buffer(cmd, scratch, failure, &region(4));
     }
-
     // Logits the projection wrote to host memory come from the compute stage.
     barrier(
         d,

@@ -131,6 +131,7 @@ pub struct Span {
     /// matvec (`record::qkv_overlap_wanted`); cleared for good after a wait
     /// that gave up.
     qkv_overlap: bool,
+    qkv_overlap_gave_up: bool,
     profiler: Option<Profiler>,
     forward_timer: Option<ForwardTimer>,
 }
@@ -192,6 +193,13 @@ impl Span {
         } else {
             0
         }
+    }
+
+    /// Whether an attention wait for its q/k/v rows gave up, so that
+    /// one-token forwards keep the barrier after q/k/v from then on
+    /// (`record::qkv_overlap_wanted`).
+    pub fn qkv_overlap_gave_up(&self) -> bool {
+        self.qkv_overlap_gave_up
     }
 
     /// How single-token forwards run their layers: None the staged
@@ -304,6 +312,7 @@ impl Gpu {
             recorded: Recorded::default(),
             persistent: None,
             qkv_overlap: record::qkv_overlap_wanted(),
+            qkv_overlap_gave_up: false,
             profiler,
             forward_timer: None,
         };

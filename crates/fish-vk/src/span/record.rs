@@ -1089,11 +1089,21 @@ impl Recording<'_> {
 
     /// Whether layer `il` of `chunk` runs its attention beside its q/k/v
     /// matvec: one-token chunks whose attention takes the key-split kernel
-    /// with RoPE, whose q/k/v is the normed int8 matvec (it counts its rows
-    /// in) and goes straight into the attention (no biases, no q/k norms).
+    /// with RoPE, whose q/k/v is the normed int8 matvec on three matrices
+    /// (it counts its rows in by matrix, `with_qkv_arrivals`) and goes
+    /// straight into the attention (no biases, no q/k norms).
     fn overlaps(&self, il: usize, chunk: &Chunk) -> bool {
         let lp = &self.params.layers[il];
+        let s = self.shape;
+        let three_matrices = self.bindings.layers[il]
+            .qkv_int8_normed
+            .as_ref()
+            .is_some_and(|g| {
+                let outs: Vec<usize> = g.handles.iter().map(|h| h.n_out()).collect();
+                outs == [s.q_dim(), s.k_dim(), s.v_dim()]
+            });
         self.qkv_overlap
+            && three_matrices
             && chunk.n == 1
             && chunk.rope_in_attention
             && self.attention_splits(chunk).is_some()
