@@ -35,14 +35,14 @@
 // module, for one-token decode steps) there is no barrier between the q/k/v
 // matvec and this dispatch: the matvec's workgroups count their rows in at
 // their KV head's word of the step buffer after storing them
-// (matvec_i8.comp QKV_ARRIVALS), and each workgroup here waits for its KV
+// (matvec_i8.comp count_qkv_rows), and each workgroup here waits for its KV
 // head's q, k and v rows to have arrived, with its first block's cached
 // keys and values already in flight, then reads them through a coherent
 // binding. The attention of one KV head can so start while the matvec
 // still computes the others' rows. A wait that spins past QKV_SPINS sets
-// the failure word (the host then runs the forward again with the
-// barrier; tens of milliseconds of polls on a GPU). The arithmetic is the
-// same, so the bits are.
+// the failure flag in the host-visible step buffer (the host then runs the
+// forward again with the barrier; tens of milliseconds of polls on a GPU).
+// The arithmetic is the same, so the bits are.
 //
 // Needs head_dim == head_dim_v, a multiple of 8 between 32 and 256, k_dim
 // and v_dim multiples of 8 (host-checked), and subgroup arithmetic.

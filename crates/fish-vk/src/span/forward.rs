@@ -124,12 +124,24 @@ impl Gpu {
             };
             span.bindings = Some(Bindings::build(self, &span.pipelines, &span.layers, &bufs)?);
         }
+        let layout = token_layout(&placement, &runs);
+        let consecutive = layout == TokenLayout::Consecutive;
+        let persistent = span
+            .persistent
+            .as_ref()
+            .filter(|_| Persistent::takes(n_tok, consecutive, runs[0].first));
+        let persistent_on = persistent.is_some();
+        // One-token staged forwards may run their attention beside q/k/v.
+        // Not while the stages are timed (FISH_GPU_PROFILE=2/3): the q/k/v
+        // stage would then end with no timestamp of its own.
+        let overlap_on =
+            span.overlaps_qkv() && n_tok == 1 && !persistent_on && span.profiler.is_none();
         let x_bytes = std::mem::size_of_val(x) as u64;
         span.arena.upload.write_f32(&self.allocator, 0, x)?;
-        // One-token forwards may run their attention beside q/k/v: they
-        // upload zeros for its arrival words and its failure flag.
+        // An overlapped forward uploads zeros for the attention's arrival
+        // words (its step copy takes them in) and its failure flag.
         let mut words = placement.words(&span.kv);
-        if span.qkv_overlap && n_tok == 1 {
+        if overlap_on {
             words.resize(STEP_UPLOAD_WORDS, 0);
         }
         let step: Vec<u8> = words.iter().flat_map(|w| w.to_le_bytes()).collect();
@@ -150,8 +162,11 @@ impl Gpu {
                 span.arena.gate_up_arrivals.raw,
                 span.arena.gate_up_arrival_counter_bytes,
             )),
-            persistent: None,
-            step_bytes: STEP_BYTES,
+            persistent: persistent.map(|p| (p.scratch.raw, p.header_bytes(), p.failure.raw)),
+            step_bytes: match overlap_on {
+                true => (STEP_DEVICE_WORDS * 4) as u64,
+                false => STEP_BYTES,
+            },
             // (None: the projection wrote the host-visible logits itself.)
             result: match (logit_rows, span.output.as_ref()) {
                 (Some(rows), Some(o)) => (
@@ -162,30 +177,6 @@ impl Gpu {
             },
         };
         let result_bytes = copies.result.1;
-        let layout = token_layout(&placement, &runs);
-        let consecutive = layout == TokenLayout::Consecutive;
-        let persistent = span
-            .persistent
-            .as_ref()
-            .filter(|_| Persistent::takes(n_tok, consecutive, runs[0].first));
-        let copies = Copies {
-            persistent: persistent.map(|p| (p.scratch.raw, p.header_bytes(), p.failure.raw)),
-            ..copies
-        };
-        let persistent_on = persistent.is_some();
-        // One-token staged forwards may run their attention beside q/k/v:
-        // their step copy zeroes the arrival words too. Not while the stages
-        // are timed (FISH_GPU_PROFILE=2/3): the q/k/v stage would then end
-        // with no timestamp of its own.
-        let overlap_on =
-            span.qkv_overlap && n_tok == 1 && !persistent_on && span.profiler.is_none();
-        let copies = Copies {
-            step_bytes: match overlap_on {
-                true => (STEP_DEVICE_WORDS * 4) as u64,
-                false => STEP_BYTES,
-            },
-            ..copies
-        };
         let key = (n_tok, logit_rows, layout, persistent_on, overlap_on);
         let submit_start;
         // Whether this forward recorded its command buffer (FISH_GPU_PROFILE=1
@@ -318,7 +309,6 @@ impl Gpu {
                 for r in &runs {
                     span.kv.truncate(r.slot, r.first);
                 }
-                span.qkv_overlap = false;
                 span.qkv_overlap_gave_up = true;
                 span.recorded.clear(self);
                 return self.span_run(span, x, n_tok, placement, logit_rows);

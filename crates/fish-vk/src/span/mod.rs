@@ -128,8 +128,8 @@ pub struct Span {
     /// for (`Gpu::span_set_persistent`).
     persistent: Option<Persistent>,
     /// One-token forwards run each layer's attention beside its q/k/v
-    /// matvec (`record::qkv_overlap_wanted`); cleared for good after a wait
-    /// that gave up.
+    /// matvec (`record::qkv_overlap_wanted`, read at creation) until a wait
+    /// gives up (`qkv_overlap_gave_up`).
     qkv_overlap: bool,
     qkv_overlap_gave_up: bool,
     profiler: Option<Profiler>,
@@ -193,6 +193,12 @@ impl Span {
         } else {
             0
         }
+    }
+
+    /// Whether one-token forwards run each layer's attention beside its
+    /// q/k/v matvec: wanted at creation, and no wait has given up.
+    pub(crate) fn overlaps_qkv(&self) -> bool {
+        self.qkv_overlap && !self.qkv_overlap_gave_up
     }
 
     /// Whether an attention wait for its q/k/v rows gave up, so that
