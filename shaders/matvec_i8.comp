@@ -59,6 +59,23 @@
 // p.split_part_off the matrix's first row in the output, p.split_count_off
 // the first head's word (two words a head).
 //
+// With SLICED and WAIT_X (no NORM_PROLOGUE; x in the pre-quantised layout,
+// one token) it is the wo projection of a decode step whose attention runs
+// right before it with no barrier between them
+// (span_attention_split.comp counts each head's output in): each
+// invocation first loads every weight unit it will use (UNROLL covers its
+// share of the row, so the loads stream while the attention runs), then
+// the workgroup waits until p.split heads have arrived at word
+// p.split_count_off of binding 4 (the span's step buffer), copies the
+// attention's int8 copy from a coherent binding into shared memory and
+// sums. Each slice computes ROWS rows exactly as a workgroup of the kernel
+// on pre-quantised x does (the same units in the same order, the same
+// reduction), so the same bits. A wait that polls X_SPINS times sets word
+// p.split_part_off of binding 5 (the host-visible step buffer), and the
+// host runs the forward again with barriers. The residual's old values are
+// read before the wait (nothing between the last barrier and this kernel
+// writes them).
+//
 // With GATE_UP_NARROW (on pre-quantised x) it is the gate/up matvec of an
 // int8 decode step in narrow workgroups: one slice of WG invocations
 // computing ROWS / 2 rows of gate and the same rows of up, each exactly as
@@ -156,6 +173,15 @@ shared uint last_here;
 #if defined(NORM_PROLOGUE)
 #define INT8_PARTS 1
 #include "int8_acts.glsl"
+#endif
+#if defined(WAIT_X)
+// The attention's int8 copy as it arrives, and the host-visible failure word.
+layout(std430, binding = 1) coherent readonly buffer XLive4 { uvec4 x_live4[]; };
+layout(std430, binding = 1) coherent readonly buffer XLiveF { float x_live_f[]; };
+layout(std430, binding = 5) coherent writeonly buffer WaitFailed { uint wait_failed[]; };
+// Polls of the arrival word before a wait gives up (below 65535: on
+// lavapipe a longer loop ends the invocation running it, grid_wait.glsl).
+#define X_SPINS 60000u
 #endif
 // The q/k/v rows as the attention beside the matvec reads them, and its
 // arrival words (p.split_count_off non-zero).
@@ -465,15 +491,53 @@ void take_first_round(out Unit un[UNROLL][RG], uint row_byte[ROWS], uint u0, uin
 }
 #endif
 
-// Sets acc to this invocation's sums of the rows at row_byte for tokens t0
-// .. t0 + NT - 1 (invocation tid of WG strides over the row's units).
-void sum_pass(uint row_byte[ROWS], uint t0, uint tid, bool up) {
-    uint n_units = p.n_in / UNIT_VALUES;
+// Zeroes acc.
+void clear_acc() {
     for (uint r = 0u; r < ROWS; r++) {
         for (uint t = 0u; t < NT; t++) {
             acc[r][t] = 0.0;
         }
     }
+}
+
+// Adds the products of the loaded units un (units u0, u0 + WG, ... of rows
+// rg .. rg + RG - 1) with tokens t0 .. t0 + NT - 1 to acc.
+void add_units(Unit un[UNROLL][RG], uint rg, uint u0, uint n_units, uint t0) {
+    for (uint i = 0u; i < UNROLL; i++) {
+        uint u = u0 + i * WG;
+        if (u >= n_units) {
+            break;
+        }
+        for (uint run = 0u; run < RUNS; run++) {
+            uvec4 codes[RG];
+            float scale[RG];
+            float offset[RG];
+            for (uint r = 0u; r < RG; r++) {
+                float minv;
+                decode_codes(un[i][r], run, codes[r], scale[r], minv);
+                offset[r] = minv - scale[r] * CODE_OFFSET;
+            }
+            // The run's 16 values: one uvec4 of quants, half a scale block.
+            uint xv = run_x4(u, run) / 4u;
+            for (uint t = 0u; t < NT; t++) {
+                uvec4 q;
+                float d;
+                float s;
+                x_run(t0 + t, xv, q, d, s);
+                for (uint r = 0u; r < RG; r++) {
+                    int idot = dot16(q, codes[r]);
+                    acc[rg + r][t] += scale[r] * (d * int_float(idot)) + offset[r] * s;
+                }
+            }
+        }
+    }
+}
+
+// Sets acc to this invocation's sums of the rows at row_byte for tokens t0
+// .. t0 + NT - 1 (invocation tid of WG strides over the row's units).
+void sum_pass(uint row_byte[ROWS], uint t0, uint tid, bool up) {
+    uint n_units = p.n_in / UNIT_VALUES;
+    clear_acc();
     for (uint u0 = tid; u0 < n_units; u0 += UNROLL * WG) {
         for (uint rg = 0u; rg < ROWS; rg += RG) {
             // All loads of UNROLL units first, so that they are in flight together.
@@ -484,37 +548,59 @@ void sum_pass(uint row_byte[ROWS], uint t0, uint tid, bool up) {
             } else
 #endif
             load_units(un, row_byte, rg, u0, n_units, up);
-            for (uint i = 0u; i < UNROLL; i++) {
-                uint u = u0 + i * WG;
-                if (u >= n_units) {
-                    break;
-                }
-                for (uint run = 0u; run < RUNS; run++) {
-                    uvec4 codes[RG];
-                    float scale[RG];
-                    float offset[RG];
-                    for (uint r = 0u; r < RG; r++) {
-                        float minv;
-                        decode_codes(un[i][r], run, codes[r], scale[r], minv);
-                        offset[r] = minv - scale[r] * CODE_OFFSET;
-                    }
-                    // The run's 16 values: one uvec4 of quants, half a scale block.
-                    uint xv = run_x4(u, run) / 4u;
-                    for (uint t = 0u; t < NT; t++) {
-                        uvec4 q;
-                        float d;
-                        float s;
-                        x_run(t0 + t, xv, q, d, s);
-                        for (uint r = 0u; r < RG; r++) {
-                            int idot = dot16(q, codes[r]);
-                            acc[rg + r][t] += scale[r] * (d * int_float(idot)) + offset[r] * s;
-                        }
-                    }
-                }
-            }
+            add_units(un, rg, u0, n_units, t0);
         }
     }
 }
+
+#if defined(WAIT_X)
+// Waits until p.split heads of the attention have counted themselves in
+// at word p.split_count_off of binding 4, then copies token 0 of the int8
+// copy (quants, scales, sums) into xq / xd / xs, where x_run reads it.
+// Every invocation must call it (barriers).
+void stage_waited_x() {
+    if (gl_LocalInvocationID.x == 0u) {
+        uint seen = 0u;
+        for (uint spins = 0u; spins < X_SPINS; spins++) {
+            seen = atomicAdd(qkv_arrivals[p.split_count_off], 0u);
+            if (seen >= p.split) {
+                break;
+            }
+        }
+        // Judged after the loop (see X_SPINS).
+        if (seen < p.split) {
+            wait_failed[p.split_part_off] = 1u;
+        }
+    }
+    barrier();
+    memoryBarrierBuffer();
+    uint scales = 4u * int8_scales_vec4(0u, p.n_in);
+    uint sums = 4u * int8_sums_vec4(0u, p.n_in);
+    for (uint i = gl_LocalInvocationID.x; i < IN_VEC4; i += WG_ALL) {
+        xq[i] = x_live4[i];
+        xs[i] = x_live_f[sums + i];
+        if (i < IN_VEC4 / 2u) {
+            xd[i] = x_live_f[scales + i];
+        }
+    }
+    barrier();
+}
+
+// sum_pass for one token with every unit of the invocation loaded before
+// the wait (UNROLL * WG covers the row; units past the row's end reload
+// its last unit and are skipped), so the weights stream while the
+// attention runs. Every invocation must call it.
+void sum_waited(uint row_byte[ROWS], uint tid) {
+    uint n_units = p.n_in / UNIT_VALUES;
+    clear_acc();
+    Unit un[UNROLL][RG];
+    load_units(un, row_byte, 0u, min(tid, n_units - 1u), n_units, false);
+    stage_waited_x();
+    if (tid < n_units) {
+        add_units(un, 0u, tid, n_units, 0u);
+    }
+}
+#endif
 
 #if defined(GATE_UP_EPILOGUE) || defined(SLICED)
 // The plain kernel's reduction, per slice, first half: each subgroup's sum
@@ -695,6 +781,20 @@ void main() {
     }
     uint sg_per_slice = WG / gl_SubgroupSize;
     uint sg_in_slice = gl_SubgroupID % sg_per_slice;
+#if defined(WAIT_X)
+    // One token: invocation tid < ROWS stores row row0 + tid, adding it to
+    // the residual's value read now, before the wait.
+    uint at = p.y_offset + row0 + tid;
+    bool stores = tid < ROWS && row0 + tid < p.n_rows;
+    float y_old = stores && p.accumulate != 0u ? y[at] : 0.0;
+    sum_waited(row_byte, tid);
+    store_slice_partials(slice, sg_in_slice);
+    barrier();
+    if (stores) {
+        float v = slice_sum(slice, tid, sg_per_slice);
+        y[at] = p.accumulate != 0u ? y_old + v : v;
+    }
+#else
     touch_first_round(row_byte, tid, false);
     preload_first_round(row_byte, tid, false);
     load_x_normed();
@@ -718,6 +818,7 @@ void main() {
     if (p.split_count_off != 0u) {
         count_qkv_rows();
     }
+#endif
 }
 #else
 void main() {

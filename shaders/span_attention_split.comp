@@ -44,6 +44,11 @@
 // forward again with the barrier; tens of milliseconds of polls on a GPU).
 // The arithmetic is the same, so the bits are.
 //
+// With `wo_count` non-zero (one-token steps whose wo matvec runs right after
+// this dispatch with no barrier, matvec_i8.comp WAIT_X) the workgroup that
+// writes a (token, head)'s output counts it in at that word of the step
+// buffer; wo waits until every head has.
+//
 // Needs head_dim == head_dim_v, a multiple of 8 between 32 and 256, k_dim
 // and v_dim multiples of 8 (host-checked), and subgroup arithmetic.
 #extension GL_GOOGLE_include_directive : require
@@ -84,7 +89,9 @@ layout(std430, binding = 3) writeonly buffer Out { float attn[]; };
 // The output in f16 instead (`quantise` 2), as span_attention.comp writes it.
 layout(std430, binding = 3) writeonly buffer OutH4 { uvec4 attn_h4[]; };
 // The output quantised for the int8 matvec (int8_acts.glsl), `quantise` 1.
-layout(std430, binding = 6) writeonly buffer Int8Acts { uint q8[]; };
+// Coherent: with `wo_count` the wo matvec dispatched right after this one
+// reads it as each head counts itself in.
+layout(std430, binding = 6) coherent writeonly buffer Int8Acts { uint q8[]; };
 #if defined(ROPE_FUSED)
 // The span's parameters: the cos/sin table.
 layout(std430, binding = 5) readonly buffer Params { float params[]; };
@@ -118,6 +125,10 @@ layout(push_constant) uniform Push {
     // s + splits, ... of its token (a performance choice: the splits and
     // their merge, so the bits, do not depend on it).
     uint splits;
+    // Non-zero: the word of binding 4 (the step buffer) at which each
+    // (token, head) counts itself in once its output is stored, for the wo
+    // matvec that runs beside this dispatch (matvec_i8.comp WAIT_X).
+    uint wo_count;
 } p;
 
 #define INT8_WRITER 1
@@ -247,6 +258,19 @@ void write_output(uint t, uint h) {
             }
             store_int8_block(v, t, h * (p.head_dim_v / 32u) + tid, p.n_head * p.head_dim_v);
         }
+    }
+}
+
+// Counts this (token, head) in at the wo matvec's word once its output is
+// stored (`wo_count` non-zero). Every thread must call it (barrier).
+void count_output() {
+    if (p.wo_count == 0u) {
+        return;
+    }
+    memoryBarrierBuffer();
+    barrier();
+    if (gl_LocalInvocationID.x == 0u) {
+        atomicAdd(qkv_arrivals[p.wo_count], 1u);
     }
 }
 
@@ -510,6 +534,7 @@ void main() {
             }
             barrier();
             write_output(t, h);
+            count_output();
             return;
         }
         // Keep this split's state for the merge.
@@ -561,4 +586,5 @@ void main() {
     }
     barrier();
     write_output(t, h);
+    count_output();
 }

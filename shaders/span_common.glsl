@@ -21,10 +21,12 @@ layout(std430, binding = 4) readonly buffer Step { uint step_words[]; };
 // of every submit that overlaps: the overlapped decode attention's words
 // (the q/k/v matvec counts its rows in, the attention waits for them; see
 // span_attention_split.comp WAIT_QKV): per KV head g its rows arrived
-// (4 + 2g) and its waiters passed (5 + 2g). The host-visible copy holds the
-// failure flag (a wait that gave up) past them, at QKV_FAILED_HOST_WORD.
+// (4 + 2g) and its waiters passed (5 + 2g); then one word per layer of the
+// span at which the attention counts its heads in for the wo matvec beside
+// it (`wo_count`, span/step.rs WO_ARRIVALS_AT). The host-visible copy holds
+// the failure flag (a wait that gave up) past them, at QKV_FAILED_HOST_WORD.
 #define QKV_ARRIVALS_AT 160u
-#define QKV_FAILED_HOST_WORD (QKV_ARRIVALS_AT + 4u + 2u * 64u)
+#define QKV_FAILED_HOST_WORD (QKV_ARRIVALS_AT + 4u + 2u * 64u + 256u)
 uint qkv_rows_word(uint g) { return QKV_ARRIVALS_AT + 4u + 2u * g; }
 
 // (position, first KV row of the token's slot) of token t of the forward.

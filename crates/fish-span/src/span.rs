@@ -70,7 +70,7 @@ impl VulkanBackend {
     pub(crate) fn span_note(&self) -> Option<String> {
         self.span_slot().as_ref().map(|s| {
             let waits = match s.qkv_overlap_gave_up() {
-                true => ", attention waits gave up: barriers after q/k/v",
+                true => ", decode waits gave up: barriers after q/k/v and attention",
                 false => "",
             };
             format!(

@@ -1,12 +1,15 @@
 //! Decode steps (on the int8 matvec, whose q/k/v kernel counts its rows in;
 //! lavapipe needs it forced on) whose attention runs beside the q/k/v matvec
-//! (the default: no barrier between them, each attention workgroup waiting
-//! for its KV head's rows) give the logits of the staged steps
-//! (FISH_GPU_QKV_OVERLAP=0) bit for bit: the same kernels and sums, only
-//! the ordering differs.
-//! A prompt's forward (several tokens) keeps its barrier in both. Where the
+//! and whose wo runs beside the attention (the default: no barrier between
+//! them, each attention workgroup waiting for its KV head's rows, each wo
+//! workgroup for every head's output) give the logits of the staged steps
+//! (FISH_GPU_QKV_OVERLAP=0) bit for bit, as do steps with only the first
+//! overlap (FISH_GPU_WO_OVERLAP=0): the same sums, only the ordering
+//! differs.
+//! A prompt's forward (several tokens) keeps its barriers in all. Where the
 //! waits give up (FISH_GPU_QKV_OVERLAP=uncounted: the matvec does not count
-//! its rows in), the span runs the forward again with barriers: the same
+//! its rows in; FISH_GPU_WO_OVERLAP=uncounted: the attention does not count
+//! its heads in), the span runs the forward again with barriers: the same
 //! bits again, and the device not marked failed.
 //!
 //! One test only: the choice is read from the environment when a span is
@@ -28,7 +31,7 @@ fn decode_logits(model: &Model, forced: &[u32]) -> (Vec<Vec<f32>>, bool) {
     assert!(!model.gpu.as_ref().unwrap().has_failed());
     let described = model.gpu_describe().expect("a GPU model");
     assert!(described.contains("span "), "{described}");
-    (rows, described.contains("attention waits gave up"))
+    (rows, described.contains("decode waits gave up"))
 }
 
 #[test]
@@ -48,20 +51,31 @@ fn overlapped_decode_attention_gives_the_staged_bits() {
         0,
         "staged vs overlapped logits"
     );
-    // Only waits that ran can give up: this also shows the decode steps
-    // took the overlapped attention.
-    let (fallen_back, gave_up) = with_env(&[("FISH_GPU_QKV_OVERLAP", "uncounted")], || {
+    let (qkv_only, gave_up) = with_env(&[("FISH_GPU_WO_OVERLAP", "0")], || {
         decode_logits(&span_model_on(&gpu, &default_model()), &forced)
     });
-    assert!(
-        gave_up,
-        "no attention wait ran (or none gave up) with uncounted rows"
-    );
+    assert!(!gave_up, "the counted waits gave up (wo staged)");
     assert_eq!(
-        differing_bits(&staged, &fallen_back),
+        differing_bits(&staged, &qkv_only),
         0,
-        "staged vs given-up logits"
+        "staged vs attention-only overlapped logits"
     );
+    // Only waits that ran can give up: this also shows the decode steps
+    // took the overlapped attention, and then the waiting wo.
+    for (knob, what) in [
+        ("FISH_GPU_QKV_OVERLAP", "attention wait, uncounted rows"),
+        ("FISH_GPU_WO_OVERLAP", "wo wait, uncounted heads"),
+    ] {
+        let (fallen_back, gave_up) = with_env(&[(knob, "uncounted")], || {
+            decode_logits(&span_model_on(&gpu, &default_model()), &forced)
+        });
+        assert!(gave_up, "no {what} ran (or none gave up)");
+        assert_eq!(
+            differing_bits(&staged, &fallen_back),
+            0,
+            "staged vs given-up logits ({what})"
+        );
+    }
     assert_eq!(argmax(&overlapped[0]), PARIS);
     assert_eq!(gpu.gpu().validation_messages(), 0);
 }

@@ -270,6 +270,16 @@ const TYPE_VARIANTS: &[TypeVariant] = &[
         compiler: ShaderCompiler::Glslc,
         quantised_only: true,
     },
+    // The plain one-token matvec on the attention's int8 copy that loads its
+    // weights before waiting for that copy (wo of span decode steps whose
+    // attention runs right before it with no barrier).
+    TypeVariant {
+        prefix: "matvec_i8x_wait",
+        source: "matvec_i8.comp",
+        defines: &["SLICED", "WAIT_X"],
+        compiler: ShaderCompiler::Glslc,
+        quantised_only: true,
+    },
     // The gate/up one with the feed-forward norm and its quantisation in a
     // prologue (span decode steps, no norm dispatch).
     TypeVariant {

@@ -132,6 +132,17 @@ pub enum Kernel {
     /// that each compute `INT8_NORMED_SLICE_ROWS` rows as a workgroup of the
     /// plain kernel does (the same bits). Runs only inside a span.
     MatvecInt8Normed,
+    /// `MatvecInt8Prequantised` for one token that loads every weight unit
+    /// it uses, then waits for its x to arrive (matvec_i8.comp SLICED +
+    /// WAIT_X; wo of decode steps whose attention runs right before it with
+    /// no barrier): the attention counts its heads in at word
+    /// `Params::split_count_off` of binding 4 (the span's step buffer) until
+    /// `Params::split` have; a wait that gives up sets word
+    /// `Params::split_part_off` of binding 5 (the host-visible step
+    /// buffer). Slices of `INT8_NORM_WORKGROUP` invocations each compute
+    /// the rows of one workgroup of the plain kernel as it does (the same
+    /// bits). Runs only inside a span; `Gpu::int8_waitable` says where.
+    MatvecInt8Waiting,
     /// The matvec with the RMS norm before it fused in (shaders/matvec.comp
     /// NORM): x is the raw residual stream, the norm weights are at
     /// binding 3 (`Params::norm_off`). Needs subgroup arithmetic.
@@ -230,6 +241,7 @@ impl Kernel {
             Kernel::MatvecInt8
                 | Kernel::MatvecInt8Prequantised
                 | Kernel::MatvecInt8Normed
+                | Kernel::MatvecInt8Waiting
                 | Kernel::MatvecInt8GateUp(_)
                 | Kernel::MatvecInt8GateUpNormed(_)
                 | Kernel::MatvecInt8GateUpNarrow(_)
@@ -243,6 +255,7 @@ impl Kernel {
             self,
             Kernel::MatvecInt8Prequantised
                 | Kernel::MatvecInt8Normed
+                | Kernel::MatvecInt8Waiting
                 | Kernel::MatvecInt8GateUpNarrow(_)
         ) || self.is_int8_gate_up()
     }
@@ -461,6 +474,27 @@ pub(crate) const INT8_NORM_WORKGROUP: u32 = 256;
 /// multiprocessors leaves some with one workgroup and some with two).
 const INT8_NORMED_SLICE_ROWS: u32 = 2;
 
+/// The most weight units a `Kernel::MatvecInt8Waiting` invocation holds
+/// across its wait (units per row times rows): 8 is a 4096-value Q4_K row
+/// pair on 32 invocations, ~72 registers of units.
+const WAITING_MAX_HELD_UNITS: u32 = 8;
+
+/// Values per weight unit of the int8 matvec (shaders/matvec_units.glsl
+/// UNIT_VALUES).
+fn matvec_unit_values(ty: WeightFormat) -> usize {
+    match ty {
+        WeightFormat::Fq3 => 128,
+        WeightFormat::Ggml(GgmlType::Q6_K) => 64,
+        _ => 32,
+    }
+}
+
+/// Units of a row of `n_in` values each of `threads` invocations takes
+/// (`Kernel::MatvecInt8Waiting` loads them all in one round).
+fn waiting_units(ty: WeightFormat, n_in: usize, threads: u32) -> u32 {
+    ((n_in / matvec_unit_values(ty)) as u32).div_ceil(threads)
+}
+
 /// Output rows of a `Kernel::MatvecInt8GateUp` workgroup: one 32-value block
 /// of the int8 copy it writes (the shader's BLOCK_ROWS).
 pub(crate) const INT8_GATE_UP_ROWS: u32 = 32;
@@ -572,7 +606,12 @@ impl MatvecShape {
             // exactly the logits of decoding them one by one.
             WeightFormat::Ggml(Q4_0 | Q4_1 | Q8_0) => (8, 128),
             // On pre-quantised x (threads from int8x_threads).
-            WeightFormat::Ggml(Q4_K | Q6_K) if kernel == Kernel::MatvecInt8Prequantised => {
+            WeightFormat::Ggml(Q4_K | Q6_K)
+                if matches!(
+                    kernel,
+                    Kernel::MatvecInt8Prequantised | Kernel::MatvecInt8Waiting
+                ) =>
+            {
                 (INT8X_K_ROWS, INT8X_THREADS)
             }
             WeightFormat::Ggml(Q5_0 | Q5_1 | Q4_K | Q5_K | Q6_K) if n_in <= SHORT_ROW => (2, 32),
@@ -582,7 +621,9 @@ impl MatvecShape {
         let threads = match kernel {
             // The gate/up epilogue's slices keep one subgroup (its rows
             // are the model's width, not the feed-forward's).
-            Kernel::MatvecInt8Prequantised | Kernel::MatvecInt8Normed => int8x_threads(ty, n_in),
+            Kernel::MatvecInt8Prequantised
+            | Kernel::MatvecInt8Normed
+            | Kernel::MatvecInt8Waiting => int8x_threads(ty, n_in),
             k if k.is_int8_prequantised_matvec() => INT8X_THREADS,
             _ => threads,
         };
@@ -715,6 +756,7 @@ impl Gpu {
             Kernel::MatvecInt8GateUpNormed(_) => format!("matvec_i8x_gateup_norm_{suffix}"),
             Kernel::MatvecInt8GateUpNarrow(_) => format!("matvec_i8x_gateup_narrow_{suffix}"),
             Kernel::MatvecInt8Normed => format!("matvec_i8x_norm_{suffix}"),
+            Kernel::MatvecInt8Waiting => format!("matvec_i8x_wait_{suffix}"),
             Kernel::MatvecInt8Matrix => format!("matvec_i8mm{x16}_{suffix}"),
             Kernel::MatvecInt8MatrixEmulated => format!("matvec_i8mm_emu{x16}_{suffix}"),
             Kernel::MatvecInt8MatrixGateUp(_) => format!("matvec_i8mm{x16}_gateup_{suffix}"),
@@ -782,6 +824,7 @@ impl Gpu {
                 | Kernel::MatvecInt8GateUpNormed(_)
                 | Kernel::MatvecInt8GateUpNarrow(_)
                 | Kernel::MatvecInt8Normed
+                | Kernel::MatvecInt8Waiting
                 | Kernel::MatvecInt8MatrixGateUp(_)
         ) {
             // They bind the span's parameters and normed-input buffer.
@@ -1425,6 +1468,14 @@ impl Gpu {
                     spec.extend([(h.n_in() / 16) as u32, act.selector()]);
                     spec
                 }
+                (Kernel::MatvecInt8Waiting, _) => {
+                    // Constant 3 (UNROLL): every unit of an invocation's
+                    // share of the row in one round.
+                    let mut spec = matvec.spec().to_vec();
+                    spec[3] = waiting_units(h.ty(), h.n_in(), matvec.threads);
+                    spec.extend([(h.n_in() / 16) as u32, 0, INT8_NORM_WORKGROUP]);
+                    spec
+                }
                 (Kernel::MatvecInt8Normed, _) => {
                     let mut spec = matvec.spec().to_vec();
                     // Constant 7 (the gate/up kernel's rows per round) is
@@ -1509,7 +1560,7 @@ impl Gpu {
                             (Some(shape), _) => shape.rows(),
                             (None, k) if k.is_int8_gate_up() => INT8_GATE_UP_ROWS,
                             (None, Kernel::MatvecInt8GateUpNarrow(_)) => matvec.rows / 2,
-                            (None, Kernel::MatvecInt8Normed) => {
+                            (None, Kernel::MatvecInt8Normed | Kernel::MatvecInt8Waiting) => {
                                 INT8_NORM_WORKGROUP / matvec.threads * matvec.rows
                             }
                             (None, _) => matvec.rows,
@@ -1822,6 +1873,28 @@ impl Gpu {
                 h.n_in().is_multiple_of(32)
                     && INT8_NORM_WORKGROUP.is_multiple_of(shape.threads)
                     && shape.threads.is_multiple_of(subgroup)
+            })
+    }
+
+    /// Whether every tensor of `handles` (wo of a decode step) can take
+    /// `Kernel::MatvecInt8Waiting`: the group takes the int8 matvec, the
+    /// slices divide `INT8_NORM_WORKGROUP` invocations into whole
+    /// subgroups, no invocation holds more than WAITING_MAX_HELD_UNITS
+    /// units, and x fits in shared memory.
+    pub(crate) fn int8_waitable(&self, handles: &[TensorHandle]) -> bool {
+        let subgroup = self.info.subgroup_size;
+        self.int8_group(handles)
+            && handles.iter().all(|h| {
+                let shape = MatvecShape::new(h.ty(), Kernel::MatvecInt8Waiting, 1, h.n_in());
+                let units = waiting_units(h.ty(), h.n_in(), shape.threads);
+                let x_bytes = (h.n_in() as f64 * INT8_SHARED_PER_VALUE).ceil() as u64;
+                let partials = 4 * u64::from(INT8_NORM_WORKGROUP / 4 * shape.rows);
+                h.n_in().is_multiple_of(32)
+                    && INT8_NORM_WORKGROUP.is_multiple_of(shape.threads)
+                    && shape.threads.is_multiple_of(subgroup)
+                    && shape.rows <= shape.threads
+                    && units * shape.rows <= WAITING_MAX_HELD_UNITS
+                    && x_bytes + partials <= u64::from(self.info.max_shared_memory)
             })
     }
 

@@ -49,6 +49,12 @@ pub(crate) struct LayerSets {
     /// None where the policy keeps float x.
     pub wo_int8: Option<MatmulSets>,
     pub down_int8: Option<MatmulSets>,
+    /// wo of single-token int8 chunks waiting for the attention beside it
+    /// (`Kernel::MatvecInt8Waiting`: weights, the attention's int8 copy,
+    /// x, the split scratch (unread), the step buffer with the heads'
+    /// arrival words, the host-visible step buffer for the failure flag);
+    /// None with a post-norm or where `Gpu::int8_waitable` says no.
+    pub wo_waiting: Option<MatmulSets>,
     /// q/k/v and gate/up with their norm fused in (`Kernel::MatvecNorm`):
     /// x is the residual stream, binding 3 the parameters; None where the
     /// fusion is off (`fused_norm_wanted`).
@@ -192,10 +198,10 @@ impl Bindings {
         let n_normed: usize = weights.iter().map(|w| w[0].len() + w[2].len()).sum();
         // And the q/k/v sets with the norm in their prologue.
         let n_qkv: usize = weights.iter().map(|w| w[0].len()).sum();
-        // (and the f16-input copy of the down sets).
+        // (and the f16-input copy of the down sets, and wo's waiting sets).
         let n_residual: usize = weights
             .iter()
-            .map(|w| 2 * w[1].len() + 3 * w[3].len())
+            .map(|w| 3 * w[1].len() + 3 * w[3].len())
             .sum();
         // And the gate/up sets with the activation, float and int8 (one
         // each per gate chunk), and the down sets reading the int8
@@ -404,6 +410,12 @@ impl Bindings {
                     .transpose()?,
                 gate_up_int8: int8_sets(&g[2], &w[2], a.gate_up.raw)?,
                 wo_int8: int8_sets(&g[1], &w[1], residual_target(lp.post_attn_norm))?,
+                wo_waiting: (lp.post_attn_norm.is_none() && gpu.int8_waitable(&g[1]))
+                    .then(|| {
+                        let extra = [a.split.raw, a.step.raw, a.step_upload.raw];
+                        sets_binding(&g[1], &w[1], a.xn_int8.raw, a.x.raw, &extra)
+                    })
+                    .transpose()?,
                 down_int8: int8_sets(&g[3], &w[3], residual_target(lp.post_ffn_norm))?,
                 qkv_norm: norm_sets(&g[0], &w[0], a.qkv.raw)?,
                 gate_up_norm: norm_sets(&g[2], &w[2], a.gate_up.raw)?,

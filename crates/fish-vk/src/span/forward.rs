@@ -292,9 +292,9 @@ impl Gpu {
                 return self.span_run(span, x, n_tok, placement, logit_rows);
             }
         }
-        // So does an attention wait that gave up (q/k/v never arrived: the
-        // GPU did not run the matvec's workgroups beside the waiting ones):
-        // barriers from now on.
+        // So does a decode wait that gave up (an attention's q/k/v or wo's
+        // heads never arrived: the GPU did not run the workgroups they wait
+        // for beside the waiting ones): barriers from now on.
         if let (Ok(()), true) = (&submitted, overlap_on) {
             let flag = span.arena.step_upload.read_f32_vec(
                 &self.allocator,
@@ -303,8 +303,8 @@ impl Gpu {
             )?;
             if flag[0].to_bits() != 0 {
                 eprintln!(
-                    "fish-vk: an attention wait for its q/k/v rows gave up: \
-                     barriers after q/k/v from now on"
+                    "fish-vk: a decode wait (the attention's for its q/k/v rows, or wo's for \
+                     the attention) gave up: barriers after q/k/v and the attention from now on"
                 );
                 for r in &runs {
                     span.kv.truncate(r.slot, r.first);

@@ -7,7 +7,7 @@ use crate::pipeline_stats::PipelineStats;
 use ash::vk;
 
 /// Push-constant words every span kernel may use.
-pub(crate) const PUSH_WORDS: usize = 16;
+pub(crate) const PUSH_WORDS: usize = 17;
 /// Storage buffers per span descriptor set: four per kernel, then the step
 /// buffer (the forward's first position) that every set binds, then the
 /// parameter buffer for the attention kernel that does RoPE itself

@@ -13,7 +13,9 @@ use super::pipelines::{
 };
 use super::prefetch::{L2Prefetch, PrefetchAt, PrefetchGroup};
 use super::profile::{Profiler, SpanStage};
-use super::step::{QKV_ARRIVAL_HEADS, QKV_ROWS_AT};
+use super::step::{
+    QKV_ARRIVAL_HEADS, QKV_ROWS_AT, STEP_DEVICE_WORDS, WO_ARRIVALS_AT, WO_ARRIVAL_LAYERS,
+};
 use crate::error::{Result, VkError};
 use crate::gpu::Gpu;
 use crate::kernels::{Dispatch, GatedActivation, Kernel, MatmulInput, MATVEC_MAX_TOKENS};
@@ -82,6 +84,11 @@ pub(crate) struct Chunk {
     /// that (`Kernel::MatvecInt8Prequantised` on the layer's `wo_int8` /
     /// `down_int8` sets).
     pub int8_in: Vec<[bool; 2]>,
+    /// Per layer of single-token chunks whose wo takes the int8 copy: wo
+    /// as `Kernel::MatvecInt8Waiting` on the layer's `wo_waiting` sets (the
+    /// same bits), for forwards whose attention runs beside it
+    /// (`Recording::waits_for_attention`); None where it cannot.
+    pub wo_waiting: Vec<Option<Vec<Dispatch>>>,
 }
 
 /// Where the tokens of a forward sit, as far as recording cares (recordings
@@ -213,6 +220,7 @@ pub(crate) fn plan_chunks(
                 inputs,
                 resnorm: same.resnorm.clone(),
                 int8_in: same.int8_in.clone(),
+                wo_waiting: same.wo_waiting.clone(),
                 gated: same.gated,
                 act_in_gate_up: same.act_in_gate_up.clone(),
                 int8_act_in_gate_up: same.int8_act_in_gate_up.clone(),
@@ -283,6 +291,7 @@ pub(crate) fn plan_chunks(
         let mut norm_in_gate_up = Vec::with_capacity(n_layers);
         let mut f16_act_in_gate_up = Vec::with_capacity(n_layers);
         let mut int8_in = Vec::with_capacity(n_layers);
+        let mut wo_waiting = Vec::with_capacity(n_layers);
         let defer = defers_norms(decode, n, n_tok, layout).then(|| norm_parts_offset(shape));
         // The sums of squares the previous layer's down projection left.
         let mut qkv_parts = None;
@@ -318,6 +327,19 @@ pub(crate) fn plan_chunks(
                     defer.filter(|_| ls.gate_up_int8.is_none()),
                 )?,
             };
+            // The waiting form where wo takes the plain int8 kernel (its
+            // sums are that kernel's).
+            let waiting = match (&ls.wo_waiting, wo_int8) {
+                (Some(sets), Some(int8))
+                    if n == 1
+                        && gpu.int8_span_kernel(&int8.handles, step_rows)
+                            == Kernel::MatvecInt8Prequantised =>
+                {
+                    Some(plan_group(gpu, sets, n, Kernel::MatvecInt8Waiting)?)
+                }
+                _ => None,
+            };
+            wo_waiting.push(waiting);
             let (gate_up_plan, gate_up_input) =
                 ls.gate_up_group().plan(gpu, n, mode, wo.1, shape)?;
             // The activation moves into the gate/up epilogue where the
@@ -463,6 +485,7 @@ pub(crate) fn plan_chunks(
             tiled_attention: attends_tiled(shape, layout, n),
             resnorm,
             int8_in,
+            wo_waiting,
         });
     }
     Ok(chunks)
@@ -965,6 +988,27 @@ fn qkv_rows_counted() -> bool {
     std::env::var("FISH_GPU_QKV_OVERLAP").as_deref() != Ok("uncounted")
 }
 
+/// Whether forwards whose attention runs beside q/k/v also run wo beside
+/// the attention, with no barrier between them (wo's workgroups load their
+/// weights, then wait for every head's output: `Kernel::MatvecInt8Waiting`):
+/// on unless `FISH_GPU_WO_OVERLAP=0`.
+fn wo_overlap_wanted() -> bool {
+    std::env::var("FISH_GPU_WO_OVERLAP").as_deref() != Ok("0")
+}
+
+/// `FISH_GPU_WO_OVERLAP=uncounted` (tests): the attention does not count its
+/// heads in, so every wo wait gives up and the forward runs again with
+/// barriers.
+fn wo_heads_counted() -> bool {
+    std::env::var("FISH_GPU_WO_OVERLAP").as_deref() != Ok("uncounted")
+}
+
+/// The step-buffer word at which layer `il`'s attention counts its heads in
+/// for the wo matvec waiting beside it.
+fn wo_arrival_word(il: usize) -> u32 {
+    (WO_ARRIVALS_AT + il) as u32
+}
+
 /// `plan` (the q/k/v group of a one-token step, `Kernel::MatvecInt8Normed`)
 /// counting its rows in at their KV heads' arrival words: per dispatch the
 /// rows of its matrix per KV head and the matrix's first row in the output
@@ -1115,6 +1159,24 @@ impl Recording<'_> {
             && self.shape.n_head_kv <= QKV_ARRIVAL_HEADS
     }
 
+    /// wo's plan of layer `il` of `chunk` where it runs beside the attention
+    /// (`Kernel::MatvecInt8Waiting`): where the attention runs beside q/k/v
+    /// (`overlaps`), wo takes the int8 copy and adds straight into x (no
+    /// post-norm, no deferred norm), and no L2 prefetch is recorded beside
+    /// the attention.
+    fn waits_for_attention<'c>(&self, il: usize, chunk: &'c Chunk) -> Option<&'c [Dispatch]> {
+        let lp = &self.params.layers[il];
+        let wanted = wo_overlap_wanted()
+            && self.overlaps(il, chunk)
+            && chunk.int8_in[il][0]
+            && !chunk.resnorm[il][0]
+            && lp.post_attn_norm.is_none()
+            && chunk.prefetch.is_none()
+            && il < WO_ARRIVAL_LAYERS
+            && self.bindings.layers[il].wo_waiting.is_some();
+        chunk.wo_waiting[il].as_deref().filter(|_| wanted)
+    }
+
     /// The cooperative-matrix kernel for a tiled-attention chunk of `shape`,
     /// where one was built for its heads (keys and values of the same width).
     fn coopmat_attention(&self, shape: &SpanShape) -> Option<SpanKernel> {
@@ -1219,9 +1281,10 @@ impl Recording<'_> {
         let v_off = (n * (q_dim + k_dim)) as u32;
 
         // Attention block.
-        let [qkv_input, gate_up_input] = chunk.inputs[il];
+        let qkv_input = chunk.inputs[il][0];
         let qkv_plan = &chunk.matmuls[il][0];
         let overlap = self.overlaps(il, chunk);
+        let wo_waiting = self.waits_for_attention(il, chunk);
         if overlap {
             // No barrier: the attention's workgroups wait for their rows.
             let plan = with_norm(qkv_plan, lp.attn_norm, s.rms_eps);
@@ -1363,10 +1426,39 @@ impl Recording<'_> {
                 }],
                 // span_attention_split.comp's `splits`.
                 &[splits.unwrap_or(1) as u32],
+                // And its `wo_count`.
+                &[match wo_waiting {
+                    Some(_) if wo_heads_counted() => wo_arrival_word(il),
+                    _ => 0,
+                }],
             ]
             .concat()
         };
         r.dispatch(attention_kernel, sets.attention, &push, attention_groups);
+        if let (Some(plan), Some(wo_sets)) = (wo_waiting, &sets.wo_waiting) {
+            // No barrier: wo's workgroups load their weights, then wait for
+            // every head's output (`Kernel::MatvecInt8Waiting`).
+            let plan = with_params(plan, |p| {
+                p.y_offset += x_off;
+                p.accumulate = 1;
+                p.split = (s.n_head * n) as u32;
+                p.split_count_off = wo_arrival_word(il);
+                p.split_part_off = STEP_DEVICE_WORDS as u32;
+            });
+            self.matmul(r, &plan, &wo_sets.sets);
+            r.end(SpanStage::Matvec);
+        } else {
+            self.record_wo(r, il, chunk, x_off);
+        }
+        self.record_feed_forward(r, il, layer, chunk, x_off);
+    }
+
+    /// wo after the attention and its barrier (the layer's attention
+    /// dispatch recorded, not yet ended).
+    unsafe fn record_wo(&self, r: &mut Recorder<'_>, il: usize, chunk: &Chunk, x_off: u32) {
+        let lp: &LayerParams = &self.params.layers[il];
+        let sets = &self.bindings.layers[il];
+        let wo_int8 = sets.wo_int8.as_ref().filter(|_| chunk.int8_in[il][0]);
         // wo's weights, then as much of gate/up's as the budget leaves.
         let wo_weights = PrefetchGroup {
             plan: &chunk.matmuls[il][1],
@@ -1380,7 +1472,7 @@ impl Recording<'_> {
             &[wo_weights, self.gate_up_weights(chunk, il)],
         );
         r.end(SpanStage::Attention);
-        let [wo_prepares, down_prepares] = chunk.resnorm[il];
+        let wo_prepares = chunk.resnorm[il][0];
         let (wo_sets, wo_next) = match (&sets.wo_resnorm, wo_int8) {
             (_, Some(q)) => (&q.sets, None),
             (Some(w), None) if wo_prepares => (&w.sets, Some(lp.ffn_norm)),
@@ -1396,8 +1488,24 @@ impl Recording<'_> {
             wo_next,
             None,
         );
+    }
 
-        // Feed-forward block.
+    /// The feed-forward block of layer `il` (after wo and its barrier).
+    unsafe fn record_feed_forward(
+        &self,
+        r: &mut Recorder<'_>,
+        il: usize,
+        layer: &LayerTensors,
+        chunk: &Chunk,
+        x_off: u32,
+    ) {
+        let s = self.shape;
+        let lp: &LayerParams = &self.params.layers[il];
+        let sets = &self.bindings.layers[il];
+        let b = self.bindings;
+        let n = chunk.n;
+        let gate_up_input = chunk.inputs[il][1];
+        let down_prepares = chunk.resnorm[il][1];
         let gate_up_plan = &chunk.matmuls[il][2];
         let down_weights = PrefetchGroup {
             plan: &chunk.matmuls[il][3],

@@ -45,13 +45,23 @@ pub(crate) const QKV_ARRIVAL_HEADS: usize = 64;
 /// `qkv_rows_word`).
 pub(crate) const QKV_ROWS_AT: usize = QKV_ARRIVALS_AT + 4;
 
+/// Where the words at which each layer's decode attention counts its heads
+/// in for the wo matvec beside it start (one per layer of the span; the
+/// attention's `wo_count`, matvec_i8.comp WAIT_X): past the KV heads' words.
+/// Zeroed with them.
+pub(crate) const WO_ARRIVALS_AT: usize = QKV_ROWS_AT + 2 * QKV_ARRIVAL_HEADS;
+
+/// The most layers a span's wo matvecs can wait in (spans with more keep
+/// the barrier after the attention).
+pub(crate) const WO_ARRIVAL_LAYERS: usize = 256;
+
 /// Words of the device step buffer: the step words, then the arrival words.
-pub(crate) const STEP_DEVICE_WORDS: usize = QKV_ROWS_AT + 2 * QKV_ARRIVAL_HEADS;
+pub(crate) const STEP_DEVICE_WORDS: usize = WO_ARRIVALS_AT + WO_ARRIVAL_LAYERS;
 
 /// Words of the host-visible step buffer: the device buffer's as uploaded,
 /// then at STEP_DEVICE_WORDS (shaders/span_common.glsl
-/// QKV_FAILED_HOST_WORD) the failure flag that an attention wait which gave
-/// up sets.
+/// QKV_FAILED_HOST_WORD) the failure flag that a wait which gave up (the
+/// attention's for its q/k/v, wo's for the attention) sets.
 pub(crate) const STEP_UPLOAD_WORDS: usize = STEP_DEVICE_WORDS + 4;
 
 /// One row of a batched forward: a token of the sequence in KV slot `slot`
@@ -191,7 +201,12 @@ mod tests {
         );
         assert!(common.contains("QKV_ARRIVALS_AT + 4u + 2u * g"));
         let failed = format!(
-            "#define QKV_FAILED_HOST_WORD (QKV_ARRIVALS_AT + 4u + 2u * {QKV_ARRIVAL_HEADS}u)"
+            "#define QKV_FAILED_HOST_WORD (QKV_ARRIVALS_AT + 4u + 2u * {QKV_ARRIVAL_HEADS}u + \
+             {WO_ARRIVAL_LAYERS}u)"
+        );
+        assert_eq!(
+            STEP_DEVICE_WORDS,
+            QKV_ROWS_AT + 2 * QKV_ARRIVAL_HEADS + WO_ARRIVAL_LAYERS
         );
         assert!(
             common.contains(&failed),
