@@ -139,7 +139,7 @@ pub enum Kernel {
     /// `Params::split_count_off` of binding 4 (the span's step buffer) until
     /// `Params::split` have; a wait that gives up sets word
     /// `Params::split_part_off` of binding 5 (the host-visible step
-    /// buffer). Slices of `INT8_NORM_WORKGROUP` invocations each compute
+    /// buffer). Workgroups of `waiting_workgroup()` invocations, whose slices each compute
     /// the rows of one workgroup of the plain kernel as it does (the same
     /// bits). Runs only inside a span; `Gpu::int8_waitable` says where.
     MatvecInt8Waiting,
@@ -347,6 +347,7 @@ struct MatvecOverrides {
     short_row_unroll: Option<u32>,
     long_row_unroll: Option<u32>,
     touch_rows: Option<u32>,
+    waiting_workgroup: Option<u32>,
 }
 
 impl MatvecOverrides {
@@ -374,6 +375,9 @@ impl MatvecOverrides {
                 short_row_unroll: var("FISH_VK_I8X_UNROLL", |u| (1..=4).contains(&u)),
                 long_row_unroll: var("FISH_VK_I8X_LONG_UNROLL", |u| (1..=4).contains(&u)),
                 touch_rows: var("FISH_VK_TOUCH_ROWS", |r| r <= 8),
+                waiting_workgroup: var("FISH_VK_WAIT_WORKGROUP", |t| {
+                    (32..=1024).contains(&t) && t.is_power_of_two()
+                }),
                 narrow_rows: var("FISH_VK_NARROW_ROWS", |r| {
                     (1..=16).contains(&r) && r.is_power_of_two()
                 }),
@@ -478,6 +482,17 @@ const INT8_NORMED_SLICE_ROWS: u32 = 2;
 /// across its wait (units per row times rows): 8 is a 4096-value Q4_K row
 /// pair on 32 invocations, ~72 registers of units.
 const WAITING_MAX_HELD_UNITS: u32 = 8;
+
+/// Invocations of a `Kernel::MatvecInt8Waiting` workgroup (slices of the
+/// plain kernel's workgroup), unless FISH_VK_WAIT_WORKGROUP says otherwise:
+/// 256, as the normed q/k/v kernel's, 16 rows of 4096-value Q4_K rows (256
+/// workgroups for the llama-8b wo, each staging the attention's int8 copy
+/// once).
+fn waiting_workgroup() -> u32 {
+    MatvecOverrides::get()
+        .waiting_workgroup
+        .unwrap_or(INT8_NORM_WORKGROUP)
+}
 
 /// Values per weight unit of the int8 matvec (shaders/matvec_units.glsl
 /// UNIT_VALUES).
@@ -1473,7 +1488,7 @@ impl Gpu {
                     // share of the row in one round.
                     let mut spec = matvec.spec().to_vec();
                     spec[3] = waiting_units(h.ty(), h.n_in(), matvec.threads);
-                    spec.extend([(h.n_in() / 16) as u32, 0, INT8_NORM_WORKGROUP]);
+                    spec.extend([(h.n_in() / 16) as u32, 0, waiting_workgroup()]);
                     spec
                 }
                 (Kernel::MatvecInt8Normed, _) => {
@@ -1560,8 +1575,11 @@ impl Gpu {
                             (Some(shape), _) => shape.rows(),
                             (None, k) if k.is_int8_gate_up() => INT8_GATE_UP_ROWS,
                             (None, Kernel::MatvecInt8GateUpNarrow(_)) => matvec.rows / 2,
-                            (None, Kernel::MatvecInt8Normed | Kernel::MatvecInt8Waiting) => {
+                            (None, Kernel::MatvecInt8Normed) => {
                                 INT8_NORM_WORKGROUP / matvec.threads * matvec.rows
+                            }
+                            (None, Kernel::MatvecInt8Waiting) => {
+                                waiting_workgroup() / matvec.threads * matvec.rows
                             }
                             (None, _) => matvec.rows,
                         };
@@ -1878,7 +1896,7 @@ impl Gpu {
 
     /// Whether every tensor of `handles` (wo of a decode step) can take
     /// `Kernel::MatvecInt8Waiting`: the group takes the int8 matvec, the
-    /// slices divide `INT8_NORM_WORKGROUP` invocations into whole
+    /// slices divide `waiting_workgroup()` invocations into whole
     /// subgroups, no invocation holds more than WAITING_MAX_HELD_UNITS
     /// units, and x fits in shared memory.
     pub(crate) fn int8_waitable(&self, handles: &[TensorHandle]) -> bool {
@@ -1888,9 +1906,10 @@ impl Gpu {
                 let shape = MatvecShape::new(h.ty(), Kernel::MatvecInt8Waiting, 1, h.n_in());
                 let units = waiting_units(h.ty(), h.n_in(), shape.threads);
                 let x_bytes = (h.n_in() as f64 * INT8_SHARED_PER_VALUE).ceil() as u64;
-                let partials = 4 * u64::from(INT8_NORM_WORKGROUP / 4 * shape.rows);
+                let workgroup = waiting_workgroup();
+                let partials = 4 * u64::from(workgroup / 4 * shape.rows);
                 h.n_in().is_multiple_of(32)
-                    && INT8_NORM_WORKGROUP.is_multiple_of(shape.threads)
+                    && workgroup.is_multiple_of(shape.threads)
                     && shape.threads.is_multiple_of(subgroup)
                     && shape.rows <= shape.threads
                     && units * shape.rows <= WAITING_MAX_HELD_UNITS
