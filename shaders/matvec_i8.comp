@@ -70,7 +70,10 @@
 // attention's int8 copy from a coherent binding into shared memory and
 // sums. Each slice computes ROWS rows exactly as a workgroup of the kernel
 // on pre-quantised x does (the same units in the same order, the same
-// reduction), so the same bits. A wait that polls X_SPINS times sets word
+// reduction), so the same bits. With p.parts non-zero the loads wait first
+// until p.parts KV heads have passed their q/k/v wait (word
+// p.split_count_off + 1): the weights then stream beside the attention,
+// not beside the q/k/v matvec's own stream. A wait that polls X_SPINS times sets word
 // p.split_part_off of binding 5 (the host-visible step buffer), and the
 // host runs the forward again with barriers. The residual's old values are
 // read before the wait (nothing between the last barrier and this kernel
@@ -554,25 +557,31 @@ void sum_pass(uint row_byte[ROWS], uint t0, uint tid, bool up) {
 }
 
 #if defined(WAIT_X)
+// Waits until word `at` of binding 4 has reached `want`; a wait that gives
+// up sets the failure word. Every invocation must call it (barrier).
+void wait_for_word(uint at, uint want) {
+    if (gl_LocalInvocationID.x == 0u) {
+        uint seen = 0u;
+        for (uint spins = 0u; spins < X_SPINS; spins++) {
+            seen = atomicAdd(qkv_arrivals[at], 0u);
+            if (seen >= want) {
+                break;
+            }
+        }
+        // Judged after the loop (see X_SPINS).
+        if (seen < want) {
+            wait_failed[p.split_part_off] = 1u;
+        }
+    }
+    barrier();
+}
+
 // Waits until p.split heads of the attention have counted themselves in
 // at word p.split_count_off of binding 4, then copies token 0 of the int8
 // copy (quants, scales, sums) into xq / xd / xs, where x_run reads it.
 // Every invocation must call it (barriers).
 void stage_waited_x() {
-    if (gl_LocalInvocationID.x == 0u) {
-        uint seen = 0u;
-        for (uint spins = 0u; spins < X_SPINS; spins++) {
-            seen = atomicAdd(qkv_arrivals[p.split_count_off], 0u);
-            if (seen >= p.split) {
-                break;
-            }
-        }
-        // Judged after the loop (see X_SPINS).
-        if (seen < p.split) {
-            wait_failed[p.split_part_off] = 1u;
-        }
-    }
-    barrier();
+    wait_for_word(p.split_count_off, p.split);
     memoryBarrierBuffer();
     uint scales = 4u * int8_scales_vec4(0u, p.n_in);
     uint sums = 4u * int8_sums_vec4(0u, p.n_in);
@@ -593,6 +602,9 @@ void stage_waited_x() {
 void sum_waited(uint row_byte[ROWS], uint tid) {
     uint n_units = p.n_in / UNIT_VALUES;
     clear_acc();
+    if (p.parts != 0u) {
+        wait_for_word(p.split_count_off + 1u, p.parts);
+    }
     Unit un[UNROLL][RG];
     load_units(un, row_byte, 0u, min(tid, n_units - 1u), n_units, false);
     stage_waited_x();

@@ -127,7 +127,9 @@ layout(push_constant) uniform Push {
     uint splits;
     // Non-zero: the word of binding 4 (the step buffer) at which each
     // (token, head) counts itself in once its output is stored, for the wo
-    // matvec that runs beside this dispatch (matvec_i8.comp WAIT_X).
+    // matvec that runs beside this dispatch (matvec_i8.comp WAIT_X); the
+    // last waiter of each KV head counts it in at the word after once its
+    // q/k/v has arrived.
     uint wo_count;
 } p;
 
@@ -185,6 +187,10 @@ void wait_for_qkv(uint g, uint waiters) {
         if (atomicAdd(qkv_arrivals[at + 1u], 1u) + 1u == waiters) {
             atomicExchange(qkv_arrivals[at], 0u);
             atomicExchange(qkv_arrivals[at + 1u], 0u);
+            // The KV head's q/k/v has passed: the waiting wo may load.
+            if (p.wo_count != 0u) {
+                atomicAdd(qkv_arrivals[p.wo_count + 1u], 1u);
+            }
         }
     }
     barrier();

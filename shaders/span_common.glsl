@@ -23,10 +23,11 @@ layout(std430, binding = 4) readonly buffer Step { uint step_words[]; };
 // span_attention_split.comp WAIT_QKV): per KV head g its rows arrived
 // (4 + 2g) and its waiters passed (5 + 2g); then one word per layer of the
 // span at which the attention counts its heads in for the wo matvec beside
-// it (`wo_count`, span/step.rs WO_ARRIVALS_AT). The host-visible copy holds
+// it (`wo_count`, span/step.rs WO_ARRIVALS_AT), two per layer (its heads'
+// outputs, its KV heads past their q/k/v). The host-visible copy holds
 // the failure flag (a wait that gave up) past them, at QKV_FAILED_HOST_WORD.
 #define QKV_ARRIVALS_AT 160u
-#define QKV_FAILED_HOST_WORD (QKV_ARRIVALS_AT + 4u + 2u * 64u + 256u)
+#define QKV_FAILED_HOST_WORD (QKV_ARRIVALS_AT + 4u + 2u * 64u + 2u * 256u)
 uint qkv_rows_word(uint g) { return QKV_ARRIVALS_AT + 4u + 2u * g; }
 
 // (position, first KV row of the token's slot) of token t of the forward.

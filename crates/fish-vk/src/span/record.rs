@@ -1005,8 +1005,17 @@ fn wo_heads_counted() -> bool {
 
 /// The step-buffer word at which layer `il`'s attention counts its heads in
 /// for the wo matvec waiting beside it.
+/// (The word after it counts its KV heads past their q/k/v.)
 fn wo_arrival_word(il: usize) -> u32 {
-    (WO_ARRIVALS_AT + il) as u32
+    (WO_ARRIVALS_AT + 2 * il) as u32
+}
+
+/// `FISH_GPU_WO_OVERLAP=early`: wo's workgroups load their weights as soon
+/// as they start, beside the q/k/v matvec's stream, instead of after every
+/// KV head's q/k/v has arrived (H100: llama-8b tg128 -5%, llama-1b +2%
+/// against no wo overlap, docs/BENCHMARKS.md).
+fn wo_loads_early() -> bool {
+    std::env::var("FISH_GPU_WO_OVERLAP").as_deref() == Ok("early")
 }
 
 /// `plan` (the q/k/v group of a one-token step, `Kernel::MatvecInt8Normed`)
@@ -1444,6 +1453,11 @@ impl Recording<'_> {
                 p.split = (s.n_head * n) as u32;
                 p.split_count_off = wo_arrival_word(il);
                 p.split_part_off = STEP_DEVICE_WORDS as u32;
+                // KV heads past their q/k/v before the loads (0: none).
+                p.parts = match wo_loads_early() {
+                    true => 0,
+                    false => s.n_head_kv as u32,
+                };
             });
             self.matmul(r, &plan, &wo_sets.sets);
             r.end(SpanStage::Matvec);

@@ -46,8 +46,9 @@ pub(crate) const QKV_ARRIVAL_HEADS: usize = 64;
 pub(crate) const QKV_ROWS_AT: usize = QKV_ARRIVALS_AT + 4;
 
 /// Where the words at which each layer's decode attention counts its heads
-/// in for the wo matvec beside it start (one per layer of the span; the
-/// attention's `wo_count`, matvec_i8.comp WAIT_X): past the KV heads' words.
+/// in for the wo matvec beside it start (two per layer of the span: its
+/// heads' outputs stored, at the attention's `wo_count`, and its KV heads
+/// past their q/k/v; matvec_i8.comp WAIT_X): past the KV heads' words.
 /// Zeroed with them.
 pub(crate) const WO_ARRIVALS_AT: usize = QKV_ROWS_AT + 2 * QKV_ARRIVAL_HEADS;
 
@@ -56,7 +57,7 @@ pub(crate) const WO_ARRIVALS_AT: usize = QKV_ROWS_AT + 2 * QKV_ARRIVAL_HEADS;
 pub(crate) const WO_ARRIVAL_LAYERS: usize = 256;
 
 /// Words of the device step buffer: the step words, then the arrival words.
-pub(crate) const STEP_DEVICE_WORDS: usize = WO_ARRIVALS_AT + WO_ARRIVAL_LAYERS;
+pub(crate) const STEP_DEVICE_WORDS: usize = WO_ARRIVALS_AT + 2 * WO_ARRIVAL_LAYERS;
 
 /// Words of the host-visible step buffer: the device buffer's as uploaded,
 /// then at STEP_DEVICE_WORDS (shaders/span_common.glsl
@@ -202,11 +203,11 @@ mod tests {
         assert!(common.contains("QKV_ARRIVALS_AT + 4u + 2u * g"));
         let failed = format!(
             "#define QKV_FAILED_HOST_WORD (QKV_ARRIVALS_AT + 4u + 2u * {QKV_ARRIVAL_HEADS}u + \
-             {WO_ARRIVAL_LAYERS}u)"
+             2u * {WO_ARRIVAL_LAYERS}u)"
         );
         assert_eq!(
             STEP_DEVICE_WORDS,
-            QKV_ROWS_AT + 2 * QKV_ARRIVAL_HEADS + WO_ARRIVAL_LAYERS
+            QKV_ROWS_AT + 2 * QKV_ARRIVAL_HEADS + 2 * WO_ARRIVAL_LAYERS
         );
         assert!(
             common.contains(&failed),
