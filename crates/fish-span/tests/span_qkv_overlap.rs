@@ -1,10 +1,10 @@
 //! Decode steps (on the int8 matvec, whose q/k/v kernel counts its rows in;
 //! lavapipe needs it forced on) whose attention runs beside the q/k/v matvec
-//! and whose wo runs beside the attention (the default: no barrier between
-//! them, each attention workgroup waiting for its KV head's rows, each wo
-//! workgroup for every head's output) give the logits of the staged steps
-//! (FISH_GPU_QKV_OVERLAP=0) bit for bit, as do steps with only the first
-//! overlap (FISH_GPU_WO_OVERLAP=0): the same sums, only the ordering
+//! (the default: no barrier between them, each attention workgroup waiting
+//! for its KV head's rows) give the logits of the staged steps
+//! (FISH_GPU_QKV_OVERLAP=0) bit for bit, as do steps whose wo runs beside
+//! the attention too (FISH_GPU_WO_OVERLAP=1 and =early: each wo workgroup
+//! waits for every head's output): the same sums, only the ordering
 //! differs.
 //! A prompt's forward (several tokens) keeps its barriers in all. Where the
 //! waits give up (FISH_GPU_QKV_OVERLAP=uncounted: the matvec does not count
@@ -51,15 +51,20 @@ fn overlapped_decode_attention_gives_the_staged_bits() {
         0,
         "staged vs overlapped logits"
     );
-    let (qkv_only, gave_up) = with_env(&[("FISH_GPU_WO_OVERLAP", "0")], || {
-        decode_logits(&span_model_on(&gpu, &default_model()), &forced)
-    });
-    assert!(!gave_up, "the counted waits gave up (wo staged)");
-    assert_eq!(
-        differing_bits(&staged, &qkv_only),
-        0,
-        "staged vs attention-only overlapped logits"
-    );
+    for wo in ["1", "early"] {
+        let (wo_too, gave_up) = with_env(&[("FISH_GPU_WO_OVERLAP", wo)], || {
+            decode_logits(&span_model_on(&gpu, &default_model()), &forced)
+        });
+        assert!(
+            !gave_up,
+            "the counted waits gave up (FISH_GPU_WO_OVERLAP={wo})"
+        );
+        assert_eq!(
+            differing_bits(&staged, &wo_too),
+            0,
+            "staged vs wo-overlapped logits (FISH_GPU_WO_OVERLAP={wo})"
+        );
+    }
     // Only waits that ran can give up: this also shows the decode steps
     // took the overlapped attention, and then the waiting wo.
     for (knob, what) in [

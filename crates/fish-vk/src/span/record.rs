@@ -991,9 +991,14 @@ fn qkv_rows_counted() -> bool {
 /// Whether forwards whose attention runs beside q/k/v also run wo beside
 /// the attention, with no barrier between them (wo's workgroups load their
 /// weights, then wait for every head's output: `Kernel::MatvecInt8Waiting`):
-/// on unless `FISH_GPU_WO_OVERLAP=0`.
+/// only with `FISH_GPU_WO_OVERLAP=1` (or `early` / `uncounted`). Opt-in:
+/// on an H100 it took 14-18 us off a llama-1b step but cost llama-8b ~5%
+/// of tg128 in both forms (docs/BENCHMARKS.md).
 fn wo_overlap_wanted() -> bool {
-    std::env::var("FISH_GPU_WO_OVERLAP").as_deref() != Ok("0")
+    matches!(
+        std::env::var("FISH_GPU_WO_OVERLAP").as_deref(),
+        Ok("1" | "early" | "uncounted")
+    )
 }
 
 /// `FISH_GPU_WO_OVERLAP=uncounted` (tests): the attention does not count its
@@ -1012,8 +1017,8 @@ fn wo_arrival_word(il: usize) -> u32 {
 
 /// `FISH_GPU_WO_OVERLAP=early`: wo's workgroups load their weights as soon
 /// as they start, beside the q/k/v matvec's stream, instead of after every
-/// KV head's q/k/v has arrived (H100: llama-8b tg128 -5%, llama-1b +2%
-/// against no wo overlap, docs/BENCHMARKS.md).
+/// KV head's q/k/v has arrived (`=1`). On an H100 both forms measured
+/// alike (docs/BENCHMARKS.md).
 fn wo_loads_early() -> bool {
     std::env::var("FISH_GPU_WO_OVERLAP").as_deref() == Ok("early")
 }
