@@ -11,7 +11,7 @@ use super::persistent::{
     VALUES_BINDING,
 };
 use super::pipelines::{SpanPipelines, SPAN_BINDINGS};
-use super::record::NormedGroup;
+use super::record::{wo_overlap_wanted, NormedGroup};
 use crate::error::{Result, VkCall};
 use crate::gpu::Gpu;
 use crate::kernels::{Kernel, INT8_MATRIX_F16_MIN_STEP_ROWS};
@@ -53,7 +53,8 @@ pub(crate) struct LayerSets {
     /// (`Kernel::MatvecInt8Waiting`: weights, the attention's int8 copy,
     /// x, the split scratch (unread), the step buffer with the heads'
     /// arrival words, the host-visible step buffer for the failure flag);
-    /// None with a post-norm or where `Gpu::int8_waitable` says no.
+    /// None unless `record::wo_overlap_wanted`, with a post-norm or where
+    /// `Gpu::int8_waitable` says no.
     pub wo_waiting: Option<MatmulSets>,
     /// q/k/v and gate/up with their norm fused in (`Kernel::MatvecNorm`):
     /// x is the residual stream, binding 3 the parameters; None where the
@@ -410,12 +411,14 @@ impl Bindings {
                     .transpose()?,
                 gate_up_int8: int8_sets(&g[2], &w[2], a.gate_up.raw)?,
                 wo_int8: int8_sets(&g[1], &w[1], residual_target(lp.post_attn_norm))?,
-                wo_waiting: (lp.post_attn_norm.is_none() && gpu.int8_waitable(&g[1]))
-                    .then(|| {
-                        let extra = [a.split.raw, a.step.raw, a.step_upload.raw];
-                        sets_binding(&g[1], &w[1], a.xn_int8.raw, a.x.raw, &extra)
-                    })
-                    .transpose()?,
+                wo_waiting: (wo_overlap_wanted()
+                    && lp.post_attn_norm.is_none()
+                    && gpu.int8_waitable(&g[1]))
+                .then(|| {
+                    let extra = [a.split.raw, a.step.raw, a.step_upload.raw];
+                    sets_binding(&g[1], &w[1], a.xn_int8.raw, a.x.raw, &extra)
+                })
+                .transpose()?,
                 down_int8: int8_sets(&g[3], &w[3], residual_target(lp.post_ffn_norm))?,
                 qkv_norm: norm_sets(&g[0], &w[0], a.qkv.raw)?,
                 gate_up_norm: norm_sets(&g[2], &w[2], a.gate_up.raw)?,

@@ -328,7 +328,8 @@ pub(crate) fn plan_chunks(
                 )?,
             };
             // The waiting form where wo takes the plain int8 kernel (its
-            // sums are that kernel's).
+            // sums are that kernel's). (The sets exist only where the
+            // overlap is wanted.)
             let waiting = match (&ls.wo_waiting, wo_int8) {
                 (Some(sets), Some(int8))
                     if n == 1
@@ -994,7 +995,7 @@ fn qkv_rows_counted() -> bool {
 /// only with `FISH_GPU_WO_OVERLAP=1` (or `early` / `uncounted`). Opt-in:
 /// on an H100 it took 14-18 us off a llama-1b step but cost llama-8b ~5%
 /// of tg128 in both forms (docs/BENCHMARKS.md).
-fn wo_overlap_wanted() -> bool {
+pub(crate) fn wo_overlap_wanted() -> bool {
     matches!(
         std::env::var("FISH_GPU_WO_OVERLAP").as_deref(),
         Ok("1" | "early" | "uncounted")
