@@ -139,9 +139,11 @@ pub enum Kernel {
     /// `Params::split_count_off` of binding 4 (the span's step buffer) until
     /// `Params::split` have; a wait that gives up sets word
     /// `Params::split_part_off` of binding 5 (the host-visible step
-    /// buffer). Workgroups of `waiting_workgroup()` invocations, whose slices each compute
-    /// the rows of one workgroup of the plain kernel as it does (the same
-    /// bits). Runs only inside a span; `Gpu::int8_waitable` says where.
+    /// buffer). With `Params::parts` non-zero the loads first wait until
+    /// that many KV heads are past their q/k/v (the word after). Workgroups
+    /// of `waiting_workgroup()` invocations, whose slices each compute the
+    /// rows of one workgroup of the plain kernel as it does (the same bits).
+    /// Runs only inside a span; `Gpu::int8_waitable` says where.
     MatvecInt8Waiting,
     /// The matvec with the RMS norm before it fused in (shaders/matvec.comp
     /// NORM): x is the raw residual stream, the norm weights are at
