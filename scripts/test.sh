@@ -29,6 +29,11 @@ mkdir -p models
 cargo run --release --locked -q -p fish-cli -- synth --shape tiny --type q4_k_m \
     models/tiny-q4_k_m.gguf
 export FISH_TEST_TINY_Q4K="$PWD/models/tiny-q4_k_m.gguf"
+# Two layers of 2048-value rows: decode matrices whose rows outrun one round
+# of the kernels' loads.
+cargo run --release --locked -q -p fish-cli -- synth --shape tiny-wide --type q4_k_m \
+    models/tiny-wide-q4_k_m.gguf
+export FISH_TEST_TINY_WIDE_Q4K="$PWD/models/tiny-wide-q4_k_m.gguf"
 
 # GPU tests run on lavapipe (Mesa's CPU Vulkan) and must fail, not skip, without a device.
 export FISH_GPU=cpu

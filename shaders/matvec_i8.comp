@@ -63,8 +63,10 @@
 // one token) it is the wo projection of a decode step whose attention runs
 // right before it with no barrier between them
 // (span_attention_split.comp counts each head's output in): each
-// invocation first loads every weight unit it will use (UNROLL covers its
-// share of the row, so the loads stream while the attention runs), then
+// invocation first loads its first round of UNROLL weight units (by
+// default its whole share of the row; FISH_VK_WAIT_UNITS caps it, the
+// later rounds loading after the wait), so the loads stream while the
+// attention runs, then
 // the workgroup waits until p.split heads have arrived at word
 // p.split_count_off of binding 4 (the span's step buffer), copies the
 // attention's int8 copy from a coherent binding into shared memory and
@@ -595,10 +597,12 @@ void stage_waited_x() {
     barrier();
 }
 
-// sum_pass for one token with every unit of the invocation loaded before
-// the wait (UNROLL * WG covers the row; units past the row's end reload
-// its last unit and are skipped), so the weights stream while the
-// attention runs. Every invocation must call it.
+// sum_pass for one token with the invocation's first round of UNROLL
+// units loaded before the wait (units past the row's end reload its last
+// unit and are skipped), so those weights stream while the attention runs;
+// where UNROLL * WG does not cover the row, the later rounds load after
+// it. The units are summed in sum_pass's order (u = tid, tid + WG, ...)
+// whatever UNROLL is, so the same bits. Every invocation must call it.
 void sum_waited(uint row_byte[ROWS], uint tid) {
     uint n_units = p.n_in / UNIT_VALUES;
     clear_acc();
@@ -610,6 +614,10 @@ void sum_waited(uint row_byte[ROWS], uint tid) {
     stage_waited_x();
     if (tid < n_units) {
         add_units(un, 0u, tid, n_units, 0u);
+    }
+    for (uint u0 = tid + UNROLL * WG; u0 < n_units; u0 += UNROLL * WG) {
+        load_units(un, row_byte, 0u, u0, n_units, false);
+        add_units(un, 0u, u0, n_units, 0u);
     }
 }
 #endif

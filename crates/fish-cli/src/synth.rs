@@ -26,6 +26,11 @@ pub enum Shape {
     /// devices (lavapipe).
     #[value(name = "tiny")]
     Tiny,
+    /// Two layers of 2048-value rows and a narrow feed-forward: matrices
+    /// whose rows outrun one round of the decode kernels' loads, for span
+    /// tests on slow devices.
+    #[value(name = "tiny-wide")]
+    TinyWide,
 }
 
 struct Dims {
@@ -68,6 +73,16 @@ impl Shape {
                 n_ff: 768,
                 n_head: 4,
                 n_head_kv: 2,
+                n_vocab: 512,
+                rope_base: 10_000.0,
+                pre: "llama-bpe",
+            },
+            Shape::TinyWide => Dims {
+                n_layer: 2,
+                n_embd: 2048,
+                n_ff: 256,
+                n_head: 16,
+                n_head_kv: 4,
                 n_vocab: 512,
                 rope_base: 10_000.0,
                 pre: "llama-bpe",

@@ -18,8 +18,8 @@
 mod common;
 
 use common::{
-    default_greedy, default_model, differing_bits, int8_backend_or_skip, span_model_on,
-    teacher_forced, with_env, PARIS,
+    decode_waits_gave_up, default_greedy, default_model, differing_bits, int8_backend_or_skip,
+    span_model_on, teacher_forced, with_env, PARIS,
 };
 use fish_core::model::Model;
 use fish_core::sampling::argmax;
@@ -28,10 +28,7 @@ use fish_core::sampling::argmax;
 /// (its `gpu:` description says so).
 fn decode_logits(model: &Model, forced: &[u32]) -> (Vec<Vec<f32>>, bool) {
     let rows = teacher_forced(model, forced);
-    assert!(!model.gpu.as_ref().unwrap().has_failed());
-    let described = model.gpu_describe().expect("a GPU model");
-    assert!(described.contains("span "), "{described}");
-    (rows, described.contains("decode waits gave up"))
+    (rows, decode_waits_gave_up(model))
 }
 
 #[test]

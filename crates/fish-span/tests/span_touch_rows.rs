@@ -8,25 +8,9 @@
 mod common;
 
 use common::{
-    assert_built, differing_bits, int8_backend_or_skip, span_model_on, tiny_model, with_env,
+    assert_built, differing_bits, int8_backend_or_skip, span_model_on, tiny_model,
+    tiny_vocab_decode, with_env,
 };
-use fish_core::model::LogitsFor;
-use fish_core::session::Session;
-
-/// A prompt, then one forced token per step (ids inside the tiny
-/// vocabulary): the logits of the prompt's last token and of every step.
-fn decode(model: &fish_core::model::Model) -> Vec<Vec<f32>> {
-    let prompt: Vec<u32> = (0..6).map(|i| 3 + i * 61 % 500).collect();
-    let mut s = Session::new(model, 64, 2).expect("session");
-    let mut out = vec![s.set_prompt(&prompt).expect("prompt")];
-    for i in 0..12u32 {
-        out.push(
-            s.eval(&[5 + i * 37 % 500], LogitsFor::Last)
-                .expect("decode"),
-        );
-    }
-    out
-}
 
 #[test]
 fn touching_the_first_weight_round_keeps_the_bits() {
@@ -35,9 +19,9 @@ fn touching_the_first_weight_round_keeps_the_bits() {
     let Some(gpu) = int8_backend_or_skip() else {
         return;
     };
-    let touched = decode(&span_model_on(&gpu, &path));
+    let touched = tiny_vocab_decode(&span_model_on(&gpu, &path), 12);
     let dispatched = with_env(&[("FISH_GPU_INT8_NORM_FUSED", "0")], || {
-        decode(&span_model_on(&gpu, &path))
+        tiny_vocab_decode(&span_model_on(&gpu, &path), 12)
     });
     let differing = differing_bits(&touched, &dispatched);
     assert_eq!(differing, 0, "{differing} logits differ with rows touched");

@@ -350,6 +350,7 @@ struct MatvecOverrides {
     long_row_unroll: Option<u32>,
     touch_rows: Option<u32>,
     waiting_workgroup: Option<u32>,
+    waiting_units: Option<u32>,
 }
 
 impl MatvecOverrides {
@@ -380,6 +381,7 @@ impl MatvecOverrides {
                 waiting_workgroup: var("FISH_VK_WAIT_WORKGROUP", |t| {
                     (32..=1024).contains(&t) && t.is_power_of_two()
                 }),
+                waiting_units: var("FISH_VK_WAIT_UNITS", |u| (1..=8).contains(&u)),
                 narrow_rows: var("FISH_VK_NARROW_ROWS", |r| {
                     (1..=16).contains(&r) && r.is_power_of_two()
                 }),
@@ -506,10 +508,15 @@ fn matvec_unit_values(ty: WeightFormat) -> usize {
     }
 }
 
-/// Units of a row of `n_in` values each of `threads` invocations takes
-/// (`Kernel::MatvecInt8Waiting` loads them all in one round).
+/// Units of a row of `n_in` values that each of `threads` invocations of
+/// `Kernel::MatvecInt8Waiting` loads before its wait: its whole share of
+/// the row, or at most FISH_VK_WAIT_UNITS (tuning: fewer registers held
+/// across the wait; the later rounds load after it, the sums unchanged).
 fn waiting_units(ty: WeightFormat, n_in: usize, threads: u32) -> u32 {
-    ((n_in / matvec_unit_values(ty)) as u32).div_ceil(threads)
+    let share = ((n_in / matvec_unit_values(ty)) as u32).div_ceil(threads);
+    MatvecOverrides::get()
+        .waiting_units
+        .map_or(share, |cap| share.min(cap))
 }
 
 /// Output rows of a `Kernel::MatvecInt8GateUp` workgroup: one 32-value block
@@ -1486,8 +1493,7 @@ impl Gpu {
                     spec
                 }
                 (Kernel::MatvecInt8Waiting, _) => {
-                    // Constant 3 (UNROLL): every unit of an invocation's
-                    // share of the row in one round.
+                    // Constant 3 (UNROLL): the units loaded before the wait.
                     let mut spec = matvec.spec().to_vec();
                     spec[3] = waiting_units(h.ty(), h.n_in(), matvec.threads);
                     spec.extend([(h.n_in() / 16) as u32, 0, waiting_workgroup()]);

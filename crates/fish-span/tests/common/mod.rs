@@ -17,17 +17,55 @@ pub const PARIS: u32 = 7042;
 /// named by FISH_TEST_TINY_Q4K; scripts/test.sh makes it), or None (skip)
 /// where neither it nor a device is required.
 pub fn tiny_model() -> Option<PathBuf> {
-    match std::env::var("FISH_TEST_TINY_Q4K") {
+    synthesised_model("FISH_TEST_TINY_Q4K")
+}
+
+/// The tiny model of 2048-value rows (`fish-cli synth --shape tiny-wide
+/// --type q4_k_m`, named by FISH_TEST_TINY_WIDE_Q4K; scripts/test.sh makes
+/// it), or None as for `tiny_model`.
+pub fn tiny_wide_model() -> Option<PathBuf> {
+    synthesised_model("FISH_TEST_TINY_WIDE_Q4K")
+}
+
+/// A prompt, then one forced token per step, all inside the synthesised
+/// models' 512-token vocabulary: the logits of the prompt's last token and
+/// of each of `steps` decode steps.
+pub fn tiny_vocab_decode(model: &Model, steps: u32) -> Vec<Vec<f32>> {
+    let prompt: Vec<u32> = (0..6).map(|i| 3 + i * 61 % 500).collect();
+    let mut s = Session::new(model, 64, 2).expect("session");
+    let mut out = vec![s.set_prompt(&prompt).expect("prompt")];
+    for i in 0..steps {
+        out.push(
+            s.eval(&[5 + i * 37 % 500], LogitsFor::Last)
+                .expect("decode"),
+        );
+    }
+    out
+}
+
+/// Whether a span model's decode waits gave up (its `gpu:` description
+/// says so), after checking that it has a span and has not failed.
+pub fn decode_waits_gave_up(model: &Model) -> bool {
+    assert!(!model.gpu.as_ref().unwrap().has_failed());
+    let described = model.gpu_describe().expect("a GPU model");
+    assert!(described.contains("span "), "{described}");
+    described.contains("decode waits gave up")
+}
+
+/// The model file named by the variable `var`, or None (skip) where neither
+/// it nor a device is required.
+fn synthesised_model(var: &str) -> Option<PathBuf> {
+    match std::env::var(var) {
         Ok(p) if !p.is_empty() => {
             let p = PathBuf::from(p);
-            assert!(p.exists(), "FISH_TEST_TINY_Q4K={} is missing", p.display());
+            assert!(p.exists(), "{var}={} is missing", p.display());
             Some(p)
         }
         _ if std::env::var("FISH_REQUIRE_GPU").as_deref() == Ok("1") => {
-            panic!("FISH_TEST_TINY_Q4K is not set (scripts/test.sh makes the file)")
+            panic!("{var} is not set (scripts/test.sh makes the file)")
         }
         _ => {
-            eprintln!("skipped: FISH_TEST_TINY_Q4K is not set");
+            eprintln!("skipped: {var} is not set");
             None
         }
     }
