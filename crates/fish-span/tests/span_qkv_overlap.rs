@@ -4,8 +4,8 @@
 //! for its KV head's rows) give the logits of the staged steps
 //! (FISH_GPU_QKV_OVERLAP=0) bit for bit, as do steps whose wo runs beside
 //! the attention too (FISH_GPU_WO_OVERLAP=1 and =early: each wo workgroup
-//! waits for every head's output): the same sums, only the ordering
-//! differs.
+//! waits for every head's output; =barrier: the same kernel after the
+//! attention's barrier): the same sums, only the ordering differs.
 //! A prompt's forward (several tokens) keeps its barriers in all. Where the
 //! waits give up (FISH_GPU_QKV_OVERLAP=uncounted: the matvec does not count
 //! its rows in; FISH_GPU_WO_OVERLAP=uncounted: the attention does not count
@@ -48,7 +48,7 @@ fn overlapped_decode_attention_gives_the_staged_bits() {
         0,
         "staged vs overlapped logits"
     );
-    for wo in ["1", "early"] {
+    for wo in ["1", "early", "barrier"] {
         let (wo_too, gave_up) = with_env(&[("FISH_GPU_WO_OVERLAP", wo)], || {
             decode_logits(&span_model_on(&gpu, &default_model()), &forced)
         });

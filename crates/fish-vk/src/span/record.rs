@@ -998,8 +998,15 @@ fn qkv_rows_counted() -> bool {
 pub(crate) fn wo_overlap_wanted() -> bool {
     matches!(
         std::env::var("FISH_GPU_WO_OVERLAP").as_deref(),
-        Ok("1" | "early" | "uncounted")
+        Ok("1" | "early" | "uncounted" | "barrier")
     )
+}
+
+/// `FISH_GPU_WO_OVERLAP=barrier` (timing): the waiting wo kernel after the
+/// attention's barrier, so that its waits pass at once: what the kernel
+/// itself costs against the plain wo matvec, apart from the overlap.
+fn wo_after_barrier() -> bool {
+    std::env::var("FISH_GPU_WO_OVERLAP").as_deref() == Ok("barrier")
 }
 
 /// `FISH_GPU_WO_OVERLAP=uncounted` (tests): the attention does not count its
@@ -1453,6 +1460,9 @@ impl Recording<'_> {
         if let (Some(plan), Some(wo_sets)) = (wo_waiting, &sets.wo_waiting) {
             // No barrier: wo's workgroups load their weights, then wait for
             // every head's output (`Kernel::MatvecInt8Waiting`).
+            if wo_after_barrier() {
+                r.end(SpanStage::Attention);
+            }
             let plan = with_params(plan, |p| {
                 p.y_offset += x_off;
                 p.accumulate = 1;
