@@ -184,6 +184,11 @@ shared uint last_here;
 layout(std430, binding = 1) coherent readonly buffer XLive4 { uvec4 x_live4[]; };
 layout(std430, binding = 1) coherent readonly buffer XLiveF { float x_live_f[]; };
 layout(std430, binding = 5) coherent writeonly buffer WaitFailed { uint wait_failed[]; };
+// Non-zero: the sums read the int8 copy straight from binding 1 (coherent
+// loads per run) instead of staging it in shared memory after the wait
+// (kernels.rs, FISH_VK_WAIT_DIRECT_X; tuning). The same values either way.
+layout(constant_id = 7) const uint DIRECT_X_SPEC = 0;
+const bool DIRECT_X = DIRECT_X_SPEC != 0u;
 // Polls of the arrival word before a wait gives up (below 65535: on
 // lavapipe a longer loop ends the invocation running it, grid_wait.glsl).
 #define X_SPINS 60000u
@@ -268,6 +273,15 @@ void load_x(uint t0) {
 }
 
 void x_run(uint t, uint v16, out uvec4 q, out float d, out float s) {
+#if defined(WAIT_X)
+    if (DIRECT_X) {
+        // One token, read where it arrived (coherently), not staged.
+        q = x_live4[v16];
+        d = x_live_f[4u * int8_scales_vec4(0u, p.n_in) + v16 / 2u];
+        s = x_live_f[4u * int8_sums_vec4(0u, p.n_in) + v16];
+        return;
+    }
+#endif
     uint at = (t % NT) * IN_VEC4 + v16;
     q = xq[at];
     d = xd[at / 2u];
@@ -579,12 +593,15 @@ void wait_for_word(uint at, uint want) {
 }
 
 // Waits until p.split heads of the attention have counted themselves in
-// at word p.split_count_off of binding 4, then copies token 0 of the int8
-// copy (quants, scales, sums) into xq / xd / xs, where x_run reads it.
-// Every invocation must call it (barriers).
+// at word p.split_count_off of binding 4, then (unless DIRECT_X) copies
+// token 0 of the int8 copy (quants, scales, sums) into xq / xd / xs, where
+// x_run reads it. Every invocation must call it (barriers).
 void stage_waited_x() {
     wait_for_word(p.split_count_off, p.split);
     memoryBarrierBuffer();
+    if (DIRECT_X) {
+        return;
+    }
     uint scales = 4u * int8_scales_vec4(0u, p.n_in);
     uint sums = 4u * int8_sums_vec4(0u, p.n_in);
     for (uint i = gl_LocalInvocationID.x; i < IN_VEC4; i += WG_ALL) {

@@ -498,6 +498,14 @@ fn waiting_workgroup() -> u32 {
         .unwrap_or(INT8_NORM_WORKGROUP)
 }
 
+/// Whether `Kernel::MatvecInt8Waiting` reads the attention's int8 copy
+/// straight from memory in its sums (coherent loads per run) instead of
+/// staging it in shared memory after its wait: `FISH_VK_WAIT_DIRECT_X=1`
+/// (tuning; read at each pipeline request, so a test can set it per model).
+fn waiting_reads_x_directly() -> bool {
+    std::env::var("FISH_VK_WAIT_DIRECT_X").as_deref() == Ok("1")
+}
+
 /// Values per weight unit of the int8 matvec (shaders/matvec_units.glsl
 /// UNIT_VALUES).
 fn matvec_unit_values(ty: WeightFormat) -> usize {
@@ -1496,7 +1504,12 @@ impl Gpu {
                     // Constant 3 (UNROLL): the units loaded before the wait.
                     let mut spec = matvec.spec().to_vec();
                     spec[3] = waiting_units(h.ty(), h.n_in(), matvec.threads);
-                    spec.extend([(h.n_in() / 16) as u32, 0, waiting_workgroup()]);
+                    spec.extend([
+                        (h.n_in() / 16) as u32,
+                        0,
+                        waiting_workgroup(),
+                        u32::from(waiting_reads_x_directly()),
+                    ]);
                     spec
                 }
                 (Kernel::MatvecInt8Normed, _) => {

@@ -1470,7 +1470,8 @@ impl Recording<'_> {
                 p.split_count_off = wo_arrival_word(il);
                 p.split_part_off = STEP_DEVICE_WORDS as u32;
                 // KV heads past their q/k/v before the loads (0: none).
-                p.parts = match wo_loads_early() {
+                // (After the barrier every KV head has passed.)
+                p.parts = match wo_loads_early() || wo_after_barrier() {
                     true => 0,
                     false => s.n_head_kv as u32,
                 };
