@@ -1459,7 +1459,8 @@ impl Recording<'_> {
         r.dispatch(attention_kernel, sets.attention, &push, attention_groups);
         if let (Some(plan), Some(wo_sets)) = (wo_waiting, &sets.wo_waiting) {
             // No barrier: wo's workgroups load their weights, then wait for
-            // every head's output (`Kernel::MatvecInt8Waiting`).
+            // every head's output (`Kernel::MatvecInt8Waiting`). The timing
+            // form keeps the barrier, so that its waits pass at once.
             if wo_after_barrier() {
                 r.end(SpanStage::Attention);
             }
