@@ -97,6 +97,10 @@
 #extension GL_KHR_shader_subgroup_basic : require
 #extension GL_EXT_spirv_intrinsics : require
 #extension GL_EXT_control_flow_attributes : enable
+#if defined(SLICED)
+// The q/k/v rows' count-in and the waiting wo's waits (handoff.glsl).
+#extension GL_KHR_memory_scope_semantics : require
+#endif
 #if defined(GATE_UP_INT8) || defined(GATE_UP_NARROW)
 #define GATE_UP_EPILOGUE 1
 #endif
@@ -205,6 +209,9 @@ shared float partial[SLICES][ROWS * NT][WG / 4u];
 #endif
 
 #include "int8_dot.glsl"
+#if defined(SLICED)
+#include "handoff.glsl"
+#endif
 
 // Per token: the quants (16 per uvec4), the scale of each 32 values and
 // d * (sum of quants) of each 16.
@@ -574,12 +581,15 @@ void sum_pass(uint row_byte[ROWS], uint t0, uint tid, bool up) {
 
 #if defined(WAIT_X)
 // Waits until word `at` of binding 4 has reached `want`; a wait that gives
-// up sets the failure word. Every invocation must call it (barrier).
+// up sets the failure word. Invocation 0 polls with relaxed loads and
+// acquires once (handoff.glsl), so the weight loads issued before the wait
+// stay in flight through it. Every invocation must call it (barrier).
 void wait_for_word(uint at, uint want) {
     if (gl_LocalInvocationID.x == 0u) {
         uint seen = 0u;
         for (uint spins = 0u; spins < X_SPINS; spins++) {
-            seen = atomicAdd(qkv_arrivals[at], 0u);
+            seen = atomicLoad(qkv_arrivals[at], gl_ScopeDevice, gl_StorageSemanticsNone,
+                gl_SemanticsRelaxed);
             if (seen >= want) {
                 break;
             }
@@ -588,8 +598,9 @@ void wait_for_word(uint at, uint want) {
         if (seen < want) {
             wait_failed[p.split_part_off] = 1u;
         }
+        handoff_acquire();
     }
-    barrier();
+    handoff_meet();
 }
 
 // Waits until p.split heads of the attention have counted themselves in
@@ -598,7 +609,6 @@ void wait_for_word(uint at, uint want) {
 // x_run reads it. Every invocation must call it (barriers).
 void stage_waited_x() {
     wait_for_word(p.split_count_off, p.split);
-    memoryBarrierBuffer();
     if (DIRECT_X) {
         return;
     }
@@ -791,11 +801,11 @@ void main() {
 // they belong to (one token; p.split rows a head). Every invocation must
 // call it.
 void count_qkv_rows() {
-    memoryBarrierBuffer();
-    barrier();
+    handoff_meet();
     uint wg_rows = SLICES * ROWS;
     uint first = workgroup_index() * wg_rows;
     if (gl_LocalInvocationID.x == 0u && first < p.n_rows) {
+        handoff_release();
         uint r0 = p.y_offset - p.split_part_off + first;
         uint r1 = r0 + min(wg_rows, p.n_rows - first) - 1u;
         for (uint g = r0 / p.split; g <= r1 / p.split; g++) {

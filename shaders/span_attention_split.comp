@@ -55,6 +55,7 @@
 #extension GL_EXT_control_flow_attributes : require
 #extension GL_KHR_shader_subgroup_arithmetic : require
 #extension GL_KHR_shader_subgroup_basic : require
+#extension GL_KHR_memory_scope_semantics : require
 
 #define WG 128u
 #define MAX_HEAD_DIM 256u
@@ -65,6 +66,7 @@
 layout(local_size_x = 128) in;
 
 #include "span_common.glsl"
+#include "handoff.glsl"
 
 layout(constant_id = 0) const uint WAIT_QKV = 0u;
 // Polls of a KV head's arrival word before a wait gives up.
@@ -166,14 +168,17 @@ float qkv_at(uint i) {
 
 // Waits until the q/k/v matvec has stored every q, k and v row of KV head
 // g (WAIT_QKV); the last of its `waiters` workgroups to pass clears the
-// head's words for the next layer. Every thread must call it.
+// head's words for the next layer. Invocation 0 polls with relaxed loads
+// and acquires once (handoff.glsl), so the cached keys and values loaded
+// before the wait stay in flight through it. Every thread must call it.
 void wait_for_qkv(uint g, uint waiters) {
     if (gl_LocalInvocationID.x == 0u) {
         uint want = (p.n_head / p.n_head_kv) * p.head_dim + p.head_dim + p.head_dim_v;
         uint at = qkv_rows_word(g);
         uint seen = 0u;
         for (uint spins = 0u; spins < QKV_SPINS; spins++) {
-            seen = atomicAdd(qkv_arrivals[at], 0u);
+            seen = atomicLoad(qkv_arrivals[at], gl_ScopeDevice, gl_StorageSemanticsNone,
+                gl_SemanticsRelaxed);
             if (seen >= want) {
                 break;
             }
@@ -192,9 +197,9 @@ void wait_for_qkv(uint g, uint waiters) {
                 atomicAdd(qkv_arrivals[p.wo_count + 1u], 1u);
             }
         }
+        handoff_acquire();
     }
-    barrier();
-    memoryBarrierBuffer();
+    handoff_meet();
 }
 
 // Keys per split of a token attending to n_keys keys: whole blocks of BK
@@ -273,9 +278,9 @@ void count_output() {
     if (p.wo_count == 0u) {
         return;
     }
-    memoryBarrierBuffer();
-    barrier();
+    handoff_meet();
     if (gl_LocalInvocationID.x == 0u) {
+        handoff_release();
         atomicAdd(qkv_arrivals[p.wo_count], 1u);
     }
 }
@@ -557,18 +562,19 @@ void main() {
 
     // Count this workgroup's splits in; the last to arrive merges them all
     // in split order.
-    memoryBarrierBuffer();
-    barrier();
+    // (handoff.glsl: invocation 0's count is the release of the workgroup's
+    // partials and, for the last to arrive, the acquire of the others'.)
+    handoff_meet();
     if (tid == 0u) {
         uint mine = (n_split - s + p.splits - 1u) / p.splits;
-        uint arrived = atomicAdd(split_count[counter], mine);
+        uint arrived = atomicAdd(split_count[counter], mine, gl_ScopeDevice,
+            gl_StorageSemanticsBuffer, gl_SemanticsAcquireRelease);
         merge_here = arrived + mine == n_split ? 1u : 0u;
     }
-    barrier();
+    handoff_meet();
     if (merge_here == 0u) {
         return;
     }
-    memoryBarrierBuffer();
     if (tid == 0u) {
         split_count[counter] = 0u;
     }
