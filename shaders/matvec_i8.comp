@@ -97,8 +97,9 @@
 #extension GL_KHR_shader_subgroup_basic : require
 #extension GL_EXT_spirv_intrinsics : require
 #extension GL_EXT_control_flow_attributes : enable
-#if defined(SLICED)
-// The q/k/v rows' count-in and the waiting wo's waits (handoff.glsl).
+#if defined(SLICED) || defined(GATE_UP_NARROW)
+// The q/k/v rows' count-in, the waiting wo's waits and the narrow gate/up's
+// block count-in (handoff.glsl).
 #extension GL_KHR_memory_scope_semantics : require
 #endif
 #if defined(GATE_UP_INT8) || defined(GATE_UP_NARROW)
@@ -209,7 +210,7 @@ shared float partial[SLICES][ROWS * NT][WG / 4u];
 #endif
 
 #include "int8_dot.glsl"
-#if defined(SLICED)
+#if defined(SLICED) || defined(GATE_UP_NARROW)
 #include "handoff.glsl"
 #endif
 
@@ -766,18 +767,19 @@ void main() {
         barrier();
     }
     // Count this workgroup in; the last of the block's to arrive quantises
-    // it for every token.
-    memoryBarrierBuffer();
-    barrier();
+    // it for every token. (handoff.glsl: invocation 0's count is the
+    // release of the workgroup's products and, for the last to arrive, the
+    // acquire of the others'.)
+    handoff_meet();
     if (tid == 0u) {
-        uint arrived = atomicAdd(arrivals[blk], 1u);
+        uint arrived = atomicAdd(arrivals[blk], 1u, gl_ScopeDevice, gl_StorageSemanticsBuffer,
+            gl_SemanticsAcquireRelease);
         last_here = arrived + 1u == BLOCK_ROWS / OUT_ROWS ? 1u : 0u;
     }
-    barrier();
+    handoff_meet();
     if (last_here == 0u) {
         return;
     }
-    memoryBarrierBuffer();
     if (tid == 0u) {
         arrivals[blk] = 0u;
     }
